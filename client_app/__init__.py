@@ -1,0 +1,1 @@
+"""pflower ClientApp: local data, the method's client role, persistent personal state."""

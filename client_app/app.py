@@ -1,0 +1,25 @@
+"""The pflower ClientApp (component ``client_app.app:app``)."""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from .runtime import handle_evaluate, handle_hello, handle_train
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return handle_hello(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return handle_train(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return handle_evaluate(msg, context)

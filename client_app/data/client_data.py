@@ -1,0 +1,211 @@
+"""Per-client tensors: pool a dataset, partition it, split each client train/test, normalize.
+
+Everything is computed once per process and cached (``functools.lru_cache`` keyed by the
+frozen :class:`DataSpec`), so a simulated client costs no decoding after its first round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from .partition import PartitionError, partition, train_test_split
+from .sources import DatasetInfo, dataset_info
+
+PUBLIC_MODES = ("none", "test", "holdout")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything a client needs to rebuild its own split; travels in the message config."""
+
+    dataset: str = "digits"
+    root: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # reader options (synthetic size, classes...)
+    partitioner: str = "dirichlet"
+    num_clients: int = 20
+    alpha: float = 0.3
+    min_size: int = 40
+    self_balancing: bool = True
+    shards_per_client: int = 2
+    test_fraction: float = 0.5
+    pool_splits: bool = True  # merge the official train and test splits before partitioning
+    public: str = "none"  # server-side public data: none | test (official test split) | holdout
+    public_fraction: float = 0.1
+    seed: int = 42
+
+    @property
+    def info(self) -> DatasetInfo:
+        return dataset_info(self.dataset, **dict(self.options))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["options"] = dict(self.options)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "DataSpec":
+        values = dict(values)
+        options = values.pop("options", {}) or {}
+        if values.get("root") in ("", None):
+            values["root"] = None
+        known = set(cls.__dataclass_fields__)
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown data option(s) {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(options=tuple(sorted(dict(options).items())), **values)
+
+
+@dataclass
+class ClientData:
+    """One client's normalized tensors (on CPU; the training loop moves batches)."""
+
+    client_id: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
+
+@dataclass(frozen=True)
+class _Pool:
+    images: np.ndarray  # [N, C, H, W], uint8 or float32 in [0, 1]
+    labels: np.ndarray
+    public_images: np.ndarray | None
+    mean: np.ndarray
+    std: np.ndarray
+
+
+def _validate(spec: DataSpec) -> None:
+    if spec.public not in PUBLIC_MODES:
+        raise ValueError(f"data.public must be one of {list(PUBLIC_MODES)}, got {spec.public!r}")
+    if spec.public == "holdout" and not 0 < spec.public_fraction < 1:
+        raise ValueError(f"data.public_fraction must be in (0, 1), got {spec.public_fraction}")
+
+
+@lru_cache(maxsize=4)
+def _pool(spec_key: DataSpec) -> _Pool:
+    spec = spec_key
+    _validate(spec)
+    info = spec.info
+    splits = info.reader(spec.root, **dict(spec.options))
+    public = None
+    if spec.public == "test":
+        if "test" not in splits:
+            raise ValueError(
+                f"dataset {spec.dataset!r} has no official test split for data.public=test; "
+                "use data.public=holdout"
+            )
+        public = splits.pop("test")[0]
+    if spec.pool_splits or "train" not in splits:
+        images = np.concatenate([s[0] for s in splits.values()])
+        labels = np.concatenate([s[1] for s in splits.values()])
+    else:
+        images, labels = splits["train"]
+    labels = labels.astype(np.int64)
+    if spec.public == "holdout":
+        order = np.random.default_rng(spec.seed + 7919).permutation(len(labels))
+        n_pub = int(len(labels) * spec.public_fraction)
+        public, images, labels = images[order[:n_pub]], images[order[n_pub:]], labels[order[n_pub:]]
+    if info.mean is not None and info.std is not None:
+        mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
+    else:
+        as_float = _to_unit(images)
+        mean = as_float.mean(axis=(0, 2, 3)).astype(np.float32)
+        std = (as_float.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
+    return _Pool(images, labels, public, mean, std)
+
+
+@lru_cache(maxsize=4)
+def _partition(spec: DataSpec) -> tuple[np.ndarray, ...]:
+    labels = _pool(spec).labels
+    return tuple(
+        partition(
+            labels,
+            spec.partitioner,
+            spec.num_clients,
+            spec.seed,
+            alpha=spec.alpha,
+            min_size=spec.min_size,
+            self_balancing=spec.self_balancing,
+            shards_per_client=spec.shards_per_client,
+        )
+    )
+
+
+def _to_unit(images: np.ndarray) -> np.ndarray:
+    if images.dtype == np.uint8:
+        return images.astype(np.float32) / 255.0
+    return images.astype(np.float32, copy=False)
+
+
+def _normalize(images: np.ndarray, pool: _Pool) -> torch.Tensor:
+    x = torch.from_numpy(_to_unit(images))
+    mean = torch.from_numpy(pool.mean).view(1, -1, 1, 1)
+    std = torch.from_numpy(pool.std).view(1, -1, 1, 1)
+    return ((x - mean) / std).contiguous()
+
+
+def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) pooled indices of one client."""
+    if not 0 <= client_id < spec.num_clients:
+        raise ValueError(
+            f"client id {client_id} is outside 0..{spec.num_clients - 1}: the federation has "
+            f"more nodes than num_clients={spec.num_clients} (set num_clients to the number of "
+            "SuperNodes, e.g. --federation-config \"num-supernodes=N\" with num_clients=N)"
+        )
+    parts = _partition(spec)
+    return train_test_split(parts[client_id], spec.test_fraction, spec.seed * 100_003 + client_id)
+
+
+@lru_cache(maxsize=256)
+def load_client_data(spec: DataSpec, client_id: int) -> ClientData:
+    """Normalized train/test tensors of one client's partition (cached per process)."""
+    pool = _pool(spec)
+    train_idx, test_idx = client_indices(spec, client_id)
+    return ClientData(
+        client_id=client_id,
+        x_train=_normalize(pool.images[train_idx], pool),
+        y_train=torch.from_numpy(pool.labels[train_idx]),
+        x_test=_normalize(pool.images[test_idx], pool),
+        y_test=torch.from_numpy(pool.labels[test_idx]),
+        num_classes=spec.info.num_classes,
+    )
+
+
+def load_public_data(spec: DataSpec) -> torch.Tensor:
+    """The server's unlabelled public images (data.public=test|holdout), normalized."""
+    pool = _pool(spec)
+    if pool.public_images is None:
+        raise ValueError("this data spec has no public split: set data.public=test or holdout")
+    return _normalize(pool.public_images, pool)
+
+
+def partition_sizes(spec: DataSpec) -> list[int]:
+    """Samples per client (train+test); builds the partition, so it also validates the spec."""
+    return [len(p) for p in _partition(spec)]
+
+
+__all__ = [
+    "ClientData",
+    "DataSpec",
+    "PartitionError",
+    "client_indices",
+    "load_client_data",
+    "load_public_data",
+    "partition_sizes",
+]

@@ -1,0 +1,183 @@
+"""Where images come from: a registry of dataset readers that work offline.
+
+Every reader returns named splits of ``(images, labels)``: images ``uint8`` or ``float32``
+in [0, 1] with shape ``[N, C, H, W]``, labels ``int64`` ``[N]``. Readers never download;
+a dataset that cannot be found raises :class:`DatasetNotFoundError` saying where it
+looked and how to get the files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .idx import read_idx
+
+Splits = dict[str, tuple[np.ndarray, np.ndarray]]
+Reader = Callable[..., Splits]
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are not on this machine."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a dataset, without loading it."""
+
+    name: str
+    in_shape: tuple[int, int, int]
+    num_classes: int
+    reader: Reader
+    mean: tuple[float, ...] | None = None  # None: computed from the data
+    std: tuple[float, ...] | None = None
+    default_roots: tuple[str, ...] = ()
+    how_to_get: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def data_roots(root: str | None, defaults: Sequence[str] = ()) -> list[Path]:
+    """Directories to search, in order: the configured root, $PFLOWER_DATA, the defaults."""
+    out: list[Path] = []
+    for candidate in (root, os.environ.get("PFLOWER_DATA"), *defaults, "~/.cache/pflower/data"):
+        if candidate:
+            path = Path(candidate).expanduser()
+            if path not in out:
+                out.append(path)
+    return out
+
+
+def find_files(
+    name: str,
+    roots: Sequence[Path],
+    required: Sequence[Sequence[str]],
+    subdirs: Sequence[str] = ("",),
+    how_to_get: str = "",
+) -> Path:
+    """First ``root/subdir`` holding one name of every alternative group in ``required``."""
+    tried = []
+    for root in roots:
+        for sub in subdirs:
+            base = root / sub if sub else root
+            tried.append(str(base))
+            if all(any((base / alt).exists() for alt in group) for group in required):
+                return base
+    need = ", ".join(" or ".join(group) for group in required)
+    raise DatasetNotFoundError(
+        f"dataset {name!r} not found: looked for [{need}] in {tried}. {how_to_get} "
+        "Point pflower at the files with `dataset.root=/path` (or the PFLOWER_DATA "
+        "environment variable)."
+    )
+
+
+def pick(base: Path, names: Sequence[str]) -> Path:
+    """The first existing file among alternative names (e.g. with and without .gz)."""
+    for n in names:
+        if (base / n).exists():
+            return base / n
+    raise DatasetNotFoundError(f"none of {list(names)} in {base}")
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def read_digits(root: str | None = None) -> Splits:
+    """scikit-learn's bundled 8x8 digits, bilinearly upsampled to 1x28x28 (LeNet's MNIST shape)."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = torch.nn.functional.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False)
+    return {"all": (x.clamp(0, 1).numpy(), bunch.target.astype(np.int64))}
+
+
+def read_synthetic(
+    root: str | None = None,
+    num_samples: int = 2000,
+    num_classes: int = 10,
+    channels: int = 1,
+    image_size: int = 28,
+    noise: float = 0.25,
+    seed: int = 0,
+) -> Splits:
+    """Seeded class-conditional images: one random template per class plus Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    templates = rng.random((num_classes, channels, image_size, image_size), dtype=np.float32)
+    labels = rng.integers(0, num_classes, size=num_samples).astype(np.int64)
+    images = templates[labels] + noise * rng.standard_normal(
+        (num_samples, channels, image_size, image_size), dtype=np.float32
+    )
+    return {"all": (np.clip(images, 0.0, 1.0), labels)}
+
+
+_FMNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_FMNIST_HOW = (
+    "On Debian/Ubuntu: `apt-get install dataset-fashion-mnist` (files land in "
+    "/usr/share/datasets/fashion-mnist), or copy the four IDX files from the Fashion-MNIST "
+    "release into a directory."
+)
+
+
+def read_fmnist(root: str | None = None) -> Splits:
+    """Fashion-MNIST from its IDX files (gzip or not), e.g. Debian's dataset-fashion-mnist."""
+    required = [[f, f + ".gz"] for pair in _FMNIST_FILES.values() for f in pair]
+    base = find_files(
+        "fmnist",
+        data_roots(root, DATASETS["fmnist"].default_roots),
+        required,
+        subdirs=("", "fashion-mnist", "FashionMNIST/raw", "fmnist"),
+        how_to_get=_FMNIST_HOW,
+    )
+    out: Splits = {}
+    for split, (img, lab) in _FMNIST_FILES.items():
+        images = read_idx(pick(base, [img, img + ".gz"]))
+        labels = read_idx(pick(base, [lab, lab + ".gz"])).astype(np.int64)
+        out[split] = (images[:, None, :, :], labels)
+    return out
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "digits": DatasetInfo(
+        "digits", (1, 28, 28), 10, read_digits, how_to_get="Bundled with scikit-learn."
+    ),
+    "synthetic": DatasetInfo("synthetic", (1, 28, 28), 10, read_synthetic),
+    "fmnist": DatasetInfo(
+        "fmnist",
+        (1, 28, 28),
+        10,
+        read_fmnist,
+        mean=(0.2860,),
+        std=(0.3530,),
+        default_roots=("/usr/share/datasets/fashion-mnist",),
+        how_to_get=_FMNIST_HOW,
+    ),
+}
+
+
+def register(info: DatasetInfo) -> None:
+    """Add a dataset to the registry (the torchvision readers use this)."""
+    DATASETS[info.name] = info
+
+
+def dataset_info(name: str, **options: Any) -> DatasetInfo:
+    """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape."""
+    from . import torchvision_sources  # noqa: F401  (registers the torchvision readers)
+
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
+    info = DATASETS[name]
+    if name == "synthetic" and options:
+        c = int(options.get("channels", info.in_shape[0]))
+        s = int(options.get("image_size", info.in_shape[1]))
+        k = int(options.get("num_classes", info.num_classes))
+        info = DatasetInfo(name, (c, s, s), k, info.reader, options=dict(options))
+    return info

@@ -1,0 +1,18 @@
+"""Client roles: what a method does on the client, chosen by the ``role`` in the message config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Role, RoleContext, SGDRole
+
+ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole,)}
+
+
+def build_role(name: str, args: dict[str, Any]) -> Role:
+    if name not in ROLES:
+        raise ValueError(f"unknown client role {name!r}; this ClientApp knows {sorted(ROLES)} (update pflower on the node)")
+    return ROLES[name](args)
+
+
+__all__ = ["ROLES", "Role", "RoleContext", "SGDRole", "build_role"]

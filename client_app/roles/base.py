@@ -1,0 +1,59 @@
+"""The plain SGD role (FedAvg, FedPer, Local) and the interface every role implements."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import ClientData
+from ..training import TrainArgs, train
+
+
+@dataclass
+class RoleContext:
+    """What a role may use besides the model and the data."""
+
+    device: torch.device
+    generator: torch.Generator
+    server_round: int
+    personal: list[str]
+    extra_state: dict[str, torch.Tensor] = field(default_factory=dict)  # role tensors kept between rounds
+
+
+class Role:
+    """A method's client side. Subclasses override only what differs from plain SGD."""
+
+    name = "base"
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.args = dict(args)
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        """Local training; returns scalar metrics (at least ``train_loss``)."""
+        raise NotImplementedError
+
+    def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
+        """The model this client would use now (``test_before``); by default the received one."""
+        return model
+
+
+class SGDRole(Role):
+    """E epochs of SGD on all parameters; optional fine-tuning of a copy before evaluation."""
+
+    name = "sgd"
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
+        return {"train_loss": loss}
+
+    def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
+        epochs = int(self.args.get("finetune_epochs", 0))
+        if epochs <= 0:
+            return model
+        tuned = copy.deepcopy(model)
+        train(tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs), generator=ctx.generator, device=ctx.device)
+        return tuned

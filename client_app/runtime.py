@@ -1,0 +1,151 @@
+"""What a ClientApp does with each message, as plain functions of (message, context).
+
+Train: rebuild the model, load the client's persisted personal tensors, overlay what the
+server sent, evaluate (``test_before``), run the method's role, evaluate again
+(``test_after``), persist the personal tensors, reply with the groups the server asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import zlib
+from functools import lru_cache
+from typing import Any
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from models import LayeredNet, buffer_keys, build_model, trainable_keys
+
+from .data import ClientData, DataSpec, load_client_data
+from .roles import RoleContext, build_role
+from .state import ClientState
+from .training import TrainArgs, evaluate, pick_device
+
+
+def client_id_of(context: Context) -> int:
+    """The stable client id: ``client-id`` in deployment, ``partition-id`` in simulation."""
+    config = context.node_config
+    for key in ("client-id", "partition-id"):
+        if key in config:
+            return int(config[key])
+    raise ValueError("this SuperNode has no client id: start it with --node-config \"client-id=<N>\"")
+
+
+def parse_spec(message: Message) -> dict[str, Any]:
+    config = message.content.config_records.get("config")
+    if config is None or "spec" not in config:
+        raise ValueError("message carries no pflower spec: is the ServerApp a pflower ServerApp?")
+    return json.loads(str(config["spec"]))
+
+
+def client_data(spec: dict[str, Any], client_id: int) -> ClientData:
+    return load_client_data(DataSpec.from_dict(spec["data"]), client_id)
+
+
+@lru_cache(maxsize=8)
+def _initial_model(name: str, kwargs_json: str, in_shape: tuple[int, int, int], num_classes: int, seed: int) -> LayeredNet:
+    return build_model(name, in_shape, num_classes, seed=seed, **json.loads(kwargs_json))
+
+
+def fresh_model(spec: dict[str, Any]) -> LayeredNet:
+    """The run's initial model (same seed as the server's), copied from a per-process cache."""
+    info = DataSpec.from_dict(spec["data"]).info
+    model_spec = spec["model"]
+    kwargs = {k: v for k, v in model_spec.items() if k != "name"}
+    base = _initial_model(model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(spec["seed"]))
+    return copy.deepcopy(base)
+
+
+def _metrics_reply(message: Message, metrics: dict[str, float], arrays: ArrayRecord | None = None) -> Message:
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content=content, reply_to=message)
+
+
+def handle_hello(message: Message, context: Context) -> Message:
+    """Discovery: tell the server who this client is and how much data it holds."""
+    spec = parse_spec(message)
+    cid = client_id_of(context)
+    data = client_data(spec, cid)
+    metrics = {"client-id": cid, "num-train": data.num_train, "num-test": data.num_test}
+    if "num-partitions" in context.node_config:  # simulation: lets the server check the node count
+        metrics["num-partitions"] = int(context.node_config["num-partitions"])
+    return _metrics_reply(message, metrics)
+
+
+def _prepare(message: Message, context: Context) -> tuple[dict[str, Any], int, ClientData, LayeredNet, ClientState, RoleContext]:
+    spec = parse_spec(message)
+    config = message.content.config_records["config"]
+    cid = client_id_of(context)
+    if int(config["client-id"]) != cid:
+        raise ValueError(f"message addressed to client {config['client-id']} reached client {cid}")
+    data = client_data(spec, cid)
+    device = pick_device(spec.get("device", "auto"))
+    model = fresh_model(spec)
+    state = ClientState(context, cid, spec["run"], context.node_config.get("state-dir"))
+    saved = state.load()
+    extra = {k[len("extra."):]: v for k, v in saved.items() if k.startswith("extra.")}
+    own = {k: v for k, v in saved.items() if not k.startswith("extra.")}
+    model.load_state_dict(own, strict=False)
+    received = message.content.array_records.get("arrays", ArrayRecord())
+    known = set(model.state_dict())
+    unknown = [k for k in received.keys() if k not in known]
+    if unknown:
+        raise ValueError(f"server sent tensors this model does not have: {unknown[:5]}")
+    model.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in received.items()}, strict=False)
+    model.to(device)
+    server_round = int(config["server-round"])
+    seed = zlib.crc32(f"{spec['seed']}-{cid}-{server_round}".encode())
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout masks
+    ctx = RoleContext(device, generator, server_round, list(spec.get("personal", [])), extra)
+    return spec, cid, data, model, state, ctx
+
+
+def _train_args(spec: dict[str, Any]) -> TrainArgs:
+    return TrainArgs(**spec["train"])
+
+
+def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, float]:
+    correct, loss_sum, _ = result
+    return {f"{prefix}_correct": correct, f"{prefix}_loss_sum": loss_sum}
+
+
+def handle_train(message: Message, context: Context) -> Message:
+    spec, cid, data, model, state, ctx = _prepare(message, context)
+    args = _train_args(spec)
+    role = build_role(spec["role"], spec.get("role_args", {}))
+    metrics: dict[str, float] = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test}
+    t0 = time.perf_counter()
+    metrics.update(_eval_metrics("test_before", evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device)))
+    t1 = time.perf_counter()
+    metrics.update(role.fit(model, data, args, ctx))
+    t2 = time.perf_counter()
+    metrics.update(_eval_metrics("test_after", evaluate(model, data.x_test, data.y_test, device=ctx.device)))
+    metrics.update({"eval_time_s": (t1 - t0) + (time.perf_counter() - t2), "train_time_s": t2 - t1})
+    _persist(model, state, ctx)
+    upload = trainable_keys(model, spec.get("upload", []))
+    sd = model.state_dict()
+    arrays = ArrayRecord(array_dict={k: Array(sd[k].detach().cpu().numpy()) for k in upload})
+    return _metrics_reply(message, metrics, arrays)
+
+
+def handle_evaluate(message: Message, context: Context) -> Message:
+    spec, cid, data, model, _, ctx = _prepare(message, context)
+    role = build_role(spec["role"], spec.get("role_args", {}))
+    result = evaluate(role.eval_model(model, data, _train_args(spec), ctx), data.x_test, data.y_test, device=ctx.device)
+    metrics = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test, **_eval_metrics("test", result)}
+    return _metrics_reply(message, metrics)
+
+
+def _persist(model: LayeredNet, state: ClientState, ctx: RoleContext) -> None:
+    """Keep personal groups, BN buffers and the role's extra tensors for the next round."""
+    sd = model.state_dict()
+    keep = set(trainable_keys(model, ctx.personal)) | set(buffer_keys(model))
+    tensors = {k: sd[k] for k in sd if k in keep}
+    tensors.update({f"extra.{k}": v for k, v in ctx.extra_state.items()})
+    state.save(tensors)

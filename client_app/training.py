@@ -1,0 +1,93 @@
+"""Local training and evaluation loops shared by every client role.
+
+Roles change *what* is optimised (which parameters, which extra loss terms, what is
+recorded per batch) through arguments, never by copying the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainArgs:
+    epochs: int = 5
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """CUDA when present (or asked for), else CPU."""
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(preference)
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    args: TrainArgs,
+    *,
+    params: Iterable[nn.Parameter] | None = None,
+    loss_fn: LossFn = cross_entropy,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+) -> float:
+    """Mini-batch SGD for ``args.epochs`` epochs over shuffled (x, y); returns the mean batch loss.
+
+    Only ``params`` are updated (all parameters if None); others keep their values. Batches
+    of a single sample are skipped (BatchNorm cannot train on them, fedcmd.md §2.8).
+    """
+    device = device or next(model.parameters()).device
+    trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
+    if not trainable or args.epochs <= 0:
+        return float("nan")
+    optimizer = torch.optim.SGD(trainable, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    model.train()
+    total, batches = 0.0, 0
+    n = len(y)
+    for _ in range(args.epochs):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, args.batch_size):
+            idx = order[start : start + args.batch_size]
+            if len(idx) < 2:
+                continue
+            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, xb, yb)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            batches += 1
+    return total / max(batches, 1)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256, device: torch.device | None = None
+) -> tuple[int, float, int]:
+    """(correct predictions, summed cross-entropy, samples) on (x, y), in eval mode."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    model.train(was_training)
+    return correct, loss_sum, len(y)

@@ -1,0 +1,46 @@
+"""LeNet-5 with BatchNorm and its 1-4 FC-layer variants (fedcmd.md §4.1, fedcpmd.md §5)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from .layered import LayeredNet
+
+_HIDDEN = (120, 84, 64)  # fc1, fc2, fc3 widths (fedcmd.md Tables XI-XIII)
+
+
+def _conv_block(c_in: int, c_out: int, flatten: bool) -> nn.Sequential:
+    layers: list[nn.Module] = [
+        nn.Conv2d(c_in, c_out, kernel_size=5),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2, 2),
+    ]
+    if flatten:
+        layers.append(nn.Flatten())
+    return nn.Sequential(*layers)
+
+
+def lenet5(in_shape: tuple[int, int, int], num_classes: int, fc_layers: int = 3) -> LayeredNet:
+    """LeNet-5: conv1, conv2, then ``fc_layers`` linear groups, the last named ``classifier``.
+
+    ``fc_layers=3`` is the papers' main model (fc1 120, fc2 84, classifier); 2 is FedCMD's
+    "Extended 1", 4 is "Extended 2" (adds fc3 of 64 units), 1 goes straight to the classifier.
+    """
+    if not 1 <= fc_layers <= 4:
+        raise ValueError(f"lenet5 fc_layers must be 1..4, got {fc_layers}")
+    c, h, w = in_shape
+    flat = 16 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
+    if flat <= 0:
+        raise ValueError(f"lenet5 needs inputs of at least 16x16 pixels, got {h}x{w}")
+    groups: OrderedDict[str, nn.Module] = OrderedDict(
+        conv1=_conv_block(c, 6, flatten=False), conv2=_conv_block(6, 16, flatten=True)
+    )
+    width = flat
+    for i, hidden in enumerate(_HIDDEN[: fc_layers - 1], start=1):
+        groups[f"fc{i}"] = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(inplace=True))
+        width = hidden
+    groups["classifier"] = nn.Linear(width, num_classes)
+    return LayeredNet(groups)

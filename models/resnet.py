@@ -1,0 +1,113 @@
+"""torchvision ResNets of depth 10..50 as LayeredNets (felo_velo.md §4, fedtsdp.md §4.1).
+
+One builder, :func:`resnet`, takes the block type and per-stage block counts from
+``RESNET_LAYOUTS``; the registry names ``resnet10``..``resnet50`` only fix the depth. The
+depth is 2*sum(blocks)+2 for BasicBlock and 3*sum(blocks)+2 for Bottleneck (felo_velo.md §4).
+
+Groups: stem (conv1, bn1, relu[, maxpool]), layer1..layer4, pool (avgpool, flatten[,
+projection]), classifier. ``features()`` is therefore the felo/velo extractor E (the
+flattened D-dim feature) and the classifier is H.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+from .layered import LayeredNet
+
+Block = type[BasicBlock] | type[Bottleneck]
+
+RESNET_LAYOUTS: dict[int, tuple[Block, tuple[int, int, int, int]]] = {
+    10: (BasicBlock, (1, 1, 1, 1)),
+    14: (BasicBlock, (1, 1, 2, 2)),
+    18: (BasicBlock, (2, 2, 2, 2)),
+    22: (BasicBlock, (2, 2, 3, 3)),
+    26: (BasicBlock, (3, 3, 3, 3)),
+    34: (BasicBlock, (3, 4, 6, 3)),
+    50: (Bottleneck, (3, 4, 6, 3)),
+}
+
+STEMS = ("imagenet", "cifar")
+
+
+def _stem(net: ResNet, in_channels: int, stem: str) -> nn.Sequential:
+    """torchvision stem (7x7/2 conv + 3x3/2 max-pool) or the CIFAR one (3x3/1 conv, no max-pool).
+
+    The first conv is rebuilt (with torchvision's Kaiming init) only when the input channels
+    or the stem differ from torchvision's, so the default 3-channel model is torchvision's own.
+    """
+    if stem not in STEMS:
+        raise ValueError(f"unknown ResNet stem {stem!r}; valid stems: {list(STEMS)}")
+    kernel, stride, padding = (7, 2, 3) if stem == "imagenet" else (3, 1, 1)
+    conv = net.conv1
+    if (in_channels, kernel) != (conv.in_channels, conv.kernel_size[0]):
+        conv = nn.Conv2d(
+            in_channels, conv.out_channels, kernel, stride=stride, padding=padding, bias=False
+        )
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+    layers = OrderedDict(conv1=conv, bn1=net.bn1, relu=net.relu)
+    if stem == "imagenet":
+        layers["maxpool"] = net.maxpool
+    return nn.Sequential(layers)
+
+
+def _pool(width: int, feature_dim: int) -> nn.Sequential:
+    """Global average pool + flatten; a Linear-ReLU projection when the shared feature width
+    differs from the native one (felo_velo.md §7-F: ResNet50's 2048 -> 512)."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict(
+        avgpool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()
+    )
+    if feature_dim != width:
+        layers["proj"] = nn.Linear(width, feature_dim)
+        layers["proj_relu"] = nn.ReLU(inplace=True)
+    return nn.Sequential(layers)
+
+
+def resnet(
+    depth: int,
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    stem: str = "imagenet",
+    feature_dim: int | None = None,
+    blocks: Sequence[int] | None = None,
+) -> LayeredNet:
+    """ResNet-``depth`` built from torchvision's ResNet class.
+
+    ``stem``: "imagenet" (felo_velo.md §4, default) or "cifar" (fedtsdp.md §4.1).
+    ``feature_dim``: width of the ``pool`` output (None = native: 512, or 2048 for ResNet50).
+    ``blocks``: override the per-stage block counts (fedtsdp.md [A13] ``resnet_blocks``).
+    """
+    if depth not in RESNET_LAYOUTS:
+        raise ValueError(f"unknown ResNet depth {depth}; valid depths: {sorted(RESNET_LAYOUTS)}")
+    block, default_blocks = RESNET_LAYOUTS[depth]
+    layout = list(blocks if blocks is not None else default_blocks)
+    if len(layout) != 4 or min(layout) < 1:
+        raise ValueError(f"ResNet blocks must be 4 positive counts, got {layout}")
+    net = ResNet(block, layout, num_classes=num_classes)
+    width = net.fc.in_features
+    dim = width if feature_dim is None else feature_dim
+    groups: OrderedDict[str, nn.Module] = OrderedDict(stem=_stem(net, in_shape[0], stem))
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        groups[name] = getattr(net, name)
+    groups["pool"] = _pool(width, dim)
+    groups["classifier"] = net.fc if dim == width else nn.Linear(dim, num_classes)
+    return LayeredNet(groups)
+
+
+def _factory(depth: int):
+    """Registry entry ``resnet<depth>(in_shape, num_classes, **kwargs)``."""
+
+    def build(in_shape: tuple[int, int, int], num_classes: int, **kwargs: Any) -> LayeredNet:
+        return resnet(depth, in_shape, num_classes, **kwargs)
+
+    build.__name__ = build.__qualname__ = f"resnet{depth}"
+    build.__doc__ = f"ResNet{depth}; keyword arguments as in :func:`resnet`."
+    return build
+
+
+RESNETS = {f"resnet{depth}": _factory(depth) for depth in RESNET_LAYOUTS}

@@ -1,0 +1,1 @@
+"""pflower ServerApp: compose the config, build model and strategy, run, write results."""

@@ -1,0 +1,173 @@
+"""Config composition: conf/ (hydra) + the run-config of `flwr run` + command-line overrides.
+
+Both entry points end here: the ServerApp turns ``context.run_config`` into hydra
+overrides, ``pflower sim`` passes its command line; both compose the same ``conf/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+GROUPS = ("experiment", "method", "dataset", "model", "partition")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names it and the fix."""
+
+
+def conf_dir() -> Path:
+    """The conf/ directory, from a source checkout, an installed wheel or an unpacked FAB."""
+    module = importlib.import_module("conf")
+    path = Path(module.__file__).resolve().parent
+    if not (path / "config.yaml").exists():
+        raise ConfigError(f"{path} has no config.yaml: another module named 'conf' shadows pflower's")
+    return path
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose conf/config.yaml with hydra overrides (``key=value``, ``method=fedavg``...)."""
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"bad configuration override: {exc}") from exc
+    finally:
+        if GlobalHydra.instance().is_initialized():
+            GlobalHydra.instance().clear()
+    OmegaConf.resolve(cfg)
+    validate(cfg)
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict[str, Any]:
+    cfg = compose_config()
+    flat = {k: v for k, v in OmegaConf.to_container(cfg).items() if not isinstance(v, dict)}
+    flat.update({g: cfg[g].name for g in GROUPS if g in cfg and g != "experiment"})
+    flat["experiment"] = ""
+    return flat
+
+
+def overrides_from_run_config(run_config: dict[str, Any]) -> list[str]:
+    """Hydra overrides for the run-config keys that differ from conf/'s defaults.
+
+    Keys equal to the defaults are skipped so that an ``experiment`` file's values are not
+    overwritten by the defaults `flwr run` always sends. ``overrides`` holds free-form
+    hydra overrides (``"method.finetune_epochs=1 partition.min_size=20"``).
+    """
+    defaults = _defaults()
+    out: list[str] = []
+    for key, value in run_config.items():
+        if key == "overrides":
+            continue
+        if key not in defaults:
+            raise ConfigError(f"unknown run-config key {key!r}; valid keys: {sorted(defaults)} and 'overrides'")
+        if value == defaults[key] or (key == "experiment" and value in ("", None)):
+            continue
+        out.append(f"{key}={_format(value)}")
+    out += shlex.split(str(run_config.get("overrides", "") or ""))
+    return out
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and any(c in value for c in " ,=[]{}'\""):
+        return repr(value)
+    return str(value)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check names and ranges before any round starts; every message says how to fix it."""
+    from client_app.data import DATASETS, dataset_info
+    from client_app.data.partition import PARTITIONERS
+    from models import MODELS
+    from strategies import STRATEGIES, method_options
+
+    dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
+    checks = [
+        (cfg.method.name in STRATEGIES, f"unknown method {cfg.method.name!r}; valid methods: {sorted(STRATEGIES)}"),
+        (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),
+        (cfg.model.name in MODELS, f"unknown model {cfg.model.name!r}; valid models: {sorted(MODELS)}"),
+        (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
+        (cfg.num_clients >= 1, f"num_clients must be >= 1, got {cfg.num_clients}"),
+        (cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}"),
+        (0 < cfg.fraction <= 1, f"fraction must be in (0, 1], got {cfg.fraction}"),
+        (cfg.local_epochs >= 0, f"local_epochs must be >= 0, got {cfg.local_epochs}"),
+        (cfg.lr > 0, f"lr must be > 0, got {cfg.lr}"),
+        (cfg.batch_size >= 2, f"batch_size must be >= 2 (BatchNorm), got {cfg.batch_size}"),
+        (0 < cfg.test_fraction < 1, f"test_fraction must be in (0, 1), got {cfg.test_fraction}"),
+    ]
+    if cfg.partition.name == "dirichlet":
+        checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if cfg.method.name in STRATEGIES:
+        unknown = sorted(set(method_args(cfg)) - set(method_options(cfg.method.name)))
+        if unknown:
+            raise ConfigError(
+                f"method {cfg.method.name!r} has no option(s) {unknown}; its options: {method_options(cfg.method.name)}"
+            )
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+
+
+def method_args(cfg: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in OmegaConf.to_container(cfg.method).items() if k != "name"}
+
+
+def model_spec(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg.model)
+
+
+def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
+    """The DataSpec fields (client_app.data.DataSpec) from the composed config."""
+    ds, part = cfg.dataset, cfg.partition
+    return {
+        "dataset": ds.name,
+        "root": ds.get("root"),
+        "options": _plain(ds.get("options")) or {},
+        "partitioner": part.name,
+        "num_clients": int(cfg.num_clients),
+        "alpha": float(part.get("alpha", cfg.alpha)),
+        "min_size": int(part.get("min_size", 40)),
+        "self_balancing": bool(part.get("self_balancing", True)),
+        "shards_per_client": int(part.get("shards_per_client", 2)),
+        "test_fraction": float(cfg.test_fraction),
+        "pool_splits": bool(ds.get("pool_splits", True)),
+        "public": str(ds.get("public", "none")),
+        "public_fraction": float(ds.get("public_fraction", 0.1)),
+        "seed": int(cfg.seed),
+    }
+
+
+def client_spec(cfg: DictConfig, run_token: str) -> dict[str, Any]:
+    """Everything a client needs, sent in every message's config (a SuperNode knows only its id)."""
+    return {
+        "run": run_token,
+        "seed": int(cfg.seed),
+        "device": str(cfg.device),
+        "model": model_spec(cfg),
+        "data": data_spec_dict(cfg),
+        "train": {
+            "epochs": int(cfg.local_epochs),
+            "batch_size": int(cfg.batch_size),
+            "lr": float(cfg.lr),
+            "momentum": float(cfg.momentum),
+            "weight_decay": float(cfg.weight_decay),
+        },
+    }

@@ -1,0 +1,42 @@
+"""Server-side strategies: one file per method on the shared :class:`PersonalizedStrategy` base."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .base import PersonalizedStrategy
+from .fedavg import FedAvg
+from .fedper import FedPer
+from .local import Local
+
+STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
+    cls.name: cls for cls in (FedAvg, FedPer, Local)
+}
+
+
+def method_options(name: str) -> list[str]:
+    """The method-specific keyword arguments a strategy accepts (its conf/method/ keys)."""
+    params = inspect.signature(STRATEGIES[name].__init__).parameters
+    return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in _BASE_OPTIONS]
+
+
+_BASE_OPTIONS = set(
+    p for p, v in inspect.signature(PersonalizedStrategy.__init__).parameters.items()
+    if v.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+def build_strategy(name: str, *args: Any, method_args: dict[str, Any] | None = None, **kwargs: Any) -> PersonalizedStrategy:
+    """Instantiate a registered method; unknown names or options get a message listing the valid ones."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown method {name!r}; valid methods: {sorted(STRATEGIES)}")
+    method_args = dict(method_args or {})
+    valid = method_options(name)
+    unknown = sorted(set(method_args) - set(valid))
+    if unknown:
+        raise ValueError(f"method {name!r} has no option(s) {unknown}; its options: {valid or 'none'}")
+    return STRATEGIES[name](*args, **kwargs, **method_args)
+
+
+__all__ = ["STRATEGIES", "PersonalizedStrategy", "build_strategy", "method_options"]

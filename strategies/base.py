@@ -1,0 +1,382 @@
+"""The strategy base every pflower method builds on.
+
+It owns what all personalized methods share: client discovery (stable client ids, not
+Flower node ids), seeded sampling, one Message per node with only the tensors that node
+must receive, reply validation, byte accounting, the evaluation protocol and the
+per-round record. A method overrides a few hooks that say what is different about it:
+
+- :meth:`personal_groups`: layer groups that stay on the client (FedPer: the classifier);
+- :meth:`downlink`: the tensors one client receives (default: the shared groups' global values);
+- :meth:`uplink_groups`: the groups a client sends back (default: the shared ones);
+- :meth:`role_config`: arguments of the client role (proximal mu, fine-tune epochs...);
+- :meth:`aggregate`: the server update (default: FedAvg of what was uploaded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from models import LayeredNet, group_of, keys_by_group, trainable_keys
+
+from .aggregation import fedavg
+from .evaluation import weighted_test_metrics
+from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
+
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ClientInfo:
+    """What the server knows of one client: where it is now and what it announced."""
+
+    node_id: int
+    num_train: int
+    num_test: int
+
+
+class PersonalizedStrategy(Strategy):
+    """Base of every pflower method: FedAvg-shaped rounds with per-client messages."""
+
+    name = "base"
+    role = "sgd"
+
+    def __init__(
+        self,
+        model: LayeredNet,
+        client_spec: Mapping[str, Any],
+        *,
+        num_clients: int,
+        fraction: float = 0.1,
+        min_clients: int = 1,
+        min_available: int | None = None,
+        min_replies: int = 1,
+        seed: int = 42,
+        final_eval: bool = True,
+        discover_timeout: float = 300.0,
+    ) -> None:
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        self.groups = model.group_names
+        self.group_keys = keys_by_group(model)
+        state = model.state_dict()
+        self.global_arrays: dict[str, np.ndarray] = {
+            k: state[k].detach().cpu().numpy().copy() for k in trainable_keys(model)
+        }
+        self.template = {k: (v.shape, v.dtype) for k, v in self.global_arrays.items()}
+        self.client_spec = dict(client_spec)
+        self.num_clients = num_clients
+        self.fraction = fraction
+        self.min_clients = min_clients
+        self.min_available = num_clients if min_available is None else min_available
+        self.min_replies = min_replies
+        self.seed = seed
+        self.final_eval = final_eval
+        self.discover_timeout = discover_timeout
+        self.rng = np.random.default_rng(seed)
+        self.clients: dict[int, ClientInfo] = {}
+        self.history: list[dict[str, Any]] = []
+        self.final_metrics: dict[str, Any] = {}
+        self._inflight: dict[int, int] = {}  # node id -> client id of this round's messages
+        self._bytes_down = 0
+        self._groups_down: set[str] = set()
+
+    # ------------------------------------------------------------------ method hooks
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        """Layer groups that stay on the client this round (never sent either way)."""
+        return []
+
+    def shared_groups(self, client_id: int, server_round: int) -> list[str]:
+        personal = set(self.personal_groups(client_id, server_round))
+        return [g for g in self.groups if g not in personal]
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        """Tensors sent to one client: by default the global values of its shared groups."""
+        return {k: self.global_arrays[k] for k in self.keys(self.shared_groups(client_id, server_round))}
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        """Groups the client sends back after training."""
+        return self.shared_groups(client_id, server_round)
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        """Arguments of the client role for this client and round (JSON-serialisable)."""
+        return {}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Server update from the round's valid replies; returns method metrics to log."""
+        uploaded = [u.arrays for u in updates if u.arrays]
+        if uploaded:
+            self.global_arrays.update(fedavg(uploaded, [u.num_examples for u in updates if u.arrays]))
+        return {}
+
+    # ------------------------------------------------------------------ helpers
+    def keys(self, groups: Iterable[str]) -> list[str]:
+        """Trainable state-dict keys of ``groups``, in forward order."""
+        wanted = set(groups)
+        unknown = wanted - set(self.groups)
+        if unknown:
+            raise KeyError(f"unknown layer group(s) {sorted(unknown)}; model groups: {self.groups}")
+        return [k for g in self.groups if g in wanted for k in self.group_keys[g]]
+
+    def summary(self) -> None:
+        log(INFO, "\t├── method: %s (client role %s)", self.name, self.role)
+        log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", self.num_clients, self.fraction, self.seed)
+        log(INFO, "\t└── layer groups: %s", ", ".join(self.groups))
+
+    def sample_size(self) -> int:
+        return max(self.min_clients, int(self.fraction * self.num_clients))
+
+    def sample(self, server_round: int) -> list[int]:
+        """Seeded sample of client ids: the same stream for every method (fedcmd.md A13)."""
+        m = self.sample_size()
+        population = np.arange(self.num_clients)
+        chosen = self.rng.choice(population, size=min(m, len(population)), replace=False)
+        available = [int(c) for c in chosen if int(c) in self.clients]
+        missing = sorted(set(int(c) for c in chosen) - set(available))
+        if missing:
+            log(WARNING, "round %d: sampled clients %s are not connected; training without them", server_round, missing)
+        return sorted(available)
+
+    def _config(self, client_id: int, server_round: int, task: str) -> ConfigRecord:
+        spec = {
+            **self.client_spec,
+            "role": self.role,
+            "role_args": self.role_config(client_id, server_round),
+            "personal": self.personal_groups(client_id, server_round),
+            "upload": self.uplink_groups(client_id, server_round) if task == "train" else [],
+            "task": task,
+        }
+        return ConfigRecord({"server-round": server_round, "client-id": client_id, "spec": json.dumps(spec)})
+
+    def _message(self, client_id: int, server_round: int, task: str, message_type: str) -> Message:
+        down = self.downlink(client_id, server_round)
+        arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
+        self._bytes_down += record_bytes(arrays)
+        self._groups_down.update(group_of(k) for k in down)
+        node = self.clients[client_id].node_id
+        self._inflight[node] = client_id
+        content = RecordDict({"arrays": arrays, "config": self._config(client_id, server_round, task)})
+        return Message(content=content, message_type=message_type, dst_node_id=node)
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None:
+        """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id).
+
+        New nodes are asked who they are with a query message; each replies with its client
+        id and the sizes of its splits. Waits until ``wait_for`` clients are known.
+        """
+        wait_for = self.min_available if wait_for is None else wait_for
+        deadline = time.monotonic() + (self.discover_timeout if timeout is None else timeout)
+        errors: list[str] = []
+        while True:
+            nodes = set(grid.get_node_ids())
+            for cid in [c for c, info in self.clients.items() if info.node_id not in nodes]:
+                log(WARNING, "client %d (node %d) disconnected", cid, self.clients.pop(cid).node_id)
+            known = {info.node_id for info in self.clients.values()}
+            unknown = sorted(nodes - known)
+            if unknown:
+                errors += self._query(grid, unknown)
+            if len(self.clients) >= wait_for or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if not self.clients:
+            reason = errors[0] if errors else "no node connected"
+            raise RuntimeError(f"no client could join the run: {reason}")
+        if len(self.clients) < wait_for:
+            log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
+
+    def _query(self, grid: Grid, node_ids: Sequence[int]) -> list[str]:
+        config = ConfigRecord({"spec": json.dumps({**self.client_spec, "task": "hello"})})
+        messages = [
+            Message(RecordDict({"config": config}), message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids
+        ]
+        errors = []
+        for reply in grid.send_and_receive(messages, timeout=self.discover_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                errors.append(f"node {node}: {reply.error.reason}")
+                log(WARNING, "node %d could not join: %s", node, reply.error.reason)
+                continue
+            try:
+                metrics = next(iter(reply.content.metric_records.values()))
+                cid, n_train, n_test = (int(metrics[k]) for k in ("client-id", "num-train", "num-test"))
+            except (StopIteration, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"node {node}: malformed hello ({exc!r})")
+                continue
+            if "num-partitions" in metrics and int(metrics["num-partitions"]) != self.num_clients:
+                raise RuntimeError(
+                    f"the simulation runs {int(metrics['num-partitions'])} SuperNodes but num_clients="
+                    f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
+                    f"{self.num_clients}\"` (or set num_clients={int(metrics['num-partitions'])})"
+                )
+            if not 0 <= cid < self.num_clients:
+                errors.append(f"node {node}: client id {cid} outside 0..{self.num_clients - 1}")
+                log(WARNING, "%s: set num_clients to the number of SuperNodes", errors[-1])
+                continue
+            if cid in self.clients:
+                log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
+            self.clients[cid] = ClientInfo(node, n_train, n_test)
+        return errors
+
+    # ------------------------------------------------------------------ Flower hooks
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.discover(grid, wait_for=0, timeout=0)
+        self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
+        return [self._message(cid, server_round, "train", MessageType.TRAIN) for cid in self.sample(server_round)]
+
+    def _collect(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
+        updates: list[ClientUpdate] = []
+        dropped: list[dict[str, Any]] = []
+        answered = set()
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            answered.add(node)
+            cid = self._inflight.get(node)
+            if msg.has_error():
+                dropped.append({"client": cid, "reason": f"client error: {msg.error.reason}"})
+                continue
+            if cid is None:
+                dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
+                continue
+            keys = self.keys(self.uplink_groups(cid, server_round)) if task == "train" else []
+            info = self.clients.get(cid)
+            try:
+                updates.append(
+                    validate_reply(
+                        msg.content,
+                        node_id=node,
+                        expected_client=cid,
+                        expected_arrays={k: self.template[k] for k in keys},
+                        expected_train_size=info.num_train if info else None,
+                        expected_test_size=info.num_test if info else None,
+                    )
+                )
+            except InvalidReply as exc:
+                dropped.append({"client": cid, "reason": str(exc)})
+        for node, cid in self._inflight.items():
+            if node not in answered:
+                dropped.append({"client": cid, "reason": "no reply before the round timeout"})
+        for d in dropped:
+            log(WARNING, "round %d: dropped reply of client %s: %s", server_round, d["client"], d["reason"])
+        return updates, dropped
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        updates, dropped = self._collect(server_round, replies, "train")
+        groups_up = {group_of(k) for u in updates for k in u.arrays}
+        record: dict[str, Any] = {
+            "round": server_round,
+            "clients": sorted(u.client_id for u in updates),
+            "dropped": dropped,
+            "bytes_down": self._bytes_down,
+            "bytes_up": sum(u.bytes_up for u in updates),
+            "groups_down": [g for g in self.groups if g in self._groups_down],
+            "groups_up": [g for g in self.groups if g in groups_up],
+        }
+        if len(updates) < self.min_replies:
+            log(WARNING, "round %d: %d valid replies < min_replies=%d; model unchanged", server_round, len(updates), self.min_replies)
+            record["skipped"] = True
+        else:
+            record.update(weighted_test_metrics([u.metrics for u in updates]))
+            record.update(self.aggregate(server_round, updates))
+        self.history.append(record)
+        scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return self.global_record(), MetricRecord(scalars)
+
+    def global_record(self) -> ArrayRecord:
+        return ArrayRecord(array_dict={k: Array(v) for k, v in self.global_arrays.items()})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Final evaluation: every known client evaluates the model it would use now."""
+        self.discover(grid, wait_for=0, timeout=0)
+        self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
+        return [self._message(cid, server_round, "evaluate", MessageType.EVALUATE) for cid in sorted(self.clients)]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        updates, dropped = self._collect(server_round, replies, "evaluate")
+        if not updates:
+            return None
+        total = sum(u.metrics["test_size"] for u in updates)
+        metrics = {
+            "final_acc": sum(u.metrics["test_correct"] for u in updates) / total,
+            "final_loss": sum(u.metrics["test_loss_sum"] for u in updates) / total,
+            "final_clients": float(len(updates)),
+        }
+        self.final_metrics = {**metrics, "dropped": dropped}
+        return MetricRecord(metrics)
+
+    # ------------------------------------------------------------------ the run loop
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        on_round: RoundCallback | None = None,
+    ) -> Result:
+        """Discover clients, run ``num_rounds`` rounds, then the final evaluation of all clients.
+
+        ``on_round`` receives each round's record as soon as it is aggregated (the results
+        writer appends it to metrics.jsonl before the next round starts).
+        """
+        log(INFO, "Starting %s (%d rounds)", self.name, num_rounds)
+        self.summary()
+        if initial_arrays is not None:
+            for k, arr in initial_arrays.items():
+                self.global_arrays[k] = arr.numpy()
+        self.discover(grid)
+        result = Result()
+        for rnd in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            replies = grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout=timeout)
+            arrays, metrics = self.aggregate_train(rnd, replies)
+            record = self.history[-1]
+            record["round_time_s"] = time.perf_counter() - t0
+            result.arrays = arrays
+            if metrics is not None:
+                result.train_metrics_clientapp[rnd] = metrics
+            log(INFO, "%s", format_round(record, num_rounds))
+            if on_round is not None:
+                on_round(record)
+        if self.final_eval:
+            replies = grid.send_and_receive(
+                self.configure_evaluate(num_rounds, ArrayRecord(), ConfigRecord(), grid), timeout=timeout
+            )
+            final = self.aggregate_evaluate(num_rounds, replies)
+            if final is not None:
+                result.evaluate_metrics_clientapp[num_rounds] = final
+                log(INFO, "final evaluation over %d clients: acc %.4f", int(final["final_clients"]), final["final_acc"])
+        return result
+
+
+def format_round(record: Mapping[str, Any], num_rounds: int) -> str:
+    """One human line per round, printed while the run goes."""
+    def pct(key: str) -> str:
+        return f"{100 * record[key]:6.2f}%" if key in record else "   n/a "
+
+    extra = "".join(f" | {k} {record[k]}" for k in record.get("log_keys", []))
+    return (
+        f"[round {record['round']:>3}/{num_rounds}] test_before {pct('test_before_acc')} "
+        f"test_after {pct('test_after_acc')} | clients {len(record['clients'])}"
+        f"{' (-' + str(len(record['dropped'])) + ' dropped)' if record['dropped'] else ''} | "
+        f"down {record['bytes_down'] / 2**20:.3f} MiB up {record['bytes_up'] / 2**20:.3f} MiB | "
+        f"{record.get('round_time_s', 0):.1f}s{extra}"
+    )

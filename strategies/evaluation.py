@@ -1,0 +1,56 @@
+"""The papers' evaluation protocol, as plain functions over per-client metrics.
+
+Each sampled client reports ``test_before`` (the model it received, on its own test
+split, before training) and ``test_after``. A round's number is the sample-weighted
+mean over the round's clients; the headline is the mean of the last 10 rounds'
+``test_before_acc`` (fedcmd.md §2.9). Metric names are the same for every method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+PHASES = ("test_before", "test_after")
+
+
+def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Sample-weighted accuracy/loss for each phase: sum(correct) / sum(test samples)."""
+    out: dict[str, float] = {}
+    total = sum(m["test_size"] for m in client_metrics)
+    for phase in PHASES:
+        present = [m for m in client_metrics if f"{phase}_correct" in m]
+        if not present or total <= 0:
+            continue
+        n = sum(m["test_size"] for m in present)
+        out[f"{phase}_acc"] = sum(m[f"{phase}_correct"] for m in present) / n
+        out[f"{phase}_loss"] = sum(m[f"{phase}_loss_sum"] for m in present) / n
+    if client_metrics and all("train_loss" in m for m in client_metrics):
+        weights = [m["num-examples"] for m in client_metrics]
+        out["train_loss"] = float(np.average([m["train_loss"] for m in client_metrics], weights=weights))
+    return out
+
+
+def headline(history: Sequence[Mapping[str, float]], key: str = "test_before_acc", window: int = 10) -> float | None:
+    """Mean of ``key`` over the last ``window`` rounds that report it (None if none do)."""
+    values = [h[key] for h in history if key in h and h[key] is not None]
+    if not values:
+        return None
+    return float(np.mean(values[-window:]))
+
+
+def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[str, float | None]:
+    """Headline numbers of a run: last-10 and last-20 means, best round, communication totals."""
+    accs = [h.get("test_before_acc") for h in history]
+    valid = [a for a in accs if a is not None]
+    return {
+        "rounds": len(history),
+        "headline_test_before_acc": headline(history, "test_before_acc", window),
+        "last20_test_before_acc": headline(history, "test_before_acc", 20),
+        "headline_test_after_acc": headline(history, "test_after_acc", window),
+        "best_test_before_acc": max(valid) if valid else None,
+        "total_mib_down": sum(h.get("bytes_down", 0) for h in history) / 2**20,
+        "total_mib_up": sum(h.get("bytes_up", 0) for h in history) / 2**20,
+        "mean_round_time_s": float(np.mean([h["round_time_s"] for h in history])) if history else None,
+    }

@@ -1,0 +1,12 @@
+"""Local-only training: every client trains its own model alone; nothing is communicated."""
+
+from __future__ import annotations
+
+from .base import PersonalizedStrategy
+
+
+class Local(PersonalizedStrategy):
+    name = "local"
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)

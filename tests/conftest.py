@@ -1,0 +1,39 @@
+"""Shared fixtures: configs composed from conf/, an in-process Grid, small runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/local_grid.py
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def compose(tmp_path):
+    """compose(*overrides) -> DictConfig with outputs under tmp_path."""
+    from server_app.config import compose_config
+
+    def _compose(*overrides: str):
+        return compose_config([f"output_dir={tmp_path / 'outputs'}", *overrides])
+
+    return _compose
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """A few seconds of training on synthetic data: for strategy and client tests."""
+    return [
+        "dataset=synthetic",
+        "dataset.options.num_samples=600",
+        "num_clients=4",
+        "rounds=2",
+        "fraction=0.5",
+        "local_epochs=1",
+        "partition.min_size=20",
+        "alpha=1.0",
+    ]

@@ -1,0 +1,93 @@
+"""Real Flower simulations: the `pflower sim` CLI (hydra multirun) and `flwr run .`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SMALL = ["num_clients=4", "rounds=2", "local_epochs=1", "fraction=0.5", "partition.min_size=20", "alpha=1.0"]
+
+pytestmark = pytest.mark.slow
+
+
+def run_dirs(out: Path) -> dict[str, Path]:
+    """'<HH-MM-SS>-<method>-<dataset>[-N]' directories by '<method>-<dataset>'."""
+    return {re.sub(r"-\d+$", "", p.name.split("-", 3)[3]): p for p in out.glob("*/*") if p.is_dir()}
+
+
+def check_run_dir(run: Path, rounds: int) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == list(range(1, rounds + 1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0.0 <= summary["headline_test_before_acc"] <= 1.0 and summary["final_clients"] > 0
+    assert (run / "config.yaml").exists() and (run / "accuracy.png").stat().st_size > 1000
+    return lines
+
+
+def test_pflower_sim_sweep_runs_local_fedavg_fedper(tmp_path):
+    out = tmp_path / "outputs"
+    cmd = [str(BIN / "pflower"), "sim", "-m", "method=local,fedavg,fedper", f"output_dir={out}", *SMALL]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = run_dirs(out)
+    assert set(runs) == {"local-digits", "fedavg-digits", "fedper-digits"}, runs
+    local = check_run_dir(runs["local-digits"], 2)
+    fedavg = check_run_dir(runs["fedavg-digits"], 2)
+    fedper = check_run_dir(runs["fedper-digits"], 2)
+    assert all(r["bytes_down"] == r["bytes_up"] == 0 for r in local)
+    assert all(r["groups_down"] == ["conv1", "conv2", "fc1", "fc2", "classifier"] for r in fedavg)
+    # FedPer: the classifier never travels, either way
+    assert all(r["groups_down"] == r["groups_up"] == ["conv1", "conv2", "fc1", "fc2"] for r in fedper)
+    assert all(p["bytes_down"] < a["bytes_down"] for p, a in zip(fedper, fedavg))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_flwr_run_dot(tmp_path):
+    """`flwr run .` through a local SuperLink of its own (own FLWR_HOME and ports), stopped afterwards."""
+    out = tmp_path / "outputs"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    run_config = " ".join(["method='fedavg'", *SMALL[:4], f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"])
+    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config", "num-supernodes=4"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-4000:]
+        assert "pflower summary" in log and "[round   2/2]" in log
+        runs = run_dirs(out)
+        assert list(runs) == ["fedavg-digits"], log[-3000:]
+        check_run_dir(runs["fedavg-digits"], 2)
+    finally:
+        stop_local_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+
+
+def stop_local_superlink(control_port: str) -> None:
+    """The local SuperLink outlives `flwr run`: stop the one this test started (found by its port)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "flower-superlink" in args and f"127.0.0.1:{control_port} " in args:
+            os.kill(int(cmdline.parent.name), signal.SIGTERM)

@@ -1,0 +1,91 @@
+"""An in-process Grid for tests: messages go straight to the ClientApp handlers, no Ray.
+
+Each node keeps its own Context (node config + state) across rounds, like a SuperNode.
+Nodes can be removed, made to fail or have their replies tampered with, to test how the
+strategy base copes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app.runtime import handle_evaluate, handle_hello, handle_train
+
+HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_evaluate}
+Tamper = Callable[[Message], Message]
+
+
+class LocalGrid(Grid):
+    def __init__(self, num_nodes: int, node_config: dict | None = None, first_node_id: int = 1000) -> None:
+        TaskIdentity.run_id = 1  # what a ServerApp process has set when a strategy builds Messages
+        TaskIdentity.node_id = 0
+        TaskIdentity.task_id = 0
+        self.contexts: dict[int, Context] = {}
+        self.node_of_client: dict[int, int] = {}
+        self.sent: list[Message] = []
+        self.replies: list[Message] = []
+        self.tamper: dict[int, Tamper] = {}  # client id -> function applied to its train replies
+        self.fail: set[int] = set()  # client ids whose handler raises
+        for cid in range(num_nodes):
+            self.add_node(cid, first_node_id + cid, node_config)
+
+    def add_node(self, client_id: int, node_id: int, node_config: dict | None = None) -> None:
+        config = {"partition-id": client_id, "num-partitions": len(self.contexts) + 1, **(node_config or {})}
+        self.contexts[node_id] = Context(run_id=1, node_id=node_id, node_config=config, state=RecordDict(), run_config={})
+        self.node_of_client[client_id] = node_id
+        total = len(self.contexts)
+        for ctx in self.contexts.values():
+            if "num-partitions" in ctx.node_config:
+                ctx.node_config["num-partitions"] = total
+
+    def remove_node(self, node_id: int) -> None:
+        self.contexts.pop(node_id)
+
+    # Grid API -----------------------------------------------------------------
+    def set_run(self, run) -> None:  # noqa: ANN001
+        pass
+
+    @property
+    def run(self):  # noqa: ANN201
+        return None
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None) -> Message:
+        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("LocalGrid only supports send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("LocalGrid only supports send_and_receive")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            if node not in self.contexts:
+                continue  # a vanished node never answers
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            msg.metadata.__dict__["_src_node_id"] = 0
+            ctx = self.contexts[node]
+            cid = int(ctx.node_config.get("client-id", ctx.node_config.get("partition-id")))
+            try:
+                if cid in self.fail and msg.metadata.message_type != "query":
+                    raise RuntimeError(f"client {cid} crashed")
+                reply = HANDLERS[msg.metadata.message_type](msg, ctx)
+            except Exception as exc:  # a ClientApp exception becomes an error reply, as in Flower
+                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = node
+            if msg.metadata.message_type == "train" and cid in self.tamper:
+                reply = self.tamper[cid](reply)
+            self.replies.append(reply)
+            replies.append(reply)
+        return replies

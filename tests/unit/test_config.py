@@ -1,0 +1,71 @@
+"""Config composition and config errors: one clear message before any round starts."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from server_app.config import ConfigError, _defaults, compose_config, overrides_from_run_config
+from server_app.runner import check_data
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pyproject_run_config_matches_conf_defaults():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = _defaults()
+    for key, value in declared.items():
+        if key != "overrides":
+            assert defaults[key] == value, f"pyproject [tool.flwr.app.config] {key}={value!r} but conf/ says {defaults[key]!r}"
+
+
+def test_run_config_becomes_overrides_only_where_it_differs():
+    assert overrides_from_run_config({"method": "fedper", "rounds": 30}) == []
+    assert overrides_from_run_config({"method": "fedavg", "alpha": 0.1, "overrides": "method.finetune_epochs=2"}) == [
+        "method=fedavg",
+        "alpha=0.1",
+        "method.finetune_epochs=2",
+    ]
+    cfg = compose_config(overrides_from_run_config({"method": "fedavg", "alpha": 0.1, "overrides": "method.finetune_epochs=2"}))
+    assert cfg.method.name == "fedavg" and cfg.partition.alpha == 0.1 and cfg.method.finetune_epochs == 2
+
+
+def test_experiment_values_survive_default_run_config():
+    cfg = compose_config(overrides_from_run_config({"experiment": "smoke", "rounds": 30}))
+    assert cfg.rounds == 3  # smoke's value: the default rounds=30 from flwr is not applied
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["method=nope"], "fedavg"),  # hydra lists the available options
+        (["dataset=nope"], "digits"),
+        (["model=nope"], "lenet5"),
+        (["partition=nope"], "dirichlet"),
+        (["alpha=0"], "alpha must be > 0"),
+        (["alpha=-0.5"], "alpha must be > 0"),
+        (["fraction=1.5"], "fraction"),
+        (["batch_size=1"], "batch_size"),
+        (["+method.mu=1"], "no option"),
+    ],
+)
+def test_config_errors_name_the_fix(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        compose_config(overrides)
+
+
+def test_unknown_run_config_key():
+    with pytest.raises(ConfigError, match="valid keys"):
+        overrides_from_run_config({"rounds_": 3})
+
+
+def test_more_clients_than_samples_fails_before_round_one():
+    with pytest.raises(ConfigError, match="samples"):
+        check_data(compose_config(["num_clients=5000"]))
+
+
+def test_missing_dataset_files_say_where_and_how(tmp_path, monkeypatch):
+    monkeypatch.delenv("PFLOWER_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"cifar10.*looked for.*" + str(tmp_path / "nowhere")):
+        check_data(compose_config(["dataset=cifar10", f"dataset.root={tmp_path / 'nowhere'}"]))

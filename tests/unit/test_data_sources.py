@@ -1,0 +1,292 @@
+"""Offline dataset readers, checked on tiny files written in each dataset's real on-disk format."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import client_app.data.torchvision_sources as tvs
+from client_app.data.idx import write_idx
+from client_app.data.sources import DATASETS, DatasetNotFoundError, dataset_info
+
+TORCHVISION_NAMES = ("mnist", "emnist", "cifar10", "cifar100", "svhn", "cinic10", "tinyimagenet")
+FMNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_roots(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Keep $PFLOWER_DATA and ~/.cache/pflower/data of this machine out of the search."""
+    monkeypatch.delenv("PFLOWER_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
+def _read(name: str, root: Path):
+    return DATASETS[name].reader(str(root))
+
+
+def _random_images(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def _check_splits(splits, name: str, sizes: dict[str, int]) -> None:
+    """Shapes, dtypes and label range every reader must honour."""
+    info = DATASETS[name]
+    assert set(splits) == set(sizes)
+    for split, (images, labels) in splits.items():
+        assert images.dtype == np.uint8
+        assert images.shape == (sizes[split], *info.in_shape)
+        assert labels.dtype == np.int64 and labels.shape == (sizes[split],)
+        assert labels.min() >= 0 and labels.max() < info.num_classes
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@pytest.mark.parametrize("name", TORCHVISION_NAMES)
+def test_registered_with_stats_and_instructions(name: str) -> None:
+    info = dataset_info(name)
+    assert info.name == name
+    assert len(info.mean) == len(info.std) == info.in_shape[0]
+    assert all(0 < m < 1 for m in info.mean) and all(0 < s < 1 for s in info.std)
+    assert "ROOT" in info.how_to_get
+
+
+@pytest.mark.parametrize("name", TORCHVISION_NAMES)
+def test_missing_root_names_searched_dirs_and_how_to_get(name: str, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DatasetNotFoundError) as err:
+        _read(name, missing)
+    message = str(err.value)
+    assert str(missing) in message
+    assert str(Path.home() / ".cache/pflower/data") in message
+    assert DATASETS[name].how_to_get in message
+
+
+# ----------------------------------------------------------------------------- IDX
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_mnist_reads_torchvision_raw_folder(tmp_path: Path, gz: bool) -> None:
+    rng = np.random.default_rng(0)
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    ext = ".gz" if gz else ""
+    data = {
+        "train": (_random_images(rng, (6, 28, 28)), np.arange(6) % 10),
+        "test": (_random_images(rng, (4, 28, 28)), np.array([9, 8, 7, 6])),
+    }
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte{ext}", data[split][0])
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte{ext}", data[split][1])
+    splits = _read("mnist", tmp_path)
+    _check_splits(splits, "mnist", {"train": 6, "test": 4})
+    for split, (images, labels) in data.items():
+        np.testing.assert_array_equal(splits[split][0][:, 0], images)
+        np.testing.assert_array_equal(splits[split][1], labels)
+
+
+def test_emnist_transposes_images_upright(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    raw = tmp_path / "EMNIST" / "raw"
+    raw.mkdir(parents=True)
+    stored = {"train": _random_images(rng, (6, 28, 28)), "test": _random_images(rng, (4, 28, 28))}
+    labels = {"train": np.array([0, 10, 35, 36, 61, 5]), "test": np.array([61, 0, 1, 2])}
+    for split in stored:
+        ext = ".gz" if split == "train" else ""
+        write_idx(raw / f"emnist-byclass-{split}-images-idx3-ubyte{ext}", stored[split])
+        write_idx(raw / f"emnist-byclass-{split}-labels-idx1-ubyte{ext}", labels[split])
+    splits = _read("emnist", tmp_path)
+    _check_splits(splits, "emnist", {"train": 6, "test": 4})
+    for split in stored:
+        np.testing.assert_array_equal(splits[split][0][:, 0], stored[split].transpose(0, 2, 1))
+        np.testing.assert_array_equal(splits[split][1], labels[split])
+
+
+def test_in_place_transpose_spans_chunks() -> None:
+    images = _random_images(np.random.default_rng(2), (11, 5, 5))
+    expected = images.transpose(0, 2, 1).copy()
+    tvs._transpose_in_place(images, chunk=4)
+    np.testing.assert_array_equal(images, expected)
+
+
+def test_fmnist_reads_idx_files_in_any_dir(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    train, test = _random_images(rng, (6, 28, 28)), _random_images(rng, (4, 28, 28))
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", train)
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.arange(6))
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", test)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([1, 2, 3, 4]))
+    splits = _read("fmnist", tmp_path)
+    _check_splits(splits, "fmnist", {"train": 6, "test": 4})
+    np.testing.assert_array_equal(splits["train"][0][:, 0], train)
+    np.testing.assert_array_equal(splits["test"][0][:, 0], test)
+    np.testing.assert_array_equal(splits["test"][1], [1, 2, 3, 4])
+
+
+@pytest.mark.skipif(not FMNIST_DEBIAN.is_dir(), reason="dataset-fashion-mnist is not installed")
+def test_debian_fashion_mnist_loads() -> None:
+    splits = DATASETS["fmnist"].reader(None)
+    _check_splits(splits, "fmnist", {"train": 60000, "test": 10000})
+    pooled = np.concatenate([labels for _, labels in splits.values()])
+    assert len(pooled) == 70000
+    assert np.bincount(pooled).tolist() == [7000] * 10
+
+
+def test_digits_is_float_in_unit_range() -> None:
+    images, labels = DATASETS["digits"].reader(None)["all"]
+    assert images.shape == (1797, 1, 28, 28) and images.dtype == np.float32
+    assert images.min() >= 0.0 and images.max() <= 1.0
+    assert labels.dtype == np.int64 and set(labels.tolist()) == set(range(10))
+
+
+# ----------------------------------------------------------------------------- CIFAR
+
+
+def _cifar_batch(
+    rng: np.random.Generator, n: int, label_key: str, num_classes: int, as_bytes: bool
+) -> dict:
+    rows = _random_images(rng, (n, 3072))
+    batch = {"data": rows, label_key: rng.integers(0, num_classes, n).tolist(), "filenames": []}
+    if as_bytes:  # how the Python 2 pickles read with encoding="bytes" look
+        batch = {k.encode(): v for k, v in batch.items()}
+    return batch
+
+
+def _check_cifar_rows(images: np.ndarray, rows: np.ndarray) -> None:
+    """Rows are 1024 red, then green, then blue values, each row-major 32x32."""
+    np.testing.assert_array_equal(images[:, 0], rows[:, :1024].reshape(-1, 32, 32))
+    np.testing.assert_array_equal(images[:, 2], rows[:, 2048:].reshape(-1, 32, 32))
+    np.testing.assert_array_equal(images.reshape(len(rows), -1), rows)
+
+
+def test_cifar10_reads_pickled_batches(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    sizes = {n: 4 if n == "test_batch" else 2 for n in names}
+    batches = {n: _cifar_batch(rng, sizes[n], "labels", 10, as_bytes=True) for n in names}
+    for n, batch in batches.items():
+        (base / n).write_bytes(pickle.dumps(batch, protocol=2))
+    splits = _read("cifar10", tmp_path)
+    _check_splits(splits, "cifar10", {"train": 10, "test": 4})
+    train_rows = np.concatenate([batches[n][b"data"] for n in names[:5]])
+    _check_cifar_rows(splits["train"][0], train_rows)
+    _check_cifar_rows(splits["test"][0], batches["test_batch"][b"data"])
+    expected = sum((batches[n][b"labels"] for n in names[:5]), [])
+    np.testing.assert_array_equal(splits["train"][1], expected)
+
+
+def test_cifar100_uses_fine_labels(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    base = tmp_path / "cifar-100-python"
+    base.mkdir()
+    batches = {  # str keys: how the Python 2 pickles read with encoding="latin1" look
+        "train": _cifar_batch(rng, 6, "fine_labels", 100, as_bytes=False),
+        "test": _cifar_batch(rng, 4, "fine_labels", 100, as_bytes=False),
+    }
+    for split, batch in batches.items():
+        batch["coarse_labels"] = [0] * len(batch["fine_labels"])
+        (base / split).write_bytes(pickle.dumps(batch, protocol=2))
+    splits = _read("cifar100", tmp_path)
+    _check_splits(splits, "cifar100", {"train": 6, "test": 4})
+    for split, batch in batches.items():
+        _check_cifar_rows(splits[split][0], batch["data"])
+        np.testing.assert_array_equal(splits[split][1], batch["fine_labels"])
+
+
+# ----------------------------------------------------------------------------- SVHN
+
+
+@pytest.mark.parametrize("subdir", ["svhn", ""])
+def test_svhn_maps_label_ten_to_zero(tmp_path: Path, subdir: str) -> None:
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(6)
+    base = tmp_path / subdir
+    base.mkdir(exist_ok=True)
+    data = {
+        "train": (_random_images(rng, (32, 32, 3, 6)), np.array([[10], [1], [2], [10], [9], [5]])),
+        "test": (_random_images(rng, (32, 32, 3, 4)), np.array([[3], [10], [4], [1]])),
+    }
+    for split, (x, y) in data.items():
+        savemat(base / f"{split}_32x32.mat", {"X": x, "y": y.astype(np.uint8)})
+    splits = _read("svhn", tmp_path)
+    _check_splits(splits, "svhn", {"train": 6, "test": 4})
+    for split, (x, y) in data.items():
+        np.testing.assert_array_equal(splits[split][0], x.transpose(3, 2, 0, 1))
+        np.testing.assert_array_equal(splits[split][1], np.where(y[:, 0] == 10, 0, y[:, 0]))
+    assert splits["train"][1].tolist() == [0, 1, 2, 0, 9, 5]
+
+
+# ----------------------------------------------------------------------------- image folders
+
+
+def _save(path: Path, pixels: np.ndarray) -> None:
+    """Write an HxWx3 (or HxW grayscale) uint8 array as an image file, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+
+
+def test_cinic10_reads_png_folders_and_skips_valid(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    base = tmp_path / "cinic10"
+    classes = ["airplane", "cat", "truck"]  # sorted order gives indices 0, 1, 2
+    written: dict[str, dict[int, list[np.ndarray]]] = {"train": {}, "test": {}}
+    for split, per_class in (("train", 2), ("test", 1), ("valid", 3)):
+        for c, cls in enumerate(classes):
+            for i in range(per_class):
+                pixels = _random_images(rng, (32, 32, 3))
+                _save(base / split / cls / f"cifar10-{split}-{i}.png", pixels)
+                written.get(split, {}).setdefault(c, []).append(pixels)
+    splits = _read("cinic10", tmp_path)
+    _check_splits(splits, "cinic10", {"train": 6, "test": 3})
+    for split, per_class in written.items():
+        images, labels = splits[split]
+        expected = [(c, p) for c in sorted(per_class) for p in per_class[c]]
+        np.testing.assert_array_equal(labels, [c for c, _ in expected])
+        for got, (_, pixels) in zip(images, expected):
+            np.testing.assert_array_equal(got, pixels.transpose(2, 0, 1))  # PNG is lossless
+
+
+def test_image_of_wrong_size_is_rejected(tmp_path: Path) -> None:
+    for split in ("train", "test"):
+        _save(tmp_path / "cinic10" / split / "cat" / "a.png", np.zeros((31, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match="expected 32x32"):
+        _read("cinic10", tmp_path)
+
+
+def test_tinyimagenet_train_folders_and_annotated_val(tmp_path: Path) -> None:
+    base = tmp_path / "tiny-imagenet-200"
+    wnids = ["n09999999", "n01443537", "n02085620"]  # class index follows the sorted wnids
+    base.mkdir()
+    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    colors = {w: 40 + 80 * i for i, w in enumerate(sorted(wnids))}  # flat images survive JPEG
+    for w in wnids:
+        for i in range(2):
+            flat = np.full((64, 64, 3), colors[w], np.uint8)
+            _save(base / "train" / w / "images" / f"{w}_{i}.JPEG", flat)
+        (base / "train" / w / f"{w}_boxes.txt").write_text("")
+    _save(base / "train" / wnids[0] / "images" / "gray.JPEG", np.full((64, 64), 10, np.uint8))
+    val = [(f"val_{i}.JPEG", wnids[k]) for i, k in enumerate([2, 0, 1, 0])]
+    for fname, w in val:
+        _save(base / "val" / "images" / fname, np.full((64, 64, 3), colors[w], np.uint8))
+    (base / "val" / "val_annotations.txt").write_text(
+        "".join(f"{fname}\t{w}\t0\t0\t63\t63\n" for fname, w in val)
+    )
+    _save(base / "test" / "images" / "test_0.JPEG", np.zeros((64, 64, 3), np.uint8))  # unlabelled
+    splits = _read("tinyimagenet", tmp_path)
+    _check_splits(splits, "tinyimagenet", {"train": 7, "test": 4})
+    index = {w: i for i, w in enumerate(sorted(wnids))}
+    images, labels = splits["test"]
+    np.testing.assert_array_equal(labels, [index[w] for _, w in val])
+    for got, (_, w) in zip(images, val):
+        assert np.abs(got.astype(int) - colors[w]).max() <= 2
+    train_images, train_labels = splits["train"]
+    assert np.bincount(train_labels).tolist() == [2, 2, 3]  # n09999999 (index 2) has the gray one
+    gray = train_images[np.all(np.abs(train_images.astype(int) - 10) <= 2, axis=(1, 2, 3))]
+    assert len(gray) == 1 and gray.shape[1] == 3  # grayscale JPEG came back as RGB

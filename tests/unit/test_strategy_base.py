@@ -1,0 +1,127 @@
+"""The strategy base through an in-process Grid (no Ray): routing, validation, bytes, protocol."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from local_grid import LocalGrid
+from server_app.runner import build
+from strategies.base import PersonalizedStrategy
+
+
+def make(compose, tiny_overrides, *extra):
+    cfg = compose(*tiny_overrides, *extra)
+    return cfg, build(cfg, run_token="test-run")
+
+
+def run(strategy: PersonalizedStrategy, grid: LocalGrid, rounds: int = 2):
+    records = []
+    strategy.start(grid, num_rounds=rounds, on_round=records.append)
+    return records
+
+
+def sent_keys(grid, message_type="train"):
+    return [set(m.content.array_records["arrays"].keys()) for m in grid.sent if m.metadata.message_type == message_type]
+
+
+def test_fedper_never_sends_the_classifier(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=fedper")
+    grid = LocalGrid(4)
+    records = run(strategy, grid)
+    classifier = set(strategy.keys(["classifier"]))
+    body = set(strategy.keys(strategy.groups[:-1]))
+    assert all(keys == body for keys in sent_keys(grid))
+    up = [set(r.content.array_records["arrays"].keys()) for r in grid.replies if r.metadata.message_type == "train"]
+    assert up and all(keys == body and not keys & classifier for keys in up)
+    body_bytes = sum(strategy.global_arrays[k].nbytes for k in body)
+    for r in records:
+        assert r["groups_down"] == r["groups_up"] == strategy.groups[:-1]
+        n = len(r["clients"])
+        assert body_bytes * n <= r["bytes_down"] < body_bytes * n * 1.05  # arrays + small headers
+    # the personal classifier persisted on the client: its state holds it
+    trained = [c for c in grid.contexts.values() if "pflower.personal" in c.state.array_records]
+    assert trained and all(
+        classifier <= set(c.state.array_records["pflower.personal"].keys()) for c in trained
+    )
+
+
+def test_fedavg_sends_everything_but_bn_buffers(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=fedavg")
+    grid = LocalGrid(4)
+    run(strategy, grid, rounds=1)
+    keys = sent_keys(grid)
+    assert keys and all(k == set(strategy.global_arrays) for k in keys)
+    assert not any("running" in key or "num_batches" in key for k in keys for key in k)
+
+
+def test_local_communicates_nothing(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=local")
+    before = {k: v.copy() for k, v in strategy.global_arrays.items()}
+    records = run(strategy, LocalGrid(4))
+    assert all(r["bytes_down"] == 0 and r["bytes_up"] == 0 for r in records)
+    assert all(np.array_equal(before[k], strategy.global_arrays[k]) for k in before)
+    assert records[-1]["test_after_acc"] > 0.2  # they do learn locally
+
+
+def test_sampling_is_seeded_and_identical_across_methods(compose, tiny_overrides):
+    picks = []
+    for method in ("fedavg", "fedper", "fedavg"):
+        _, strategy = make(compose, tiny_overrides, f"method={method}")
+        grid = LocalGrid(4)
+        picks.append([r["clients"] for r in run(strategy, grid, rounds=3)])
+    assert picks[0] == picks[1] == picks[2]
+    assert all(len(c) == 2 for c in picks[0])
+
+
+def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
+    grid = LocalGrid(4)
+
+    def nan_weights(reply):
+        rec = reply.content.array_records["arrays"]
+        key = next(iter(rec.keys()))
+        rec[key] = Array(np.full(rec[key].numpy().shape, np.nan, np.float32))
+        return reply
+
+    def forged_count(reply):
+        reply.content.metric_records["metrics"]["num-examples"] = 10**6
+        return reply
+
+    grid.tamper = {0: nan_weights, 1: forged_count}
+    grid.fail = {2}
+    records = run(strategy, grid, rounds=1)
+    reasons = {d["client"]: d["reason"] for d in records[0]["dropped"]}
+    assert set(reasons) == {0, 1, 2}
+    assert "NaN" in reasons[0] and "forged" in reasons[1] and "crashed" in reasons[2]
+    assert records[0]["clients"] == [3]
+    assert all(np.all(np.isfinite(v)) for v in strategy.global_arrays.values())
+
+
+def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
+    grid = LocalGrid(4)
+    strategy.discover(grid)
+    grid.remove_node(grid.node_of_client[1])
+    # configure_train re-discovers: client 1 is gone and is not sampled
+    msgs = list(strategy.configure_train(1, ArrayRecord(), None, grid))
+    assert 1 not in {strategy._inflight[m.metadata.dst_node_id] for m in msgs}
+    grid.add_node(1, node_id=5555)  # same client id, new node id (a restarted SuperNode)
+    msgs = list(strategy.configure_train(2, ArrayRecord(), None, grid))
+    assert strategy.clients[1].node_id == 5555 and 5555 in {m.metadata.dst_node_id for m in msgs}
+
+
+def test_wrong_number_of_simulated_nodes_is_a_clear_error(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides)
+    with pytest.raises(RuntimeError, match="num-supernodes=4"):
+        strategy.discover(LocalGrid(3))
+
+
+def test_evaluation_protocol_metrics_are_sample_weighted(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=fedavg")
+    grid = LocalGrid(4)
+    records = run(strategy, grid, rounds=1)
+    replies = [r for r in grid.replies if r.metadata.message_type == "train"]
+    ms = [r.content.metric_records["metrics"] for r in replies]
+    expected = sum(m["test_before_correct"] for m in ms) / sum(m["test_size"] for m in ms)
+    assert records[0]["test_before_acc"] == pytest.approx(expected)
+    assert strategy.final_metrics["final_clients"] == 4

@@ -7,11 +7,12 @@ from typing import Any
 
 from .base import PersonalizedStrategy
 from .fedavg import FedAvg
+from .fedcmd import FedCMD
 from .fedper import FedPer
 from .local import Local
 
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
-    cls.name: cls for cls in (FedAvg, FedPer, Local)
+    cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD)
 }
 
 

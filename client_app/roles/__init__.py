@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Role, RoleContext, SGDRole
+from .fedcmd import FedCMDRole
 
-ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole,)}
+ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole)}
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -15,4 +16,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
     return ROLES[name](args)
 
 
-__all__ = ["ROLES", "Role", "RoleContext", "SGDRole", "build_role"]
+__all__ = ["ROLES", "FedCMDRole", "Role", "RoleContext", "SGDRole", "build_role"]

@@ -1,0 +1,295 @@
+"""FedCMD (Chen et al., IEEE TC 2024): a data-chosen personal layer l* (fedcmd.md).
+
+Phase 1 (rounds 1..Kp): FedAvg of the whole model; every client votes for the candidate
+layer of lowest feature-distribution-transfer score; the server keeps each round's
+majority. After round Kp, l* = the layer that won most rounds.
+Phase 2 (rounds Kp+1..K): l* stays on each client (initialised once from the phase-1
+global model); the groups before l* are FedAvg'd; the groups after l* are averaged per
+client, weighted by the clipped cosine similarity of the clients' l* parameters (Eq. 7-8).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from .base import PersonalizedStrategy
+from .fedcmd_math import flat_vector, personal_layer_index, personalized_posts, round_winner, similarity_matrix
+from .validation import ClientUpdate
+
+# the client role checks the same values (client_app/roles/fedcmd.py); a unit test keeps them equal
+SCORE_MODES = ("paper", "code")
+W2_MODES = ("gaussian", "mean_only")
+SELECTION_TIMINGS = ("during_training", "after_training")
+GRANULARITIES = ("batch", "dataset")
+
+
+def default_candidates(groups: Sequence[str]) -> list[str]:
+    """The FC groups: every group from the first one named ``fc*`` or ``classifier`` (§2.1)."""
+    for i, g in enumerate(groups):
+        if g.startswith("fc") or g == "classifier":
+            return list(groups[i:])
+    return [groups[-1]]
+
+
+@dataclass
+class FedCMDState:
+    """Everything the server must keep to resume a FedCMD run (besides the base's global arrays).
+
+    ``votes[r][client]`` and ``round_winners[r]`` are layer names; ``phi_init``/``post_init``
+    are θ_G^{Kp}'s values of l* and of the groups after it; ``post_store[client]`` is that
+    client's Eq. 7 post(l*) (absent: ``post_init``); ``phi_seen`` are the clients known to
+    hold their own φ (a phase-2 reply of theirs was accepted).
+    """
+
+    candidates: list[str]
+    votes: dict[int, dict[int, str]] = field(default_factory=dict)
+    round_winners: dict[int, str] = field(default_factory=dict)
+    personal_layer: str | None = None
+    phi_init: dict[str, np.ndarray] = field(default_factory=dict)
+    post_init: dict[str, np.ndarray] = field(default_factory=dict)
+    post_store: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    phi_seen: set[int] = field(default_factory=set)
+
+    def total_client_votes(self) -> list[int]:
+        """Client votes per candidate over all of phase 1 (l*'s first tie-break)."""
+        counts = Counter(v for per_round in self.votes.values() for v in per_round.values())
+        return [counts.get(c, 0) for c in self.candidates]
+
+    def winners_in_order(self) -> list[str]:
+        return [self.round_winners[r] for r in sorted(self.round_winners)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists/strings/ints plus numpy arrays (copies), JSON-safe but for the arrays."""
+        return {
+            "candidates": list(self.candidates),
+            "votes": [[r, c, v] for r in sorted(self.votes) for c, v in sorted(self.votes[r].items())],
+            "round_winners": [[r, self.round_winners[r]] for r in sorted(self.round_winners)],
+            "personal_layer": self.personal_layer,
+            "phi_init": _copy(self.phi_init),
+            "post_init": _copy(self.post_init),
+            "post_store": {str(c): _copy(a) for c, a in sorted(self.post_store.items())},
+            "phi_seen": sorted(self.phi_seen),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FedCMDState:
+        votes: dict[int, dict[int, str]] = {}
+        for r, c, v in d.get("votes", []):
+            votes.setdefault(int(r), {})[int(c)] = str(v)
+        return cls(
+            candidates=list(d["candidates"]),
+            votes=votes,
+            round_winners={int(r): str(w) for r, w in d.get("round_winners", [])},
+            personal_layer=d.get("personal_layer"),
+            phi_init=_copy(d.get("phi_init", {})),
+            post_init=_copy(d.get("post_init", {})),
+            post_store={int(c): _copy(a) for c, a in d.get("post_store", {}).items()},
+            phi_seen={int(c) for c in d.get("phi_seen", [])},
+        )
+
+
+def _copy(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.array(v, copy=True) for k, v in arrays.items()}
+
+
+class FedCMD(PersonalizedStrategy):
+    """FedCMD on the strategy base; options are conf/method/fedcmd.yaml's keys.
+
+    ``kp``: phase-1 rounds Kp (0: no phase 1, needs ``force_layer``). ``rho``: if set,
+    Kp = round(rho * total_rounds) instead (``total_rounds`` is K; the method config sets it
+    to the run's ``rounds``). ``weighted_aggregation=False`` is the paper's "w/o WA"
+    ablation: post(l*) is FedAvg'd like pre(l*). ``force_layer`` fixes l* (phase 1 still
+    runs and votes are still logged). ``candidates`` defaults to the FC groups. The other
+    options go to the client role (fedcmd.md §2.2-2.4).
+    """
+
+    name = "fedcmd"
+    role = "fedcmd"
+
+    def __init__(
+        self,
+        *args: Any,
+        kp: int = 20,
+        rho: float | None = None,
+        total_rounds: int | None = None,
+        weighted_aggregation: bool = True,
+        force_layer: str | None = None,
+        candidates: Sequence[str] | None = None,
+        score_mode: str = "paper",
+        w2_mode: str = "gaussian",
+        selection_timing: str = "during_training",
+        granularity: str = "batch",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if rho is not None:
+            if total_rounds is None or not 0.0 <= rho <= 1.0:
+                raise ValueError(f"FedCMD rho={rho} needs 0 <= rho <= 1 and total_rounds (K) set")
+            kp = int(round(rho * total_rounds))
+        if kp < 0:
+            raise ValueError(f"FedCMD kp must be >= 0, got {kp}")
+        self.kp = int(kp)
+        self.weighted_aggregation = bool(weighted_aggregation)
+        cands = list(candidates) if candidates else default_candidates(self.groups)
+        unknown = [c for c in cands if c not in self.groups]
+        if unknown or len(set(cands)) != len(cands):
+            raise ValueError(f"FedCMD candidates {cands} must be distinct groups of the model {self.groups}")
+        cands = [g for g in self.groups if g in cands]  # forward order: the last tie-break
+        if force_layer is not None and force_layer not in cands:
+            raise ValueError(f"FedCMD force_layer={force_layer!r} is not a candidate; candidates: {cands}")
+        if self.kp == 0 and force_layer is None:
+            raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
+        for option, value, allowed in (
+            ("score_mode", score_mode, SCORE_MODES),
+            ("w2_mode", w2_mode, W2_MODES),
+            ("selection_timing", selection_timing, SELECTION_TIMINGS),
+            ("granularity", granularity, GRANULARITIES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"FedCMD {option} must be one of {list(allowed)}, got {value!r}")
+        self.force_layer = force_layer
+        self.scoring = {
+            "score_mode": score_mode,
+            "w2_mode": w2_mode,
+            "selection_timing": selection_timing,
+            "granularity": granularity,
+        }
+        self.state = FedCMDState(candidates=cands)
+
+    # ------------------------------------------------------------------ phases and groups
+    def phase(self, server_round: int) -> int:
+        return 1 if server_round <= self.kp else 2
+
+    def personal_layer(self) -> str:
+        """l*, fixed at the end of round Kp (or on first need, if that round was skipped or Kp=0)."""
+        if self.state.personal_layer is None:
+            self._fix_personal_layer()
+        return self.state.personal_layer  # type: ignore[return-value]
+
+    def pre_groups(self) -> list[str]:
+        return self.groups[: self.groups.index(self.personal_layer())]
+
+    def post_groups(self) -> list[str]:
+        return self.groups[self.groups.index(self.personal_layer()) + 1 :]
+
+    def _fix_personal_layer(self) -> None:
+        st = self.state
+        if self.force_layer is not None:
+            layer = self.force_layer
+        else:
+            if not st.round_winners:
+                log(WARNING, "FedCMD: no phase-1 votes were collected; l* falls to the tie rule")
+            winners = [st.candidates.index(w) for w in st.winners_in_order()]
+            layer = st.candidates[personal_layer_index(winners, st.total_client_votes(), len(st.candidates))]
+        st.personal_layer = layer
+        st.phi_init = _copy({k: self.global_arrays[k] for k in self.keys([layer])})
+        st.post_init = _copy({k: self.global_arrays[k] for k in self.keys(self.post_groups())})
+        log(INFO, "FedCMD: personal layer l* = %s (round winners %s)", layer, st.winners_in_order())
+
+    # ------------------------------------------------------------------ hooks
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return [] if self.phase(server_round) == 1 else [self.personal_layer()]
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        """Phase 1: everything. Phase 2: global pre(l*), the client's own post(l*), φ_init once."""
+        down = super().downlink(client_id, server_round)
+        if self.phase(server_round) == 2:
+            if self.weighted_aggregation:
+                down.update(self.state.post_store.get(client_id, self.state.post_init))
+            if client_id not in self.state.phi_seen:
+                down.update(self.state.phi_init)
+        return down
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        """Phase 2 with Eq. 7: all groups, since the server needs each client's φ for Eq. 8."""
+        if self.phase(server_round) == 2 and self.weighted_aggregation:
+            return list(self.groups)
+        return super().uplink_groups(client_id, server_round)
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        if self.phase(server_round) == 1:
+            return {"phase": 1, "candidates": list(self.state.candidates), **self.scoring}
+        return {
+            "phase": 2,
+            "personal_layer": self.personal_layer(),
+            "has_phi_init": client_id not in self.state.phi_seen,
+        }
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        record: dict[str, Any] = {"phase": self.phase(server_round)}
+        super().aggregate(server_round, updates)  # FedAvg of what was uploaded (phase 2: pre; φ/post diagnostics)
+        if record["phase"] == 1:
+            record.update(self._count_votes(server_round, updates))
+            record["log_keys"] = ["phase", "round_winner"]
+            if server_round == self.kp:
+                record["personal_layer"] = self.personal_layer()
+                record["log_keys"].append("personal_layer")
+            return record
+        if self.weighted_aggregation and updates:
+            record.update(self._weighted_posts(updates))
+        self.state.phi_seen.update(u.client_id for u in updates)
+        record["personal_layer"] = self.personal_layer()
+        record["log_keys"] = ["phase", "personal_layer"]
+        return record
+
+    def _count_votes(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Record the clients' votes and the round winner; returns the round's vote histogram."""
+        cands = self.state.candidates
+        votes: dict[int, int] = {}
+        for u in updates:
+            v = u.metrics.get("vote", -1.0)
+            if v == int(v) and 0 <= int(v) < len(cands):
+                votes[u.client_id] = int(v)
+            elif v != -1.0:
+                log(WARNING, "round %d: client %d sent vote %s outside 0..%d; ignored", server_round, u.client_id, v, len(cands) - 1)
+        batch_votes = [sum(u.metrics.get(f"votes_{c}", 0.0) for u in updates if u.client_id in votes) for c in cands]
+        winner = round_winner(list(votes.values()), batch_votes, len(cands))
+        if votes:
+            self.state.votes[server_round] = {cid: cands[v] for cid, v in votes.items()}
+        if winner is not None:
+            self.state.round_winners[server_round] = cands[winner]
+        out: dict[str, Any] = {"round_winner": None if winner is None else cands[winner]}
+        for c, name in enumerate(cands):
+            out[f"client_votes_{name}"] = sum(1 for v in votes.values() if v == c)
+            out[f"votes_{name}"] = batch_votes[c]
+            scores = [u.metrics[f"s_mean_{name}"] for u in updates if u.client_id in votes and f"s_mean_{name}" in u.metrics]
+            if scores:
+                out[f"s_mean_{name}"] = float(np.mean(scores))
+        return out
+
+    def _weighted_posts(self, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Eq. 8 on the uploaded l* parameters, Eq. 7 for each participant's post(l*)."""
+        phi_keys = self.keys([self.personal_layer()])
+        phi = similarity_matrix([flat_vector(u.arrays, phi_keys) for u in updates])
+        m = len(updates)
+        out = {"phi_offdiag_mean": float((phi.sum() - np.trace(phi)) / (m * (m - 1)))} if m > 1 else {}
+        post_keys = self.keys(self.post_groups())
+        if post_keys:  # l* = last group: post is empty and Phi has no effect (logged anyway)
+            posts = personalized_posts([{k: u.arrays[k] for k in post_keys} for u in updates], phi)
+            for u, post in zip(updates, posts):
+                self.state.post_store[u.client_id] = post
+        return out
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> None:
+        super().summary()
+        log(
+            INFO, "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s, %s",
+            self.kp, self.state.candidates, self.weighted_aggregation,
+            f", l* forced to {self.force_layer}" if self.force_layer else "", self.scoring,
+        )
+
+    def run_summary(self) -> dict[str, Any]:
+        """For summary.json: the selected layer and the phase-1 round winners."""
+        return {
+            "personal_layer": self.state.personal_layer,
+            "round_winners": self.state.winners_in_order(),
+            "kp": self.kp,
+        }

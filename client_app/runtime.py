@@ -102,7 +102,8 @@ def _prepare(message: Message, context: Context) -> tuple[dict[str, Any], int, C
     seed = zlib.crc32(f"{spec['seed']}-{cid}-{server_round}".encode())
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
-    ctx = RoleContext(device, generator, server_round, list(spec.get("personal", [])), extra)
+    personal, personal_keys = list(spec.get("personal", [])), list(spec.get("personal_keys", []))
+    ctx = RoleContext(device, generator, server_round, personal, extra, personal_keys)
     return spec, cid, data, model, state, ctx
 
 
@@ -125,10 +126,12 @@ def handle_train(message: Message, context: Context) -> Message:
     t1 = time.perf_counter()
     metrics.update(role.fit(model, data, args, ctx))
     t2 = time.perf_counter()
-    metrics.update(_eval_metrics("test_after", evaluate(model, data.x_test, data.y_test, device=ctx.device)))
+    after = role.trained_model(model, ctx)  # the trained model (Ditto: the personal one)
+    metrics.update(_eval_metrics("test_after", evaluate(after, data.x_test, data.y_test, device=ctx.device)))
     metrics.update({"eval_time_s": (t1 - t0) + (time.perf_counter() - t2), "train_time_s": t2 - t1})
     _persist(model, state, ctx)
-    upload = trainable_keys(model, spec.get("upload", []))
+    stay = set(ctx.personal_keys)
+    upload = [k for k in trainable_keys(model, spec.get("upload", [])) if k not in stay]
     sd = model.state_dict()
     arrays = ArrayRecord(array_dict={k: Array(sd[k].detach().cpu().numpy()) for k in upload})
     return _metrics_reply(message, metrics, arrays)
@@ -143,9 +146,9 @@ def handle_evaluate(message: Message, context: Context) -> Message:
 
 
 def _persist(model: LayeredNet, state: ClientState, ctx: RoleContext) -> None:
-    """Keep personal groups, BN buffers and the role's extra tensors for the next round."""
+    """Keep personal groups and keys, BN buffers and the role's extra tensors for the next round."""
     sd = model.state_dict()
-    keep = set(trainable_keys(model, ctx.personal)) | set(buffer_keys(model))
+    keep = set(trainable_keys(model, ctx.personal)) | set(ctx.personal_keys) | set(buffer_keys(model))
     tensors = {k: sd[k] for k in sd if k in keep}
     tensors.update({f"extra.{k}": v for k, v in ctx.extra_state.items()})
     state.save(tensors)

@@ -6,13 +6,20 @@ import inspect
 from typing import Any
 
 from .base import PersonalizedStrategy
+from .ditto import Ditto
 from .fedavg import FedAvg
+from .fedbabu import FedBabu
+from .fedbn import FedBN
 from .fedcmd import FedCMD
 from .fedper import FedPer
+from .fedprox import FedProx
+from .fedrep import FedRep
+from .lgfedavg import LGFedAvg
 from .local import Local
+from .pfedsim import PFedSim
 
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
-    cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD)
+    cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
 
 

@@ -6,6 +6,7 @@ must receive, reply validation, byte accounting, the evaluation protocol and the
 per-round record. A method overrides a few hooks that say what is different about it:
 
 - :meth:`personal_groups`: layer groups that stay on the client (FedPer: the classifier);
+- :meth:`personal_keys`: single trainable keys of shared groups that stay too (FedBN: BN affine);
 - :meth:`downlink`: the tensors one client receives (default: the shared groups' global values);
 - :meth:`uplink_groups`: the groups a client sends back (default: the shared ones);
 - :meth:`role_config`: arguments of the client role (proximal mu, fine-tune epochs...);
@@ -100,9 +101,24 @@ class PersonalizedStrategy(Strategy):
         personal = set(self.personal_groups(client_id, server_round))
         return [g for g in self.groups if g not in personal]
 
+    def personal_keys(self, client_id: int, server_round: int) -> list[str]:
+        """Trainable keys that stay on the client although their group is shared (default none).
+
+        The one key-level exception to the group split, for a personal part that cuts across
+        groups (FedBN: the BN affine parameters inside the conv groups). These keys are left
+        out of the downlink and the uplink, and the client persists them like personal groups.
+        """
+        return []
+
+    def travelling_keys(self, groups: Iterable[str], client_id: int, server_round: int) -> list[str]:
+        """Trainable keys of ``groups`` that may travel: all but :meth:`personal_keys`."""
+        stay = set(self.personal_keys(client_id, server_round))
+        return [k for k in self.keys(groups) if k not in stay]
+
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
         """Tensors sent to one client: by default the global values of its shared groups."""
-        return {k: self.global_arrays[k] for k in self.keys(self.shared_groups(client_id, server_round))}
+        shared = self.shared_groups(client_id, server_round)
+        return {k: self.global_arrays[k] for k in self.travelling_keys(shared, client_id, server_round)}
 
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         """Groups the client sends back after training."""
@@ -153,6 +169,7 @@ class PersonalizedStrategy(Strategy):
             "role": self.role,
             "role_args": self.role_config(client_id, server_round),
             "personal": self.personal_groups(client_id, server_round),
+            "personal_keys": self.personal_keys(client_id, server_round),
             "upload": self.uplink_groups(client_id, server_round) if task == "train" else [],
             "task": task,
         }
@@ -250,7 +267,7 @@ class PersonalizedStrategy(Strategy):
             if cid is None:
                 dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
                 continue
-            keys = self.keys(self.uplink_groups(cid, server_round)) if task == "train" else []
+            keys = self.travelling_keys(self.uplink_groups(cid, server_round), cid, server_round) if task == "train" else []
             info = self.clients.get(cid)
             try:
                 updates.append(

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Role, RoleContext, SGDRole
+from .ditto import DittoRole
+from .fedbabu import FedBabuRole
 from .fedcmd import FedCMDRole
+from .fedrep import FedRepRole
+from .proximal import ProximalRole
 
-ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole)}
+ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -16,4 +20,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
     return ROLES[name](args)
 
 
-__all__ = ["ROLES", "FedCMDRole", "Role", "RoleContext", "SGDRole", "build_role"]
+__all__ = ["ROLES", "DittoRole", "FedBabuRole", "FedCMDRole", "FedRepRole", "ProximalRole", "Role", "RoleContext", "SGDRole", "build_role"]

@@ -22,6 +22,7 @@ class RoleContext:
     server_round: int
     personal: list[str]
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)  # role tensors kept between rounds
+    personal_keys: list[str] = field(default_factory=list)  # single keys of shared groups kept here (FedBN)
 
 
 class Role:
@@ -40,6 +41,10 @@ class Role:
         """The model this client would use now (``test_before``); by default the received one."""
         return model
 
+    def trained_model(self, model: nn.Module, ctx: RoleContext) -> nn.Module:
+        """The model ``test_after`` evaluates; by default the one just trained (Ditto: its personal one)."""
+        return model
+
 
 class SGDRole(Role):
     """E epochs of SGD on all parameters; optional fine-tuning of a copy before evaluation."""
@@ -55,5 +60,12 @@ class SGDRole(Role):
         if epochs <= 0:
             return model
         tuned = copy.deepcopy(model)
-        train(tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs), generator=ctx.generator, device=ctx.device)
+        train(
+            tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs),
+            params=self.finetune_params(tuned, ctx), generator=ctx.generator, device=ctx.device,
+        )
         return tuned
+
+    def finetune_params(self, model: nn.Module, ctx: RoleContext) -> list[nn.Parameter] | None:
+        """Parameters the pre-evaluation fine-tuning updates (None: all; FedBabu may pick the head)."""
+        return None

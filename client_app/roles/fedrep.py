@@ -1,0 +1,51 @@
+"""FedRep (Collins et al., 2021): the head (personal) is trained first, then the body.
+
+Each round: E - body_epochs epochs on the head with the body fixed, then body_epochs
+epochs on the body with the head fixed (FL-bench's split of the E local epochs; the
+papers compared use body_epochs = 1). Which groups are the head comes from the server
+(``head`` in the role arguments; default: the message's personal groups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from torch import nn
+
+from ..data import ClientData
+from ..training import TrainArgs, train
+from .base import Role, RoleContext
+
+
+def split_parameters(model: nn.Module, head: Sequence[str]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(body, head) parameters of a LayeredNet: ``head`` are group names, the body is the rest."""
+    groups = model.groups  # type: ignore[attr-defined]
+    unknown = set(head) - set(groups.keys())
+    if unknown:
+        raise KeyError(f"unknown head group(s) {sorted(unknown)}; model groups: {list(groups.keys())}")
+    body = [p for g, m in groups.items() if g not in head for p in m.parameters()]
+    return body, [p for g in head for p in groups[g].parameters()]
+
+
+def head_groups(args: dict, ctx: RoleContext) -> list[str]:
+    return list(args.get("head") or ctx.personal)
+
+
+class FedRepRole(Role):
+    name = "fedrep"
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        body_epochs = min(int(self.args.get("body_epochs", 1)), train_args.epochs)
+        body, head = split_parameters(model, head_groups(self.args, ctx))
+        metrics: dict[str, float] = {}
+        for part, params, epochs in (("head", head, train_args.epochs - body_epochs), ("body", body, body_epochs)):
+            loss = train(
+                model, data.x_train, data.y_train, replace(train_args, epochs=epochs),
+                params=params, generator=ctx.generator, device=ctx.device,
+            )
+            if math.isfinite(loss):  # a part trained for 0 epochs reports nothing
+                metrics[f"{part}_loss"] = loss
+        metrics["train_loss"] = metrics.get("body_loss", metrics.get("head_loss", 0.0))
+        return metrics

@@ -1,0 +1,60 @@
+"""A proximal pull toward the received model: FedProx's local objective and Ditto's personal step.
+
+F(w) + mu/2 * ||w - w_ref||^2, with w_ref the tensors the client received this round
+(snapshotted when ``fit`` starts). The term is a plain function of a model and a
+reference so it is unit-tested on hand-built tensors; :func:`proximal_loss` turns it
+into the ``loss_fn`` of :func:`client_app.training.train`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import ClientData
+from ..training import LossFn, TrainArgs, cross_entropy, train
+from .base import RoleContext, SGDRole
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of the model's trainable parameters, by name (the reference w_ref)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """mu/2 * sum_k ||w_k - ref_k||^2 over the parameters named in ``reference`` (differentiable)."""
+    params = dict(model.named_parameters())
+    terms = [((params[k] - ref) ** 2).sum() for k, ref in reference.items()]
+    return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float, base: LossFn = cross_entropy) -> LossFn:
+    """``base`` plus the proximal term toward ``reference`` (``base`` alone when mu is 0)."""
+    if mu == 0:
+        return base
+
+    def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return base(model, x, y) + proximal_term(model, reference, mu)
+
+    return loss
+
+
+def mu_of(args: Mapping[str, Any], key: str, default: float) -> float:
+    value = float(args.get(key, default))
+    if not value >= 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")
+    return value
+
+
+class ProximalRole(SGDRole):
+    """FedProx (Li et al., 2020): local SGD on F(w) + mu/2 ||w - w_global||^2."""
+
+    name = "proximal"
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        loss_fn = proximal_loss(snapshot(model), mu_of(self.args, "mu", 1.0))
+        loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
+        return {"train_loss": loss}

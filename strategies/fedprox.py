@@ -1,0 +1,23 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2 in local training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import PersonalizedStrategy
+
+
+class FedProx(PersonalizedStrategy):
+    """``mu``: proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)."""
+
+    name = "fedprox"
+    role = "proximal"
+
+    def __init__(self, *args: Any, mu: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not mu >= 0:
+            raise ValueError(f"FedProx mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"mu": self.mu}

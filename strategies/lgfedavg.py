@@ -1,0 +1,35 @@
+"""LG-FedAvg (Liang et al., 2020): local representations, global upper layers.
+
+The reverse of FedPer's split: the lower groups (by default the body's feature extractor:
+every group before the first FC group) stay on each client; the upper groups are FedAvg'd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import PersonalizedStrategy
+
+
+def lower_groups(groups: Sequence[str]) -> list[str]:
+    """The groups before the first ``fc*`` / ``classifier`` group (all but the last if none is named so)."""
+    first_fc = next((i for i, g in enumerate(groups) if g.startswith("fc") or g == "classifier"), len(groups) - 1)
+    return list(groups[:first_fc])
+
+
+class LGFedAvg(PersonalizedStrategy):
+    """``local_groups``: the personal groups (default :func:`lower_groups`, e.g. LeNet-5's conv1, conv2)."""
+
+    name = "lgfedavg"
+
+    def __init__(self, *args: Any, local_groups: Sequence[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        chosen = list(local_groups) if local_groups else lower_groups(self.groups)
+        unknown = sorted(set(chosen) - set(self.groups))
+        if unknown:
+            raise ValueError(f"LG-FedAvg local_groups {unknown} are not groups of the model {self.groups}")
+        self.local_groups = [g for g in self.groups if g in chosen]
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.local_groups)

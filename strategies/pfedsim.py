@@ -1,0 +1,150 @@
+"""pFedSim (Tan et al., 2023): FedAvg warm-up, then similarity-weighted personal bodies.
+
+Rounds 1..W (W = int(rho_general * total_rounds), FL-bench's rule): FedAvg of the whole model.
+Rounds W+1..K: the classifier stays on each client (a client gets the warm-up classifier once,
+at its first personal round); the server keeps every client's last trained body and a
+persistent N x N similarity matrix S (identity at first). After a round, S_ij for every pair
+of that round's participants = max(0, mean over classes of the cosine of their classifier
+weight rows). A client receives the average of all stored bodies weighted by its row of S:
+``weighting="pfedsim"`` (the authors' code) uses w_ij ~ -log(1 - S_ij) with S_ii = 0.9999,
+``"linear"`` uses w_ij ~ S_ij with S_ii = 1. Clients upload the classifier too (for S
+only: it is never averaged or sent back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from .aggregation import normalized_weights, weighted_average
+from .base import PersonalizedStrategy
+from .fedcmd_math import similarity_matrix
+from .validation import ClientUpdate
+
+WEIGHTINGS = ("pfedsim", "linear")
+SELF_SIM = 0.9999  # S_ii in the authors' code; also caps S_ij so that -log(1 - S) stays finite
+
+
+def row_normalized(arrays: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
+    """The rows (output units) of every matrix in ``keys`` scaled to unit norm, concatenated.
+
+    The cosine of two such vectors is the mean over rows of the row-wise cosines (each row
+    has norm 1), i.e. pFedSim's ``cosine_similarity(W_i, W_j, dim=-1).mean()``. Biases and
+    other 1-D tensors are left out, as in the authors' code (classifier.weight only).
+    """
+    rows = [np.asarray(arrays[k], dtype=np.float64).reshape(len(arrays[k]), -1) for k in keys if np.ndim(arrays[k]) >= 2]
+    if not rows:
+        raise ValueError(f"pFedSim needs a weight matrix among {list(keys)}")
+    stacked = np.concatenate(rows)
+    norms = np.linalg.norm(stacked, axis=1, keepdims=True)
+    return (stacked / np.where(norms > 0, norms, 1.0)).reshape(-1)
+
+
+def classifier_similarity(classifiers: Sequence[Mapping[str, np.ndarray]], keys: Sequence[str]) -> np.ndarray:
+    """S_ij = max(0, mean row-wise cosine of the clients' classifier weights), in [0, 1]."""
+    return similarity_matrix([row_normalized(c, keys) for c in classifiers])
+
+
+def pfedsim_weights(sim_row: np.ndarray, own: int, weighting: str = "pfedsim") -> np.ndarray:
+    """Client ``own``'s weights over all clients' bodies from its row of S (sum 1)."""
+    s = np.clip(np.asarray(sim_row, dtype=np.float64), 0.0, 1.0)
+    if weighting == "linear":
+        s[own] = 1.0
+        return normalized_weights(s)
+    if weighting == "pfedsim":
+        s = np.minimum(s, SELF_SIM)
+        s[own] = SELF_SIM
+        return normalized_weights(-np.log1p(-s))
+    raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
+
+
+def warmup_rounds(rho_general: float, total_rounds: int | None, warmup: int | None) -> int:
+    """W: ``warmup`` if given, else int(rho_general * total_rounds) (FL-bench)."""
+    if warmup is not None:
+        if warmup < 0:
+            raise ValueError(f"pFedSim warmup must be >= 0, got {warmup}")
+        return int(warmup)
+    if total_rounds is None or not 0.0 <= rho_general <= 1.0:
+        raise ValueError(f"pFedSim rho_general={rho_general} needs 0 <= rho_general <= 1 and total_rounds set")
+    return int(rho_general * total_rounds)
+
+
+class PFedSim(PersonalizedStrategy):
+    """Options: ``rho_general`` (warm-up share of the rounds; the papers: 0.5), ``total_rounds``
+    (K; the method config sets it to ``rounds``), ``warmup`` (rounds; overrides rho_general),
+    ``weighting`` (``pfedsim`` or ``linear``)."""
+
+    name = "pfedsim"
+
+    def __init__(
+        self,
+        *args: Any,
+        rho_general: float = 0.5,
+        total_rounds: int | None = None,
+        warmup: int | None = None,
+        weighting: str = "pfedsim",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
+        self.warmup = warmup_rounds(rho_general, total_rounds, warmup)
+        self.weighting = weighting
+        self.head = [self.groups[-1]]
+        self.body = self.groups[:-1]
+        self.sim = np.eye(self.num_clients)
+        self.bodies: dict[int, dict[str, np.ndarray]] = {}  # last trained body of each client
+        self.head_seen: set[int] = set()  # clients holding their own classifier
+
+    def personalizing(self, server_round: int) -> bool:
+        return server_round > self.warmup
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.head) if self.personalizing(server_round) else []
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)  # after warm-up the classifier goes up for S only
+
+    def body_weights(self, client_id: int) -> dict[int, float]:
+        """Nonzero weights of client ``client_id`` over the clients' stored bodies."""
+        w = pfedsim_weights(self.sim[client_id], client_id, self.weighting)
+        return {int(j): float(w[j]) for j in np.flatnonzero(w)}
+
+    def personal_body(self, client_id: int) -> dict[str, np.ndarray]:
+        weights = self.body_weights(client_id)
+        warm = {k: self.global_arrays[k] for k in self.keys(self.body)}  # the warm-up body
+        bodies = [self.bodies.get(j, warm) for j in weights]
+        return weighted_average(bodies, list(weights.values()), keys=list(warm))
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        if not self.personalizing(server_round):
+            return super().downlink(client_id, server_round)
+        down = self.personal_body(client_id)
+        if client_id not in self.head_seen:  # the warm-up classifier, once
+            down.update({k: self.global_arrays[k] for k in self.keys(self.head)})
+        return down
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        if not self.personalizing(server_round):
+            return {"phase": "warmup", "log_keys": ["phase"], **super().aggregate(server_round, updates)}
+        body_keys, head_keys = self.keys(self.body), self.keys(self.head)
+        for u in updates:
+            self.bodies[u.client_id] = {k: u.arrays[k] for k in body_keys}
+            self.head_seen.add(u.client_id)
+        record: dict[str, Any] = {"phase": "personal", "log_keys": ["phase"]}
+        if len(updates) > 1:
+            s = classifier_similarity([u.arrays for u in updates], head_keys)
+            ids = [u.client_id for u in updates]
+            off = ~np.eye(len(ids), dtype=bool)
+            self.sim[np.ix_(ids, ids)] = np.where(off, s, self.sim[np.ix_(ids, ids)])
+            record["sim_offdiag_mean"] = float(s[off].mean())
+        if server_round == self.warmup + 1:
+            log(INFO, "pFedSim: warm-up over after round %d; classifiers are personal now", self.warmup)
+        return record
+
+    def run_summary(self) -> dict[str, Any]:
+        return {"warmup_rounds": self.warmup}

@@ -12,17 +12,28 @@ import json
 import time
 import zlib
 from functools import lru_cache
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common import log
 
 from models import LayeredNet, buffer_keys, build_model, trainable_keys
 
 from .data import ClientData, DataSpec, load_client_data
+from .data.local import with_node_data_dir
 from .roles import RoleContext, build_role
+from .roles.base import EXTRA_PREFIX
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
+
+# Test hook (tests/e2e only, never set it on a real device): node config ``test-fault`` makes
+# this node tamper with its train replies so the server's validation can be tested on real
+# processes. Values: ``nan`` (NaN weights), ``shape`` (a wrong tensor shape), ``count`` (a
+# forged num-examples), or a comma list cycled over the rounds ("shape,nan,count").
+TEST_FAULT_KEY = "test-fault"
 
 
 def client_id_of(context: Context) -> int:
@@ -41,8 +52,9 @@ def parse_spec(message: Message) -> dict[str, Any]:
     return json.loads(str(config["spec"]))
 
 
-def client_data(spec: dict[str, Any], client_id: int) -> ClientData:
-    return load_client_data(DataSpec.from_dict(spec["data"]), client_id)
+def client_data(spec: dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
+    """The client's tensors: its partition, or with ``dataset=local`` its node's ``data-dir``."""
+    return load_client_data(DataSpec.from_dict(with_node_data_dir(spec["data"], node_config or {})), client_id)
 
 
 @lru_cache(maxsize=8)
@@ -70,41 +82,46 @@ def handle_hello(message: Message, context: Context) -> Message:
     """Discovery: tell the server who this client is and how much data it holds."""
     spec = parse_spec(message)
     cid = client_id_of(context)
-    data = client_data(spec, cid)
+    data = client_data(spec, cid, context.node_config)
     metrics = {"client-id": cid, "num-train": data.num_train, "num-test": data.num_test}
     if "num-partitions" in context.node_config:  # simulation: lets the server check the node count
         metrics["num-partitions"] = int(context.node_config["num-partitions"])
     return _metrics_reply(message, metrics)
 
 
-def _prepare(message: Message, context: Context) -> tuple[dict[str, Any], int, ClientData, LayeredNet, ClientState, RoleContext]:
+def _prepare(
+    message: Message, context: Context
+) -> tuple[dict[str, Any], int, ClientData, LayeredNet, ClientState, RoleContext, int]:
     spec = parse_spec(message)
     config = message.content.config_records["config"]
     cid = client_id_of(context)
     if int(config["client-id"]) != cid:
         raise ValueError(f"message addressed to client {config['client-id']} reached client {cid}")
-    data = client_data(spec, cid)
+    data = client_data(spec, cid, context.node_config)
     device = pick_device(spec.get("device", "auto"))
     model = fresh_model(spec)
-    state = ClientState(context, cid, spec["run"], context.node_config.get("state-dir"))
+    state_dir = context.node_config.get("state-dir") or spec.get("client_state_dir")
+    state = ClientState(context, cid, spec["run"], state_dir)
     saved = state.load()
     extra = {k[len("extra."):]: v for k, v in saved.items() if k.startswith("extra.")}
     own = {k: v for k, v in saved.items() if not k.startswith("extra.")}
     model.load_state_dict(own, strict=False)
-    received = message.content.array_records.get("arrays", ArrayRecord())
+    record = message.content.array_records.get("arrays", ArrayRecord())
+    received = {k: torch.from_numpy(v.numpy().copy()) for k, v in record.items()}
+    received_extra = {k[len(EXTRA_PREFIX):]: received.pop(k) for k in list(received) if k.startswith(EXTRA_PREFIX)}
     known = set(model.state_dict())
-    unknown = [k for k in received.keys() if k not in known]
+    unknown = [k for k in received if k not in known]
     if unknown:
         raise ValueError(f"server sent tensors this model does not have: {unknown[:5]}")
-    model.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in received.items()}, strict=False)
+    model.load_state_dict(received, strict=False)
     model.to(device)
     server_round = int(config["server-round"])
     seed = zlib.crc32(f"{spec['seed']}-{cid}-{server_round}".encode())
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
     personal, personal_keys = list(spec.get("personal", [])), list(spec.get("personal_keys", []))
-    ctx = RoleContext(device, generator, server_round, personal, extra, personal_keys)
-    return spec, cid, data, model, state, ctx
+    ctx = RoleContext(device, generator, server_round, personal, extra, personal_keys, received_extra=received_extra)
+    return spec, cid, data, model, state, ctx, len(saved)
 
 
 def _train_args(spec: dict[str, Any]) -> TrainArgs:
@@ -117,7 +134,7 @@ def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, floa
 
 
 def handle_train(message: Message, context: Context) -> Message:
-    spec, cid, data, model, state, ctx = _prepare(message, context)
+    spec, cid, data, model, state, ctx, restored = _prepare(message, context)
     args = _train_args(spec)
     role = build_role(spec["role"], spec.get("role_args", {}))
     metrics: dict[str, float] = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test}
@@ -133,12 +150,38 @@ def handle_train(message: Message, context: Context) -> Message:
     stay = set(ctx.personal_keys)
     upload = [k for k in trainable_keys(model, spec.get("upload", [])) if k not in stay]
     sd = model.state_dict()
-    arrays = ArrayRecord(array_dict={k: Array(sd[k].detach().cpu().numpy()) for k in upload})
+    tensors = {k: sd[k].detach().cpu().numpy() for k in upload}
+    tensors.update({EXTRA_PREFIX + k: v.detach().cpu().numpy() for k, v in ctx.upload_extra.items()})
+    log(
+        INFO if "partition-id" not in context.node_config else DEBUG,  # one line per round on a device, quiet in simulation
+        "client %d round %d: test_before %.4f test_after %.4f (%d test samples), %d state tensors restored",
+        cid, ctx.server_round, metrics["test_before_correct"] / max(data.num_test, 1),
+        metrics["test_after_correct"] / max(data.num_test, 1), data.num_test, restored,
+    )
+    if TEST_FAULT_KEY in context.node_config:
+        _tamper(str(context.node_config[TEST_FAULT_KEY]), ctx.server_round, metrics, tensors)
+    arrays = ArrayRecord(array_dict={k: Array(v) for k, v in tensors.items()})
     return _metrics_reply(message, metrics, arrays)
 
 
+def _tamper(fault: str, server_round: int, metrics: dict[str, float], tensors: dict[str, np.ndarray]) -> None:
+    """Test hook (``test-fault`` node config): make this reply one the server must reject."""
+    kinds = [k.strip() for k in fault.split(",") if k.strip()] or ["none"]
+    kind = kinds[(server_round - 1) % len(kinds)]
+    key = next(iter(tensors), None)
+    if kind == "nan" and key is not None:
+        tensors[key] = np.full_like(tensors[key], np.nan)
+    elif kind == "shape" and key is not None:
+        tensors[key] = np.zeros((*tensors[key].shape[:-1], tensors[key].shape[-1] + 1), tensors[key].dtype)
+    elif kind == "count":
+        metrics["num-examples"] = metrics["num-examples"] * 10 + 7
+    elif kind != "none":
+        raise ValueError(f"unknown {TEST_FAULT_KEY} {kind!r}: use nan, shape, count or none")
+    log(WARNING, "%s: round %d reply tampered with (%s) on purpose", TEST_FAULT_KEY, server_round, kind)
+
+
 def handle_evaluate(message: Message, context: Context) -> Message:
-    spec, cid, data, model, _, ctx = _prepare(message, context)
+    spec, cid, data, model, _, ctx, _ = _prepare(message, context)
     role = build_role(spec["role"], spec.get("role_args", {}))
     result = evaluate(role.eval_model(model, data, _train_args(spec), ctx), data.x_test, data.y_test, device=ctx.device)
     metrics = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test, **_eval_metrics("test", result)}

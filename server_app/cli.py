@@ -12,13 +12,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, conf_dir, validate
+from strategies.checkpoint import CheckpointError
+
+from .config import ConfigError, conf_dir, resume_config, validate
 
 USAGE = """usage: pflower sim [-m] [key=value ...]
+       pflower report RUN_DIR_OR_PARENT...     (Markdown table of finished runs vs the papers)
 
   pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
   pflower sim -m method=fedavg,fedper,local          (one run per value: a sweep)
   pflower sim experiment=smoke                        (a conf/experiment/ file)
+  pflower sim resume=outputs/<date>/<run> rounds=60   (continue a run after its last checkpoint)
 Keys: see conf/config.yaml; groups: method, dataset, model, partition, experiment."""
 
 
@@ -62,13 +66,17 @@ def _sim_main(argv: list[str]) -> int:
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg: DictConfig) -> None:
         OmegaConf.resolve(cfg)
+        if cfg.get("resume"):  # the run's saved config, with the command line's rounds
+            from hydra.core.hydra_config import HydraConfig
+
+            cfg = resume_config(cfg, HydraConfig.get().overrides.task)
         simulate(cfg)
 
     sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=disabled",
                 "hydra/hydra_logging=disabled", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
     try:
         _run()
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -82,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "sim":
         return _sim_main(rest)
+    if command == "report":
+        from .report import main as report_main
+
+        return report_main(rest)
     print(f"pflower: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 

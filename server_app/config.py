@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import shlex
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("experiment", "method", "dataset", "model", "partition")
+# keys a resumed run may set differently from the run it continues (output_dir is ignored: the
+# run directory is given); everything else comes from the run's saved config.yaml
+RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "output_dir")
 
 
 class ConfigError(ValueError):
@@ -46,8 +50,76 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
     OmegaConf.resolve(cfg)
+    if cfg.get("resume"):
+        cfg = resume_config(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """The config of a resumed run: ``<resume>/config.yaml`` with the :data:`RESUME_FREE` keys
+    that ``overrides`` set explicitly (``rounds``...). Any other explicit override must equal
+    the saved value (repeating the original command line is fine); defaults never override."""
+    run_dir = Path(str(cfg.resume)).expanduser().resolve()
+    saved = load_saved_config(run_dir)
+    touched = [_override_key(o) for o in overrides]
+    conflicts = []
+    for path, mine, theirs in config_diff(cfg, saved):
+        by = [t for t in touched if t == "experiment" or path == t or path.startswith(t + ".")]
+        if by:
+            conflicts.append(f"{path}: given {mine!r} (by `{by[0]}`), the run has {theirs!r}")
+    if conflicts:
+        raise ConfigError(
+            f"resume={run_dir} continues that run with its saved config.yaml; only {', '.join(RESUME_FREE[1:4])} "
+            f"may change. Drop these overrides (or start a new run): {'; '.join(conflicts)}"
+        )
+    out = saved.copy()
+    for key in RESUME_FREE[1:4]:
+        if key in touched or key not in out:
+            out[key] = cfg[key]
+    out.resume = str(run_dir)
+    return out
+
+
+def load_saved_config(run_dir: Path) -> DictConfig:
+    """A run directory's config.yaml; a clear error when it is missing or unreadable."""
+    path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise ConfigError(f"cannot resume: run directory {run_dir} does not exist (resume=<the run's directory>)")
+    if not path.exists():
+        raise ConfigError(f"cannot resume: {path} is missing; is {run_dir} a pflower run directory?")
+    try:
+        saved = OmegaConf.load(path)
+    except Exception as exc:  # yaml errors have many types
+        raise ConfigError(f"cannot resume: {path} is unreadable ({exc}); restore it or start a new run") from exc
+    if not isinstance(saved, DictConfig) or "method" not in saved:
+        raise ConfigError(f"cannot resume: {path} is not a pflower config")
+    return saved
+
+
+def config_diff(a: DictConfig, b: DictConfig) -> list[tuple[str, Any, Any]]:
+    """``(dotted path, a's value, b's value)`` of every leaf that differs, ignoring RESUME_FREE keys."""
+    fa, fb = _flatten(OmegaConf.to_container(a)), _flatten(OmegaConf.to_container(b))
+    return [
+        (k, fa.get(k), fb.get(k))
+        for k in sorted(set(fa) | set(fb))
+        if k.split(".")[0] not in RESUME_FREE and fa.get(k) != fb.get(k)
+    ]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def _override_key(override: str) -> str:
+    """``key`` of a hydra override (``key=v``, ``+key=v``, ``++key=v``, ``~key``, ``group@pkg=v``)."""
+    key = str(override).split("=", 1)[0].lstrip("+~").strip()
+    return key.split("@", 1)[0]
 
 
 @lru_cache(maxsize=1)
@@ -56,6 +128,7 @@ def _defaults() -> dict[str, Any]:
     flat = {k: v for k, v in OmegaConf.to_container(cfg).items() if not isinstance(v, dict)}
     flat.update({g: cfg[g].name for g in GROUPS if g in cfg and g != "experiment"})
     flat["experiment"] = ""
+    flat["resume"] = flat.get("resume") or ""  # TOML has no null: flwr's run-config declares ""
     return flat
 
 
@@ -103,6 +176,7 @@ def validate(cfg: DictConfig) -> None:
         (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
         (cfg.num_clients >= 1, f"num_clients must be >= 1, got {cfg.num_clients}"),
         (cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}"),
+        (cfg.get("checkpoint_every", 1) >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.get('checkpoint_every')}"),
         (0 < cfg.fraction <= 1, f"fraction must be in (0, 1], got {cfg.fraction}"),
         (cfg.local_epochs >= 0, f"local_epochs must be >= 0, got {cfg.local_epochs}"),
         (cfg.lr > 0, f"lr must be > 0, got {cfg.lr}"),
@@ -155,10 +229,15 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def client_spec(cfg: DictConfig, run_token: str) -> dict[str, Any]:
-    """Everything a client needs, sent in every message's config (a SuperNode knows only its id)."""
+def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = None) -> dict[str, Any]:
+    """Everything a client needs, sent in every message's config (a SuperNode knows only its id).
+
+    ``client_state_dir`` is where clients without a node ``state-dir`` persist their personal
+    tensors (simulation only: the path is the server's).
+    """
     return {
         "run": run_token,
+        "client_state_dir": client_state_dir,
         "seed": int(cfg.seed),
         "device": str(cfg.device),
         "model": model_spec(cfg),

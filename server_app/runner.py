@@ -1,24 +1,31 @@
-"""One experiment on a Grid: validate, build model + strategy, run, write results, print the summary."""
+"""One experiment on a Grid: validate, build model + strategy, run, write results, print the summary.
+
+With ``resume=<run dir>`` the run directory's checkpoint is restored into a strategy built from
+its config.yaml and the run goes on after the checkpointed round, in the same directory.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from logging import INFO
+from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 from flwr.common import log
 from flwr.serverapp import Grid
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from client_app.data import DataSpec, partition_sizes
 from client_app.data.partition import PartitionError
 from models import build_model
 from strategies import PersonalizedStrategy, build_strategy
+from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
 
-from .config import ConfigError, client_spec, data_spec_dict, method_args
-from .results import RunWriter, make_run_dir
+from .config import ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args
+from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
 
 
 def check_data(cfg: DictConfig) -> list[int]:
@@ -29,14 +36,26 @@ def check_data(cfg: DictConfig) -> list[int]:
         raise ConfigError(str(exc)) from exc
 
 
-def build(cfg: DictConfig, run_token: str) -> PersonalizedStrategy:
+def client_state_dir(cfg: DictConfig, run_dir: Path | None) -> str | None:
+    """``client_state_dir=auto``: ``<run dir>/client_state`` (so a resumed simulation finds it)."""
+    value = cfg.get("client_state_dir")
+    if value in (None, "", "null"):
+        return None
+    if value == "auto":
+        if run_dir is None:
+            return None
+        return str(run_dir / "client_state")
+    return str(Path(str(value)).expanduser().resolve())
+
+
+def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
     info = DataSpec.from_dict(data_spec_dict(cfg)).info
     model_kwargs = {k: v for k, v in client_spec(cfg, run_token)["model"].items() if k != "name"}
     model = build_model(cfg.model.name, info.in_shape, info.num_classes, seed=int(cfg.seed), **model_kwargs)
     return build_strategy(
         cfg.method.name,
         model,
-        client_spec(cfg, run_token),
+        client_spec(cfg, run_token, client_state_dir(cfg, run_dir)),
         method_args=method_args(cfg),
         num_clients=int(cfg.num_clients),
         fraction=float(cfg.fraction),
@@ -49,16 +68,38 @@ def build(cfg: DictConfig, run_token: str) -> PersonalizedStrategy:
 
 def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True) -> dict[str, Any]:
     """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory)."""
+    checkpoint = resumable(cfg) if cfg.get("resume") else None
     if check_partition:
         check_data(cfg)
-    run_dir = make_run_dir(cfg.output_dir, cfg.method.name, cfg.dataset.name)
-    run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
-    strategy = build(cfg, run_token)
+    if checkpoint is None:
+        run_dir = make_run_dir(cfg.output_dir, cfg.method.name, cfg.dataset.name)
+        run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+    else:
+        run_dir, run_token = checkpoint.path.parent, checkpoint.run_token
+    strategy = build(cfg, run_token, run_dir)
     writer = RunWriter(run_dir)
-    writer.write_config(cfg)
-    log(INFO, "pflower run directory: %s", run_dir)
+    if checkpoint is None:
+        writer.write_config(cfg)
+        log(INFO, "pflower run directory: %s", run_dir)
+    else:
+        try:
+            strategy.load_state_dict(checkpoint.decode(strategy.state_dict()))
+        except ValueError as exc:
+            raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
+        writer.rounds = restore_metrics(run_dir, strategy.history)
+        _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
+        log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
+    every = int(cfg.get("checkpoint_every", 1))
+    if every > 0:
+        encode(strategy.state_dict(), {})  # an attribute that cannot be checkpointed fails now, not after round 1
+
+    def on_round(record: dict[str, Any]) -> None:
+        writer.append_round(record)  # metrics first: a checkpoint never runs ahead of metrics.jsonl
+        if every > 0 and (record["round"] % every == 0 or record["round"] == int(cfg.rounds)):
+            save_checkpoint(run_dir, strategy.state_dict())
+
     t0 = time.perf_counter()
-    strategy.start(grid, num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout), on_round=writer.append_round)
+    strategy.start(grid, num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout), on_round=on_round)
     summary: dict[str, Any] = {
         "method": cfg.method.name,
         "dataset": cfg.dataset.name,
@@ -72,11 +113,69 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True) ->
         "wall_time_s": time.perf_counter() - t0,
         "run_dir": str(run_dir),
     }
+    if checkpoint is not None:
+        summary["resumed_after_round"] = checkpoint.round  # wall_time_s is this part's only
     writer.write_summary(summary)
     writer.plot(f"{cfg.method.name} on {cfg.dataset.name}")
     for line in summary_table(summary).splitlines():
         log(INFO, "%s", line)
     return summary
+
+
+def resumable(cfg: DictConfig) -> Checkpoint:
+    """The checkpoint of ``cfg.resume``, after checking that ``cfg`` continues that run unchanged."""
+    run_dir = Path(str(cfg.resume)).expanduser().resolve()
+    checkpoint = load_checkpoint(run_dir)
+    diff = config_diff(cfg, load_saved_config(run_dir))
+    if diff:
+        raise ConfigError(
+            f"resume={run_dir}: the config differs from the run's config.yaml in {[d[0] for d in diff][:8]}; "
+            "compose it with server_app.config.compose_config([..., 'resume=<dir>']), which takes the saved one"
+        )
+    if checkpoint.method != cfg.method.name:
+        raise CheckpointError(f"{checkpoint.path} is a {checkpoint.method} checkpoint but the run's method is {cfg.method.name}")
+    if int(cfg.rounds) < checkpoint.round:
+        raise ConfigError(f"resume={run_dir}: the checkpoint is at round {checkpoint.round}; rounds={cfg.rounds} is fewer")
+    return checkpoint
+
+
+def restore_metrics(run_dir: Path, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make metrics.jsonl hold rounds 1..R of the checkpoint's history exactly once.
+
+    Lines after round R (written before a crash that came before their checkpoint) and torn
+    lines move to ``metrics.discarded.jsonl``, never deleted; those rounds run again. If the
+    file does not hold rounds 1..R, it is rebuilt from the checkpoint's history.
+    """
+    path = run_dir / "metrics.jsonl"
+    last = int(history[-1]["round"]) if history else 0
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    kept: list[str] = []
+    rounds: list[dict[str, Any]] = []
+    discarded: list[str] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            keep = isinstance(record, dict) and int(record["round"]) <= last
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+            rounds.append(record)
+        else:
+            discarded.append(line)
+    if [int(r["round"]) for r in rounds] != list(range(1, last + 1)):
+        log(WARNING, "%s does not hold rounds 1..%d once each: rewriting it from the checkpoint", path, last)
+        discarded = [line for line in lines if line.strip()]
+        rounds = json.loads(json.dumps(_jsonable(history)))
+        kept = [json.dumps(r, sort_keys=True) for r in rounds]
+    if discarded:
+        with open(run_dir / "metrics.discarded.jsonl", "a", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in discarded)
+        _atomic_write(path, "".join(line + "\n" for line in kept))
+        log(WARNING, "%d line(s) of %s after round %d moved to metrics.discarded.jsonl", len(discarded), path.name, last)
+    return rounds
 
 
 def strategy_summary(strategy: PersonalizedStrategy) -> dict[str, Any]:

@@ -6,21 +6,29 @@ import inspect
 from typing import Any
 
 from .base import PersonalizedStrategy
+from .cfl import CFL
 from .ditto import Ditto
+from .fedamp import FedAMP
+from .fedap import FedAP
 from .fedavg import FedAvg
 from .fedbabu import FedBabu
 from .fedbn import FedBN
 from .fedcmd import FedCMD
+from .feddyn import FedDyn
+from .fedfomo import FedFomo
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
 from .lgfedavg import LGFedAvg
 from .local import Local
+from .moon import MOON
+from .pfedla import PFedLA
 from .pfedsim import PFedSim
 
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
     cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
+STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA)})
 
 
 def method_options(name: str) -> list[str]:

@@ -10,7 +10,21 @@ per-round record. A method overrides a few hooks that say what is different abou
 - :meth:`downlink`: the tensors one client receives (default: the shared groups' global values);
 - :meth:`uplink_groups`: the groups a client sends back (default: the shared ones);
 - :meth:`role_config`: arguments of the client role (proximal mu, fine-tune epochs...);
+- :meth:`extra_downlink` / :meth:`extra_uplink`: arrays besides model tensors in a train message
+  and its reply, as ``extra/<name>/<key>`` (FedFomo: other clients' models; FedAP: BN statistics);
 - :meth:`aggregate`: the server update (default: FedAvg of what was uploaded).
+
+Checkpoint/resume (:meth:`state_dict` / :meth:`load_state_dict`, file format in
+:mod:`strategies.checkpoint`). The base saves the last completed round, the global arrays,
+the round history, the run token, the sampling RNG's state and torch's CPU RNG state, plus
+the method's state from :meth:`extra_state`. By default that is *every instance attribute
+the base does not own* (``vars(self)`` minus :data:`BASE_ATTRS`), so a method's server
+state (per-client stores, similarity matrices, votes, clusters, dataclasses, torch modules
+created in ``__init__``...) is checkpointed and restored with no code in the method.
+A method opts out with ``checkpoint_exclude = ("cache",)`` (attributes that a fresh
+strategy rebuilds from the config), or overrides :meth:`extra_state` /
+:meth:`load_extra_state` (call ``super()`` to keep the generic part) for objects created
+lazily or not encodable. Values that cannot be encoded are refused before round 1.
 """
 
 from __future__ import annotations
@@ -23,11 +37,13 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from client_app.roles.base import EXTRA_PREFIX
 from models import LayeredNet, group_of, keys_by_group, trainable_keys
 
 from .aggregation import fedavg
@@ -35,6 +51,14 @@ from .evaluation import weighted_test_metrics
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
 
 RoundCallback = Callable[[dict[str, Any]], None]
+
+# instance attributes the base owns: saved explicitly by state_dict() or deliberately not at all
+# (config-derived, or per-connection like ``clients``: node ids change when a SuperNode restarts)
+BASE_ATTRS = frozenset({
+    "groups", "group_keys", "global_arrays", "template", "client_spec", "num_clients", "fraction",
+    "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng",
+    "clients", "history", "final_metrics", "_inflight", "_bytes_down", "_groups_down",
+})
 
 
 @dataclass
@@ -51,6 +75,7 @@ class PersonalizedStrategy(Strategy):
 
     name = "base"
     role = "sgd"
+    checkpoint_exclude: tuple[str, ...] = ()  # method attributes not checkpointed (rebuilt from the config)
 
     def __init__(
         self,
@@ -128,6 +153,23 @@ class PersonalizedStrategy(Strategy):
         """Arguments of the client role for this client and round (JSON-serialisable)."""
         return {}
 
+    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        """Arrays besides model tensors that a client receives with its train message (default none).
+
+        Keys ``"<name>/<key>"`` travel as ``"extra/<name>/<key>"`` and count in ``bytes_down``;
+        the client runtime does not load them into the model but hands them to the role
+        (``RoleContext.received_extra``). FedFomo sends other clients' models this way.
+        """
+        return {}
+
+    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each extra array this client's train reply must carry (default none).
+
+        The role fills ``RoleContext.upload_extra``; the arrays are validated like model tensors
+        (keys, shapes, dtypes, finite values) and reach :meth:`aggregate` as ``ClientUpdate.extra``.
+        """
+        return {}
+
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Server update from the round's valid replies; returns method metrics to log."""
         uploaded = [u.arrays for u in updates if u.arrays]
@@ -177,9 +219,13 @@ class PersonalizedStrategy(Strategy):
 
     def _message(self, client_id: int, server_round: int, task: str, message_type: str) -> Message:
         down = self.downlink(client_id, server_round)
+        extra = self.extra_downlink(client_id, server_round) if task == "train" else {}
         arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
+        for k, v in extra.items():
+            arrays[EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
         self._bytes_down += record_bytes(arrays)
         self._groups_down.update(group_of(k) for k in down)
+        self._groups_down.update(group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in self.template)
         node = self.clients[client_id].node_id
         self._inflight[node] = client_id
         content = RecordDict({"arrays": arrays, "config": self._config(client_id, server_round, task)})
@@ -268,18 +314,22 @@ class PersonalizedStrategy(Strategy):
                 dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
                 continue
             keys = self.travelling_keys(self.uplink_groups(cid, server_round), cid, server_round) if task == "train" else []
+            expected = {k: self.template[k] for k in keys}
+            if task == "train":
+                expected.update({EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(cid, server_round).items()})
             info = self.clients.get(cid)
             try:
-                updates.append(
-                    validate_reply(
-                        msg.content,
-                        node_id=node,
-                        expected_client=cid,
-                        expected_arrays={k: self.template[k] for k in keys},
-                        expected_train_size=info.num_train if info else None,
-                        expected_test_size=info.num_test if info else None,
-                    )
+                update = validate_reply(
+                    msg.content,
+                    node_id=node,
+                    expected_client=cid,
+                    expected_arrays=expected,
+                    expected_train_size=info.num_train if info else None,
+                    expected_test_size=info.num_test if info else None,
                 )
+                extra = [k for k in update.arrays if k.startswith(EXTRA_PREFIX)]
+                update.extra = {k[len(EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
+                updates.append(update)
             except InvalidReply as exc:
                 dropped.append({"client": cid, "reason": str(exc)})
         for node, cid in self._inflight.items():
@@ -337,6 +387,65 @@ class PersonalizedStrategy(Strategy):
         self.final_metrics = {**metrics, "dropped": dropped}
         return MetricRecord(metrics)
 
+    # ------------------------------------------------------------------ checkpoint/resume
+    def last_round(self) -> int:
+        """The last round aggregated (0 before the first)."""
+        return int(self.history[-1]["round"]) if self.history else 0
+
+    def extra_state(self) -> dict[str, Any]:
+        """The method's server state to checkpoint: by default every instance attribute that
+        the base does not own and ``checkpoint_exclude`` does not list (live references)."""
+        skip = BASE_ATTRS | set(self.checkpoint_exclude)
+        return {k: v for k, v in vars(self).items() if k not in skip}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`extra_state`: by default set each saved attribute."""
+        for key, value in state.items():
+            setattr(self, key, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run after :meth:`last_round` (live references:
+        :func:`strategies.checkpoint.save_checkpoint` encodes them at once)."""
+        return {
+            "method": self.name,
+            "round": self.last_round(),
+            "run_token": str(self.client_spec.get("run", "")),
+            "global_arrays": self.global_arrays,
+            "history": self.history,
+            "rng": self.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (a :meth:`state_dict`, e.g. decoded from a checkpoint).
+
+        The strategy must be built from the same config and run token; the arrays must fit
+        the model. Clients are not restored: they are discovered again (new node ids).
+        """
+        if state["method"] != self.name:
+            raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {self.name!r}")
+        token = str(self.client_spec.get("run", ""))
+        if state["run_token"] != token:
+            raise ValueError(
+                f"the checkpoint belongs to run {state['run_token']!r}, this strategy to {token!r}: build it with "
+                "the checkpoint's run token, or the clients will not find their personal state"
+            )
+        arrays = state["global_arrays"]
+        bad = sorted(set(arrays) ^ set(self.template)) + sorted(
+            k for k in set(arrays) & set(self.template)
+            if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != self.template[k]
+        )
+        if bad:
+            raise ValueError(f"the checkpoint's global arrays do not fit this model (keys {bad[:5]}): was the model changed?")
+        self.global_arrays = {k: np.array(arrays[k], copy=True) for k in self.template}
+        self.history = [dict(r) for r in state["history"]]
+        if self.last_round() != int(state["round"]):
+            raise ValueError(f"the checkpoint says round {state['round']} but its history ends at round {self.last_round()}")
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        self.load_extra_state(state["extra"])
+
     # ------------------------------------------------------------------ the run loop
     def start(
         self,
@@ -349,19 +458,27 @@ class PersonalizedStrategy(Strategy):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         on_round: RoundCallback | None = None,
     ) -> Result:
-        """Discover clients, run ``num_rounds`` rounds, then the final evaluation of all clients.
+        """Discover clients, run rounds ``last_round()+1 .. num_rounds``, then the final evaluation.
 
-        ``on_round`` receives each round's record as soon as it is aggregated (the results
-        writer appends it to metrics.jsonl before the next round starts).
+        A fresh strategy starts at round 1; one restored with :meth:`load_state_dict` goes on
+        after its last round. ``on_round`` receives each round's record as soon as it is
+        aggregated, with the strategy's state complete for that round (the runner appends the
+        record to metrics.jsonl, then writes the checkpoint, before the next round starts).
         """
-        log(INFO, "Starting %s (%d rounds)", self.name, num_rounds)
+        first = self.last_round() + 1
+        if first > num_rounds + 1:
+            raise ValueError(f"the strategy has already run {first - 1} rounds; num_rounds={num_rounds} is fewer")
+        if first > 1:
+            log(INFO, "Resuming %s after round %d (%d rounds)", self.name, first - 1, num_rounds)
+        else:
+            log(INFO, "Starting %s (%d rounds)", self.name, num_rounds)
         self.summary()
-        if initial_arrays is not None:
+        if initial_arrays is not None and first == 1:
             for k, arr in initial_arrays.items():
                 self.global_arrays[k] = arr.numpy()
         self.discover(grid)
         result = Result()
-        for rnd in range(1, num_rounds + 1):
+        for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
             replies = grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout=timeout)
             arrays, metrics = self.aggregate_train(rnd, replies)

@@ -29,6 +29,7 @@ class ClientUpdate:
     metrics: dict[str, float]
     configs: dict[str, Any] = field(default_factory=dict)
     bytes_up: int = 0
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # validated "extra/<name>/<key>" arrays, prefix removed
 
 
 class InvalidReply(ValueError):

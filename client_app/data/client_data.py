@@ -174,7 +174,15 @@ def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarr
 
 @lru_cache(maxsize=256)
 def load_client_data(spec: DataSpec, client_id: int) -> ClientData:
-    """Normalized train/test tensors of one client's partition (cached per process)."""
+    """Normalized train/test tensors of one client's partition (cached per process).
+
+    For a node-local source (``dataset=local``) the tensors come from the node's own
+    directory (``spec.root``, the node config's ``data-dir``) instead of a partition.
+    """
+    if spec.info.node_local:
+        from .local import load_local_data
+
+        return load_local_data(spec, client_id)
     pool = _pool(spec)
     train_idx, test_idx = client_indices(spec, client_id)
     return ClientData(
@@ -196,7 +204,13 @@ def load_public_data(spec: DataSpec) -> torch.Tensor:
 
 
 def partition_sizes(spec: DataSpec) -> list[int]:
-    """Samples per client (train+test); builds the partition, so it also validates the spec."""
+    """Samples per client (train+test); builds the partition, so it also validates the spec.
+
+    A node-local source has no partition on the server: nothing to check there (each
+    SuperNode validates its own directory when it is first asked), so the list is empty.
+    """
+    if spec.info.node_local:
+        return []
     return [len(p) for p in _partition(spec)]
 
 

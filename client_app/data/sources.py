@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class DatasetInfo:
     default_roots: tuple[str, ...] = ()
     how_to_get: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    node_local: bool = False  # each SuperNode reads its own directory (dataset=local): no partition
 
 
 def data_roots(root: str | None, defaults: Sequence[str] = ()) -> list[Path]:
@@ -145,11 +146,27 @@ def read_fmnist(root: str | None = None) -> Splits:
     return out
 
 
+def _no_pool(root: str | None = None, **options: Any) -> Splits:
+    raise ValueError(
+        "dataset=local has no shared pool to partition: each SuperNode loads its own data-dir "
+        "(client_app.data.local.load_local_data)"
+    )
+
+
 DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(
         "digits", (1, 28, 28), 10, read_digits, how_to_get="Bundled with scikit-learn."
     ),
     "synthetic": DatasetInfo("synthetic", (1, 28, 28), 10, read_synthetic),
+    "local": DatasetInfo(
+        "local",
+        (1, 28, 28),
+        10,
+        _no_pool,
+        how_to_get="Each SuperNode names its own directory: --node-config \"data-dir='/path'\" "
+        "(train.npz, test.npz, meta.json; see client_app/data/local.py).",
+        node_local=True,
+    ),
     "fmnist": DatasetInfo(
         "fmnist",
         (1, 28, 28),
@@ -175,9 +192,9 @@ def dataset_info(name: str, **options: Any) -> DatasetInfo:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]
-    if name == "synthetic" and options:
+    if name in ("synthetic", "local") and options:  # shape and classes are options (local: what nodes must hold)
         c = int(options.get("channels", info.in_shape[0]))
         s = int(options.get("image_size", info.in_shape[1]))
         k = int(options.get("num_classes", info.num_classes))
-        info = DatasetInfo(name, (c, s, s), k, info.reader, options=dict(options))
+        info = replace(info, in_shape=(c, s, s), num_classes=k, options=dict(options))
     return info

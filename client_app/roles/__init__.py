@@ -6,12 +6,18 @@ from typing import Any
 
 from .base import Role, RoleContext, SGDRole
 from .ditto import DittoRole
+from .fedamp import FedAMPRole
+from .fedap import FedAPRole
 from .fedbabu import FedBabuRole
 from .fedcmd import FedCMDRole
+from .feddyn import FedDynRole
+from .fedfomo import FedFomoRole
 from .fedrep import FedRepRole
+from .moon import MOONRole
 from .proximal import ProximalRole
 
 ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
+ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole)})
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -21,3 +27,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
 
 
 __all__ = ["ROLES", "DittoRole", "FedBabuRole", "FedCMDRole", "FedRepRole", "ProximalRole", "Role", "RoleContext", "SGDRole", "build_role"]
+__all__ += ["FedAMPRole", "FedAPRole", "FedDynRole", "FedFomoRole", "MOONRole"]

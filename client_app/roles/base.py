@@ -13,6 +13,9 @@ from ..data import ClientData
 from ..training import TrainArgs, train
 
 
+EXTRA_PREFIX = "extra/"  # message arrays under this prefix are not model tensors (RoleContext.*_extra)
+
+
 @dataclass
 class RoleContext:
     """What a role may use besides the model and the data."""
@@ -23,6 +26,9 @@ class RoleContext:
     personal: list[str]
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)  # role tensors kept between rounds
     personal_keys: list[str] = field(default_factory=list)  # single keys of shared groups kept here (FedBN)
+    # arrays besides model tensors, keyed "<name>/<key>" (on the wire "extra/<name>/<key>"):
+    received_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent by the server (FedFomo: others' models)
+    upload_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent back; the server validates them (FedAP)
 
 
 class Role:

@@ -55,6 +55,10 @@ class ProximalRole(SGDRole):
     name = "proximal"
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        loss_fn = proximal_loss(snapshot(model), mu_of(self.args, "mu", 1.0))
+        loss_fn = proximal_loss(self.reference(model, ctx), mu_of(self.args, "mu", 1.0))
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         return {"train_loss": loss}
+
+    def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
+        """What the term pulls toward: the received model (FedProx); FedAMP: its cloud model u_i."""
+        return snapshot(model)

@@ -1,0 +1,70 @@
+"""FedAP's client side (Lu et al., 2022): plain SGD, plus the BN statistics of the received model.
+
+When the server asks (``bn_stats``: the client's first round after the warm-up, so every
+client measures the same warm-up model), the client runs its training split through the
+received model in eval mode before training and uploads, for every BatchNorm layer i in
+forward order, the per-channel mean and variance of that layer's *input* over all samples
+(and positions) as extra arrays ``bn_mean/<i>`` and ``bn_var/<i>``. ``epochs`` overrides the
+local epochs (FedAP's warm-up uses 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from ..data import ClientData
+from ..training import TrainArgs
+from .base import RoleContext, SGDRole
+
+
+def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+@torch.no_grad()
+def bn_input_stats(model: nn.Module, x: torch.Tensor, device: torch.device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+    """{"bn_mean/<i>", "bn_var/<i>"}: channel mean and (population) variance of each BN layer's input."""
+    layers = batchnorm_layers(model)
+    sums = [torch.zeros(m.num_features, dtype=torch.float64) for m in layers]
+    squares = [torch.zeros(m.num_features, dtype=torch.float64) for m in layers]
+    counts = [0] * len(layers)
+
+    def hook(i: int):
+        def record(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            h = inputs[0].detach().double().transpose(0, 1).reshape(inputs[0].shape[1], -1).cpu()  # [C, N * positions]
+            sums[i] += h.sum(dim=1)
+            squares[i] += (h**2).sum(dim=1)
+            counts[i] += h.shape[1]
+
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(layers)]
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(x), batch_size):
+            model(x[start : start + batch_size].to(device))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    out: dict[str, torch.Tensor] = {}
+    for i, (s, q, n) in enumerate(zip(sums, squares, counts)):
+        mean = s / max(n, 1)
+        out[f"bn_mean/{i}"] = mean.float()
+        out[f"bn_var/{i}"] = (q / max(n, 1) - mean**2).clamp_min(0.0).float()
+    return out
+
+
+class FedAPRole(SGDRole):
+    name = "fedap"
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        if self.args.get("bn_stats"):
+            ctx.upload_extra.update(bn_input_stats(model, data.x_train, ctx.device))
+        if self.args.get("epochs") is not None:
+            train_args = replace(train_args, epochs=int(self.args["epochs"]))
+        return super().fit(model, data, train_args, ctx)

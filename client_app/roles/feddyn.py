@@ -1,0 +1,60 @@
+"""FedDyn's client side (Acar et al., ICLR 2021): a dynamic regularizer with per-client state.
+
+Client i minimizes L_i(w) - <g_i, w> + alpha/2 ||w - w_global||^2, w_global the received model,
+then updates its state g_i <- g_i - alpha (w_i - w_global) (g_i approximates the gradient of L_i
+at its last local optimum). g_i starts at 0 and lives in ``ctx.extra_state`` between rounds.
+The terms are plain functions of a model and tensors, unit-tested on hand numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..data import ClientData
+from ..training import LossFn, TrainArgs, cross_entropy, train
+from .base import Role, RoleContext
+from .proximal import mu_of, proximal_loss, snapshot
+
+PREFIX = "feddyn.g."
+
+
+def linear_term(model: nn.Module, g: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """<g, w> = sum_k <g_k, w_k> over the parameters named in ``g`` (differentiable)."""
+    params = dict(model.named_parameters())
+    terms = [(params[k] * gk).sum() for k, gk in g.items()]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def feddyn_loss(reference: Mapping[str, torch.Tensor], g: Mapping[str, torch.Tensor], alpha: float) -> LossFn:
+    """CE - <g, w> + alpha/2 ||w - reference||^2."""
+
+    def base(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(model, x, y) - linear_term(model, g)
+
+    return proximal_loss(reference, alpha, base)
+
+
+def updated_state(
+    g: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], alpha: float
+) -> dict[str, torch.Tensor]:
+    """g_k - alpha (w_k - reference_k) for every key of ``g``."""
+    return {k: g[k] - alpha * (trained[k] - reference[k]) for k in g}
+
+
+class FedDynRole(Role):
+    name = "feddyn"
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        alpha = mu_of(self.args, "alpha", 0.01)
+        reference = snapshot(model)  # the received global model
+        g = {k: ctx.extra_state.get(PREFIX + k, torch.zeros_like(ref)).to(ref.device) for k, ref in reference.items()}
+        loss = train(
+            model, data.x_train, data.y_train, train_args,
+            loss_fn=feddyn_loss(reference, g, alpha), generator=ctx.generator, device=ctx.device,
+        )
+        new_g = updated_state(g, snapshot(model), reference, alpha)
+        ctx.extra_state.update({PREFIX + k: v.detach().cpu() for k, v in new_g.items()})
+        return {"train_loss": loss}

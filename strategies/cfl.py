@@ -1,0 +1,168 @@
+"""CFL, clustered federated learning (Sattler et al., IEEE TNNLS 2021).
+
+Every cluster has its own model (one cluster of all clients at first: FedAvg). A client
+receives its cluster's model and sends back its trained model; the server computes the
+updates dW_i = w_i - theta_c. A cluster whose round participants have stopped improving it
+together while some of them still move a lot,
+
+    || sum_i n_i/n dW_i || < eps1   and   max_i ||dW_i|| > eps2,
+
+(and that has more than ``min_cluster_size`` members and participants this round, from round
+``start_round`` on) is split in two by :func:`bipartition` of the cosine similarities of the
+participants' updates.
+Both halves start from the cluster's model plus their own members' mean update; clusters are
+split recursively in later rounds. Each cluster's model is the FedAvg of its participants
+(theta_c + sum_i n_i/n dW_i, Algorithm 1).
+
+Partial participation (the paper lets every client train every round): a member that did not
+train this round joins the half whose members' updates were most similar to its own, on
+average, the last time they were in the same round (a persistent N x N similarity matrix, as
+in pFedSim); one with no such history joins the larger half.
+Defaults are the reference code's: eps1 = 0.4, eps2 = 1.6 (fedtsdp.md §5), clusters of more
+than 2 members, splits from round 20.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from .aggregation import fedavg, weighted_average
+from .base import PersonalizedStrategy
+from .model_distance import copy_arrays, cosine_matrix, difference, gram_matrix, squared_norms
+from .validation import ClientUpdate
+
+
+def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
+    """Two clusters of the items of a similarity matrix: agglomerative, complete linkage.
+
+    Sattler et al.'s reference code runs scikit-learn's AgglomerativeClustering (complete
+    linkage) on -S; this is the same merge sequence in plain numpy: start from singletons and
+    repeatedly merge the two clusters whose *least* similar pair of members is the most
+    similar, until two remain. The cut therefore keeps the largest cross-cluster similarity
+    low (the paper's optimal bi-partition criterion). Ties merge the earliest pair. The
+    cluster holding item 0 comes first; each list is sorted.
+    """
+    s = np.asarray(similarity, dtype=np.float64)
+    n = len(s)
+    if n < 2 or s.shape != (n, n):
+        raise ValueError(f"bipartition needs a square similarity matrix of at least 2 items, got shape {s.shape}")
+    clusters = [[i] for i in range(n)]
+    link = s.copy()  # link[a, b] = the smallest similarity between a member of a and one of b
+    while len(clusters) > 2:
+        rows, cols = np.triu_indices(len(clusters), 1)  # row-major: ties go to the earliest pair
+        best = int(np.argmax(link[rows, cols]))
+        a, b = int(rows[best]), int(cols[best])
+        clusters[a] += clusters.pop(b)
+        link[a], link[:, a] = np.minimum(link[a], link[b]), np.minimum(link[:, a], link[:, b])
+        link = np.delete(np.delete(link, b, axis=0), b, axis=1)
+    first, second = sorted(clusters[0]), sorted(clusters[1])
+    return (first, second) if 0 in first else (second, first)
+
+
+class CFL(PersonalizedStrategy):
+    """Options: ``eps1``, ``eps2`` (split thresholds on the mean and the max update norm),
+    ``min_cluster_size`` (only a cluster with more members, and more participants in the
+    round, splits), ``start_round``."""
+
+    name = "cfl"
+
+    def __init__(
+        self,
+        *args: Any,
+        eps1: float = 0.4,
+        eps2: float = 1.6,
+        min_cluster_size: int = 2,
+        start_round: int = 20,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if not eps1 >= 0 or not eps2 >= 0 or min_cluster_size < 1:
+            raise ValueError(f"CFL needs eps1, eps2 >= 0 and min_cluster_size >= 1 (got {eps1}, {eps2}, {min_cluster_size})")
+        self.eps1, self.eps2 = float(eps1), float(eps2)
+        self.min_cluster_size, self.start_round = int(min_cluster_size), int(start_round)
+        self.clusters: list[list[int]] = [list(range(self.num_clients))]
+        self.cluster_models: list[dict[str, np.ndarray]] = [copy_arrays(self.global_arrays)]
+        self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round
+
+    def cluster_of(self, client_id: int) -> int:
+        return next(c for c, members in enumerate(self.clusters) if client_id in members)
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        model = self.cluster_models[self.cluster_of(client_id)]
+        return {k: model[k] for k in self.travelling_keys(self.groups, client_id, server_round)}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        keys = list(self.global_arrays)
+        clusters, models = [], []
+        mean_norms, max_norms, splits = [], [], 0
+        for c, members in enumerate(self.clusters):
+            ups = [u for u in updates if u.client_id in members and u.arrays]
+            if not ups:
+                clusters.append(members)
+                models.append(self.cluster_models[c])
+                continue
+            halves = [(members, ups)]
+            if len(ups) >= 2:
+                deltas = [difference(u.arrays, self.cluster_models[c], keys) for u in ups]
+                gram = gram_matrix(deltas, keys)
+                cos = cosine_matrix(gram)
+                ids = [u.client_id for u in ups]
+                self.sim[np.ix_(ids, ids)] = cos
+                mean_update = weighted_average(deltas, [u.num_examples for u in ups], keys=keys)
+                mean_norm = float(np.sqrt(squared_norms([mean_update], keys)[0]))
+                max_norm = float(np.sqrt(np.diag(gram).max()))
+                mean_norms.append(mean_norm)
+                max_norms.append(max_norm)
+                if (
+                    server_round >= self.start_round
+                    and min(len(members), len(ups)) > self.min_cluster_size
+                    and mean_norm < self.eps1
+                    and max_norm > self.eps2
+                ):
+                    halves = self._split(members, ups, cos)
+                    splits += 1
+                    log(INFO, "CFL round %d: cluster %s split into %s", server_round, members, [h[0] for h in halves])
+            for half_members, half_ups in halves:
+                clusters.append(half_members)
+                models.append(fedavg([u.arrays for u in half_ups], [u.num_examples for u in half_ups]))
+        self.clusters, self.cluster_models = clusters, models
+        record: dict[str, Any] = {"num_clusters": len(clusters), "clusters": clusters, "splits": splits}
+        record["log_keys"] = ["num_clusters"]
+        if mean_norms:
+            record.update({"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms)})
+        return record
+
+    def _split(self, members: list[int], ups: Sequence[ClientUpdate], cos: np.ndarray) -> list[tuple[list[int], list]]:
+        """The two halves (members, their updates) of a cluster split by its participants' cosines."""
+        first, second = bipartition(cos)
+        sides = [[ups[i] for i in first], [ups[i] for i in second]]
+        groups = [[u.client_id for u in side] for side in sides]
+        trained = {u.client_id for u in ups}
+        for k in (m for m in members if m not in trained):
+            affinity = [np.nanmean(self.sim[k, g]) if np.any(~np.isnan(self.sim[k, g])) else np.nan for g in groups]
+            if np.all(np.isnan(affinity)):
+                side = 0 if len(groups[0]) >= len(groups[1]) else 1
+            else:
+                side = int(np.nanargmax(affinity))
+            groups[side].append(k)
+        return [(sorted(g), side) for g, side in zip(groups, sides)]
+
+    def run_summary(self) -> dict[str, Any]:
+        return {"clusters": self.clusters}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "clusters": [list(map(int, c)) for c in self.clusters],
+            "cluster_models": [copy_arrays(m) for m in self.cluster_models],
+            "sim": self.sim.copy(),
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.clusters = [[int(c) for c in members] for members in state["clusters"]]
+        self.cluster_models = [copy_arrays(m) for m in state["cluster_models"]]
+        self.sim = np.array(state["sim"], dtype=np.float64)

@@ -1,0 +1,302 @@
+"""Server checkpoints: a strategy's state in one atomically replaced, pickle-free file.
+
+``<run dir>/checkpoint.npz`` is a NumPy zip (read with ``allow_pickle=False``): every array
+of the state is a member ``a0, a1, ...``; the member ``__state__`` is the UTF-8 JSON of the
+rest, in which an array is ``{"__array__": "a3"}``. Writing goes to a temporary file in the
+same directory, is fsynced, then ``os.replace``-d over the previous checkpoint, so a crash
+at any moment leaves either the old or the new checkpoint, never a torn one.
+
+:func:`encode` / :func:`decode` turn a state tree into JSON + arrays and back. They handle
+``None``/bool/int/float/str, lists, tuples, sets, dicts (any hashable encodable keys;
+``defaultdict`` keeps its factory when the live value is one), NumPy arrays and scalars,
+torch tensors, dataclasses (through ``to_dict``/``from_dict`` when the class has them,
+else field by field) and objects with ``state_dict``/``load_state_dict`` (torch modules,
+optimizers, schedulers: loaded *into* the live object, which must exist). Anything else is
+refused with the attribute's path, when the state is first encoded (before round 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import tempfile
+import zipfile
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FILENAME = "checkpoint.npz"
+FORMAT = 1
+STATE_MEMBER = "__state__"
+# classes a checkpoint may name and have rebuilt when the live object is missing
+IMPORTABLE_PREFIXES = ("strategies.", "models.")
+
+_TAGS = ("__array__", "__tensor__", "__scalar__", "__tuple__", "__set__", "__dict__", "__object__", "__stateful__")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, found or read; the message names the file and the fix."""
+
+
+# ---------------------------------------------------------------------- encoding
+def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> Any:
+    """JSON-safe form of ``value``; its arrays are added to ``arrays`` (name -> array)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.generic):  # before int/float: np.float64 is a float
+        if value.dtype == object:
+            raise CheckpointError(f"cannot checkpoint {path}: NumPy object scalar")
+        return {"__scalar__": value.dtype.str, "value": value.item()}
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise CheckpointError(f"cannot checkpoint {path}: NumPy array of dtype object")
+        name = f"a{len(arrays)}"
+        arrays[name] = np.ascontiguousarray(value)
+        return {"__array__": name}
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        dtype = str(t.dtype)
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        name = f"a{len(arrays)}"
+        arrays[name] = np.ascontiguousarray(t.numpy())
+        return {"__tensor__": name, "dtype": dtype}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return {"__tuple__": [encode(v, arrays, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, arrays, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        items = list(value)
+        try:
+            items = sorted(items)
+        except TypeError:
+            pass
+        return {"__set__": [encode(v, arrays, f"{path}{{}}") for v in items], "frozen": isinstance(value, frozenset)}
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in value):
+            return {k: encode(v, arrays, f"{path}.{k}") for k, v in value.items()}
+        return {
+            "__dict__": [
+                [encode(k, arrays, f"{path} key {k!r}"), encode(v, arrays, f"{path}[{k!r}]")] for k, v in value.items()
+            ]
+        }
+    if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+        return {"__stateful__": _class_path(type(value)), "state": encode(value.state_dict(), arrays, f"{path}.state_dict()")}
+    if callable(getattr(value, "to_dict", None)) and callable(getattr(type(value), "from_dict", None)):
+        return {"__object__": _class_path(type(value)), "to_dict": encode(value.to_dict(), arrays, path)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: encode(getattr(value, f.name), arrays, f"{path}.{f.name}") for f in dataclasses.fields(value)}
+        return {"__object__": _class_path(type(value)), "fields": fields}
+    raise CheckpointError(
+        f"cannot checkpoint {path} of type {type(value).__module__}.{type(value).__qualname__}: make it a plain "
+        "value, array, tensor, dataclass or torch module; or list the attribute in the strategy's "
+        "`checkpoint_exclude` (if it can be rebuilt from the config); or override extra_state()/load_extra_state()"
+    )
+
+
+def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path: str = "state") -> Any:
+    """Inverse of :func:`encode`. ``live`` is the current value at this place (or None): objects
+    with ``load_state_dict`` are loaded into it, and its types guide the rebuild."""
+    if isinstance(value, list):
+        hints = live if isinstance(live, list) and len(live) == len(value) else [None] * len(value)
+        return [decode(v, arrays, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, hints))]
+    if not isinstance(value, dict):
+        return value
+    tag = next((t for t in _TAGS if t in value), None)
+    if tag is None:
+        hints = live if isinstance(live, Mapping) else {}
+        out = {k: decode(v, arrays, hints.get(k), f"{path}.{k}") for k, v in value.items()}
+        return _like(out, live)
+    if tag == "__array__":
+        return np.array(_member(arrays, value[tag], path), copy=True)
+    if tag == "__tensor__":
+        import torch
+
+        t = torch.from_numpy(np.array(_member(arrays, value[tag], path), copy=True))
+        dtype = getattr(torch, str(value.get("dtype", "")).removeprefix("torch."), None)
+        if isinstance(dtype, torch.dtype) and t.dtype != dtype:
+            t = t.to(dtype)
+        return t.to(live.device) if isinstance(live, torch.Tensor) else t
+    if tag == "__scalar__":
+        return np.dtype(value[tag]).type(value["value"])
+    if tag == "__tuple__":
+        hints = live if isinstance(live, tuple) and len(live) == len(value[tag]) else [None] * len(value[tag])
+        return tuple(decode(v, arrays, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value[tag], hints)))
+    if tag == "__set__":
+        items = [decode(v, arrays, None, path) for v in value[tag]]
+        return frozenset(items) if value.get("frozen") else set(items)
+    if tag == "__dict__":
+        hints = live if isinstance(live, Mapping) else {}
+        out = {}
+        for k, v in value[tag]:
+            key = decode(k, arrays, None, path)
+            out[key] = decode(v, arrays, hints.get(key), f"{path}[{key!r}]")
+        return _like(out, live)
+    if tag == "__stateful__":
+        if not callable(getattr(live, "load_state_dict", None)):
+            raise CheckpointError(
+                f"{path} was a {value[tag]} when the checkpoint was written, but the freshly built strategy "
+                f"holds {type(live).__name__} there: create the object in __init__ (its state is loaded into "
+                "it), or override extra_state()/load_extra_state() to rebuild it"
+            )
+        live_state = live.state_dict()
+        live.load_state_dict(decode(value["state"], arrays, live_state, f"{path}.state_dict()"))
+        return live
+    # __object__: a dataclass or a class with to_dict/from_dict
+    cls = type(live) if live is not None and _class_path(type(live)) == value[tag] else _import_class(value[tag], path)
+    if "to_dict" in value:
+        return cls.from_dict(decode(value["to_dict"], arrays, live.to_dict() if live is not None else None, path))
+    hints = {f.name: getattr(live, f.name, None) for f in dataclasses.fields(cls)} if live is not None else {}
+    fields = {k: decode(v, arrays, hints.get(k), f"{path}.{k}") for k, v in value["fields"].items()}
+    init = {f.name for f in dataclasses.fields(cls) if f.init}
+    obj = cls(**{k: v for k, v in fields.items() if k in init})
+    for k, v in fields.items():
+        if k not in init:
+            object.__setattr__(obj, k, v)
+    return obj
+
+
+def _like(out: dict, live: Any) -> dict:
+    if isinstance(live, defaultdict):
+        return defaultdict(live.default_factory, out)
+    return out
+
+
+def _member(arrays: Mapping[str, np.ndarray], name: str, path: str) -> np.ndarray:
+    try:
+        return arrays[name]
+    except KeyError:
+        raise CheckpointError(f"{path}: array {name!r} is missing from the checkpoint") from None
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_class(spec: str, path: str) -> type:
+    module, _, qualname = spec.partition(":")
+    if not module.startswith(IMPORTABLE_PREFIXES):
+        raise CheckpointError(f"{path}: the checkpoint names class {spec}, which pflower does not rebuild from a file")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    return torch
+
+
+# ---------------------------------------------------------------------- files
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / FILENAME
+
+
+def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> Path:
+    """Write ``state`` to ``<run_dir>/checkpoint.npz`` atomically (tmp file, fsync, rename)."""
+    path = checkpoint_path(run_dir)
+    arrays: dict[str, np.ndarray] = {}
+    tree = {"format": FORMAT, "state": encode(dict(state), arrays)}
+    blob = json.dumps(tree).encode("utf-8")
+    arrays[STATE_MEMBER] = np.frombuffer(blob, dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{FILENAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A read checkpoint: the encoded state (``tree``) and its arrays; decoded on demand."""
+
+    path: Path
+    tree: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def round(self) -> int:
+        return int(self.tree["round"])
+
+    @property
+    def method(self) -> str:
+        return str(self.tree["method"])
+
+    @property
+    def run_token(self) -> str:
+        return str(self.tree["run_token"])
+
+    def decode(self, live: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The state as :meth:`PersonalizedStrategy.state_dict` returned it. ``live`` is a fresh
+        strategy's ``state_dict()``: torch modules and the like are loaded into its objects."""
+        try:
+            return decode(self.tree, self.arrays, live)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(
+                f"cannot resume: checkpoint {self.path} does not fit this strategy ({type(exc).__name__}: {exc})"
+            ) from exc
+
+
+def load_checkpoint(run_dir: str | Path) -> Checkpoint:
+    """Read ``<run_dir>/checkpoint.npz``; every failure is a :class:`CheckpointError` saying what to do."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"cannot resume: run directory {run_dir} does not exist (resume=<the run's directory>)")
+    path = checkpoint_path(run_dir)
+    if not path.exists():
+        raise CheckpointError(
+            f"cannot resume: {path} does not exist (the run stopped before its first round ended, or "
+            "ran with checkpoint_every=0); start a new run instead"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        tree = json.loads(bytes(arrays.pop(STATE_MEMBER)).decode("utf-8"))
+        if tree.get("format") != FORMAT:
+            raise ValueError(f"format {tree.get('format')!r}, this pflower reads format {FORMAT}")
+        state = tree["state"]
+        int(state["round"]), str(state["method"]), str(state["run_token"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(
+            f"cannot resume: checkpoint {path} is unreadable ({type(exc).__name__}: {exc}). It was damaged or "
+            f"written by another pflower version; nothing was changed. Start a new run, or put back {path.name} "
+            "from a backup"
+        ) from exc
+    return Checkpoint(path, state, arrays)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,135 @@
+"""FedAMP (Huang et al., AAAI 2021): attentive message passing between personalized models.
+
+Each client keeps its own model w_i (every group is personal; it is uploaded after training,
+so the server holds the latest w_j of every client that has trained; one that has not is the
+initial model). Before client i trains, the server builds its personalized cloud model
+u_i = sum_j xi_ij w_j over its own w_i and every stored w_j, and sends it as an extra array
+(``u/<key>``). The client trains w_i on F_i(w) + lam/2 ||w - u_i||^2 (the proximal term of
+FedProx/Ditto, pulled toward u_i) and w_i is the model evaluated.
+
+Attention weights (a row of xi sums to 1, all >= 0): xi_ii = ``self_weight`` (alpha_k), and
+xi_ij = (1 - self_weight) * softmax_j(s_ij) over the others, with
+- ``kernel="distance"``: s_ij = -||w_i - w_j||^2 / sigma, the paper's exp(-||w_i - w_j||^2 / sigma)
+  attention, normalized over j;
+- ``kernel="cosine"``: s_ij = sigma * cos(w_i, w_j), HeurFedAMP (the paper's heuristic variant;
+  the KAPC paper describes FedAMP as "weighted by cosine similarity").
+Resolution: the paper's exact form xi_ij = alpha_k * A'(||w_i - w_j||^2), xi_ii = 1 - sum_j xi_ij
+can make xi_ii negative when alpha_k is large; the normalized form above (HeurFedAMP's) keeps
+xi a convex combination with the self-weight as its one knob, for both kernels. The softmax is
+computed stably, so large distances never underflow to an all-zero row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from client_app.roles.fedamp import CLOUD
+
+from .aggregation import weighted_average
+from .base import PersonalizedStrategy
+from .model_distance import gram_matrix, inner_products, squared_distances, squared_norms, store_from_state, store_state
+from .validation import ClientUpdate
+
+KERNELS = ("distance", "cosine")
+
+
+def attention_scores(
+    dots: np.ndarray, own_sq: float, others_sq: np.ndarray, kernel: str = "distance", sigma: float = 1.0
+) -> np.ndarray:
+    """s_ij for the others j from <w_i, w_j>, ||w_i||^2 and ||w_j||^2 (see the module docstring)."""
+    dots, others_sq = np.asarray(dots, dtype=np.float64), np.asarray(others_sq, dtype=np.float64)
+    if kernel == "distance":
+        return -np.maximum(own_sq + others_sq - 2.0 * dots, 0.0) / sigma
+    if kernel == "cosine":
+        return sigma * dots / (np.sqrt(max(own_sq, 0.0) * np.maximum(others_sq, 0.0)) + 1e-12)
+    raise ValueError(f"FedAMP kernel must be one of {list(KERNELS)}, got {kernel!r}")
+
+
+def attention_weights(scores: np.ndarray, self_weight: float) -> np.ndarray:
+    """[xi_ii, xi_ij for the others]: self_weight, then (1 - self_weight) * softmax(scores); sums to 1.
+
+    With no others the client's own model gets weight 1.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size == 0:
+        return np.ones(1)
+    e = np.exp(scores - scores.max())
+    return np.concatenate([[self_weight], (1.0 - self_weight) * e / e.sum()])
+
+
+def attention_matrix(gram: np.ndarray, self_weight: float, sigma: float = 1.0, kernel: str = "distance") -> np.ndarray:
+    """The full m x m xi of m models from their Gram matrix (diagnostics and tests)."""
+    gram = np.asarray(gram, dtype=np.float64)
+    m = len(gram)
+    xi = np.zeros((m, m))
+    sq = np.diag(gram)
+    for i in range(m):
+        others = [j for j in range(m) if j != i]
+        row = attention_weights(attention_scores(gram[i, others], sq[i], sq[others], kernel, sigma), self_weight)
+        xi[i, i], xi[i, others] = row[0], row[1:]
+    return xi
+
+
+class FedAMP(PersonalizedStrategy):
+    """Options: ``lam`` (the pull toward u_i), ``sigma`` (kernel scale), ``self_weight``
+    (alpha_k = xi_ii, in [0, 1]), ``kernel`` (``distance`` or ``cosine``)."""
+
+    name = "fedamp"
+    role = "fedamp"
+
+    def __init__(
+        self, *args: Any, lam: float = 1.0, sigma: float = 1.0, self_weight: float = 0.5, kernel: str = "distance", **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if kernel not in KERNELS:
+            raise ValueError(f"FedAMP kernel must be one of {list(KERNELS)}, got {kernel!r}")
+        if not lam >= 0 or not sigma > 0 or not 0.0 <= self_weight <= 1.0:
+            raise ValueError(f"FedAMP needs lam >= 0, sigma > 0, 0 <= self_weight <= 1 (got {lam}, {sigma}, {self_weight})")
+        self.lam, self.sigma, self.self_weight, self.kernel = float(lam), float(sigma), float(self_weight), kernel
+        self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded w_j of each client
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"mu": self.lam}
+
+    def cloud_weights(self, client_id: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+        """(models, xi row): client ``client_id``'s own model first, then every other stored one."""
+        keys = list(self.global_arrays)
+        own = self.models.get(client_id, self.global_arrays)  # never trained: the initial model
+        others = [w for j, w in sorted(self.models.items()) if j != client_id]
+        if not others:
+            return [own], np.ones(1)
+        dots = inner_products([own], others, keys)[0]
+        scores = attention_scores(dots, squared_norms([own], keys)[0], squared_norms(others, keys), self.kernel, self.sigma)
+        return [own, *others], attention_weights(scores, self.self_weight)
+
+    def cloud_model(self, client_id: int) -> dict[str, np.ndarray]:
+        """u_i = sum_j xi_ij w_j."""
+        models, weights = self.cloud_weights(client_id)
+        return weighted_average(models, weights, keys=list(self.global_arrays))
+
+    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        return {CLOUD + k: v for k, v in self.cloud_model(client_id).items()}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        for u in updates:
+            self.models[u.client_id] = u.arrays
+        record: dict[str, Any] = {"stored_models": len(self.models)}
+        if len(updates) > 1:  # how far apart this round's personalized models are
+            d = squared_distances(gram_matrix([u.arrays for u in updates], list(self.global_arrays)))
+            record["model_distance_mean"] = float(np.sqrt(d[~np.eye(len(d), dtype=bool)]).mean())
+        return record
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"models": store_state(self.models)}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.models = store_from_state(state["models"])

@@ -1,0 +1,163 @@
+"""FedAP (Lu et al., "Personalized federated learning with adaptive batchnorm for healthcare", 2022).
+
+As FedCMD/FedCPMD run it (fedcmd.md §3, fedcpmd.md §4: "model momentum mu = 0.5"; both papers
+describe it as FedBN plus client similarities from a Wasserstein distance of BN statistics
+weighting the aggregation; their code base is FL-bench):
+- BN parameters and statistics never leave a client (FedBN; a model without BN is refused).
+- Warm-up, rounds 1..W: FedAvg of the rest, ``warmup_epochs`` local epochs (FL-bench: 1).
+- After the warm-up the server stops averaging. At its first round after the warm-up a client
+  receives the warm-up model, measures the per-channel mean and variance of every BN layer's
+  input on its training split with it (:mod:`client_app.roles.fedap`) and uploads them.
+  d_ij = sum over BN layers l of sqrt(||m_i^l - m_j^l||^2 + ||sqrt(v_i^l) - sqrt(v_j^l)||^2)
+  (the W2 distance of diagonal Gaussians), and client i's weights are
+  w_ii = momentum, w_ij = (1 - momentum) * (1/d_ij) / sum_k (1/d_ik) for the others (model momentum).
+- Client i then receives sum_j w_ij theta_j over the latest trained models theta_j (non-BN
+  parameters) of the clients with statistics, its own included.
+Resolutions (stated, since the papers give only mu):
+- FL-bench's default FedAP pre-trains by passing one model through every client in turn each
+  warm-up round (one client per message, on 30% of its data), which a round of this base (one
+  message per sampled client) cannot express; its "f-FedAP" warm-up, FedAvg on all the data,
+  is used instead. W = int(warmup_ratio * total_rounds) (FL-bench: 0.5) unless ``warmup`` is set.
+- FL-bench measures every client's statistics at once after the warm-up; here a client
+  measures them at its first sampled round after it (always with the warm-up model: until
+  then its weights are its own row of the identity and its stored model is the warm-up model),
+  and a client's weights range over the clients whose statistics are known so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from client_app.roles.fedap import batchnorm_layers
+from models import LayeredNet
+
+from .aggregation import weighted_average
+from .base import PersonalizedStrategy
+from .fedbn import batchnorm_keys
+from .model_distance import store_from_state, store_state
+from .pfedsim import warmup_rounds
+from .validation import ClientUpdate
+
+Stats = Mapping[str, np.ndarray]  # "bn_mean/<i>", "bn_var/<i>" for each BN layer i
+
+
+def bn_distance(a: Stats, b: Stats) -> float:
+    """sum_l sqrt(||m_a - m_b||^2 + ||sqrt(v_a) - sqrt(v_b)||^2) over the BN layers l of a and b."""
+    total = 0.0
+    for key in sorted(k for k in a if k.startswith("bn_mean/")):
+        var = "bn_var/" + key.split("/", 1)[1]
+        dm = np.sum((np.asarray(a[key], np.float64) - np.asarray(b[key], np.float64)) ** 2)
+        ds = np.sum((np.sqrt(np.asarray(a[var], np.float64)) - np.sqrt(np.asarray(b[var], np.float64))) ** 2)
+        total += float(np.sqrt(dm + ds))
+    return total
+
+
+def fedap_weights(distances: Sequence[float], momentum: float) -> np.ndarray:
+    """[w_ii, w_ij for the others]: momentum, then (1 - momentum) shared in proportion to 1/d_ij.
+
+    Others at distance 0 share the (1 - momentum) equally (the limit of 1/d); with no others
+    the client keeps its own model (weight 1).
+    """
+    d = np.asarray(distances, dtype=np.float64)
+    if d.size == 0:
+        return np.ones(1)
+    inv = (d == 0).astype(np.float64) if np.any(d == 0) else 1.0 / d
+    return np.concatenate([[momentum], (1.0 - momentum) * inv / inv.sum()])
+
+
+class FedAP(PersonalizedStrategy):
+    """Options: ``momentum`` (the weight of a client's own model; papers: 0.5), ``warmup_ratio``
+    and ``total_rounds`` (W = int(warmup_ratio * total_rounds)), ``warmup`` (W in rounds,
+    overrides the ratio), ``warmup_epochs`` (local epochs in the warm-up; null = local_epochs)."""
+
+    name = "fedap"
+    role = "fedap"
+
+    def __init__(
+        self,
+        model: LayeredNet,
+        *args: Any,
+        momentum: float = 0.5,
+        warmup_ratio: float = 0.5,
+        total_rounds: int | None = None,
+        warmup: int | None = None,
+        warmup_epochs: int | None = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, *args, **kwargs)
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"FedAP momentum must be in [0, 1], got {momentum}")
+        if warmup_epochs is not None and warmup_epochs < 0:
+            raise ValueError(f"FedAP warmup_epochs must be >= 0, got {warmup_epochs}")
+        self.bn_keys = batchnorm_keys(model)
+        self.bn_channels = [m.num_features for m in batchnorm_layers(model)]
+        if not self.bn_channels:
+            raise ValueError("FedAP weighs clients by BatchNorm statistics: this model has no BatchNorm layer")
+        self.momentum = float(momentum)
+        self.warmup = warmup_rounds(warmup_ratio, total_rounds, warmup)
+        self.warmup_epochs = warmup_epochs
+        self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained non-BN parameters of each client
+        self.stats: dict[int, dict[str, np.ndarray]] = {}  # BN input statistics of each client
+
+    def personalizing(self, server_round: int) -> bool:
+        return server_round > self.warmup
+
+    def personal_keys(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.bn_keys)
+
+    def needs_stats(self, client_id: int, server_round: int) -> bool:
+        return self.personalizing(server_round) and client_id not in self.stats
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        epochs = None if self.personalizing(server_round) else self.warmup_epochs
+        return {"bn_stats": self.needs_stats(client_id, server_round), "epochs": epochs}
+
+    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        if not self.needs_stats(client_id, server_round):
+            return {}
+        f32 = np.dtype(np.float32)
+        return {f"bn_{s}/{i}": ((c,), f32) for i, c in enumerate(self.bn_channels) for s in ("mean", "var")}
+
+    def weights(self, client_id: int) -> dict[int, float]:
+        """Client ``client_id``'s aggregation weights over the clients' stored models (sum 1)."""
+        if client_id not in self.stats:
+            return {client_id: 1.0}
+        others = sorted(j for j in self.stats if j != client_id)
+        row = fedap_weights([bn_distance(self.stats[client_id], self.stats[j]) for j in others], self.momentum)
+        return {client_id: float(row[0]), **{j: float(w) for j, w in zip(others, row[1:])}}
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        if not self.personalizing(server_round):
+            return super().downlink(client_id, server_round)
+        keys = self.travelling_keys(self.groups, client_id, server_round)
+        weights = self.weights(client_id)
+        models = [self.models.get(j, self.global_arrays) for j in weights]  # the warm-up model until trained
+        return weighted_average(models, list(weights.values()), keys=keys)
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        if not self.personalizing(server_round):
+            return {"phase": "warmup", "log_keys": ["phase"], **super().aggregate(server_round, updates)}
+        if server_round == self.warmup + 1:
+            log(INFO, "FedAP: warm-up over after round %d; BN-similarity-weighted personal models now", self.warmup)
+        for u in updates:
+            self.models[u.client_id] = u.arrays
+            if u.extra:
+                self.stats[u.client_id] = u.extra
+        return {"phase": "personal", "log_keys": ["phase"], "clients_with_stats": len(self.stats)}
+
+    def run_summary(self) -> dict[str, Any]:
+        return {"warmup_rounds": self.warmup}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "models": store_state(self.models),
+            "stats": store_state(self.stats),
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.models, self.stats = store_from_state(state["models"]), store_from_state(state["stats"])

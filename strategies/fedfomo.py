@@ -1,0 +1,107 @@
+"""FedFomo (Zhang et al., ICLR 2021): each client combines the downloaded models that help it.
+
+Every client keeps its own model (all groups personal) and uploads it after training; the
+server stores each client's latest model and an N x N affinity matrix P. Before client i
+trains it receives up to ``m`` other clients' models as extra arrays (``<client id>/<key>``):
+from the pool (``pool="latest"``: the clients whose stored model is from the most recent
+round that produced one, as FL-bench draws from the previous round's clients; ``"all"``:
+every stored model), the ``m`` of highest P[i, j] (ties: the more recent model, then the lower
+id) or, with probability ``epsilon``, ``m`` at random (epsilon-greedy exploration).
+The client weights them on its validation split (:mod:`client_app.roles.fedfomo`) and
+reports the raw weights, which are added to P[i, j]. fedcmd.md §3: M = 5, validation ratio 0.2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from client_app.roles.fedfomo import WEIGHT_METRIC
+
+from .base import PersonalizedStrategy
+from .model_distance import store_from_state, store_state
+from .validation import ClientUpdate
+
+POOLS = ("latest", "all")
+
+
+class FedFomo(PersonalizedStrategy):
+    """Options: ``m`` (models downloaded per client), ``val_ratio`` (validation share of the
+    local training split), ``pool`` (``latest`` or ``all``), ``epsilon`` (exploration)."""
+
+    name = "fedfomo"
+    role = "fedfomo"
+
+    def __init__(
+        self, *args: Any, m: int = 5, val_ratio: float = 0.2, pool: str = "latest", epsilon: float = 0.0, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if m < 1 or not 0.0 < val_ratio < 1.0 or pool not in POOLS or not 0.0 <= epsilon <= 1.0:
+            raise ValueError(
+                f"FedFomo needs m >= 1, 0 < val_ratio < 1, pool in {list(POOLS)}, 0 <= epsilon <= 1 "
+                f"(got m={m}, val_ratio={val_ratio}, pool={pool!r}, epsilon={epsilon})"
+            )
+        self.m, self.val_ratio, self.pool, self.epsilon = int(m), float(val_ratio), pool, float(epsilon)
+        self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded model of each client
+        self.model_round: dict[int, int] = {}  # the round it was uploaded in
+        self.affinity = np.zeros((self.num_clients, self.num_clients))
+        self.offered: dict[int, list[int]] = {}  # the models sent to each client this round
+        self.explore = np.random.default_rng([self.seed, 1])  # its own stream: sampling stays method-independent
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)
+
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"val_ratio": self.val_ratio}
+
+    def choose(self, client_id: int) -> list[int]:
+        """The clients whose models client ``client_id`` downloads this round."""
+        pool = [j for j in self.models if j != client_id]
+        if self.pool == "latest" and pool:
+            newest = max(self.model_round[j] for j in pool)
+            pool = [j for j in pool if self.model_round[j] == newest]
+        if len(pool) <= self.m:
+            return sorted(pool)
+        if self.epsilon > 0 and self.explore.random() < self.epsilon:
+            return sorted(int(j) for j in self.explore.choice(pool, size=self.m, replace=False))
+        ranked = sorted(pool, key=lambda j: (-self.affinity[client_id, j], -self.model_round[j], j))
+        return sorted(ranked[: self.m])
+
+    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        self.offered[client_id] = self.choose(client_id)
+        return {f"{j}/{k}": v for j in self.offered[client_id] for k, v in self.models[j].items()}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        helpful = []
+        for u in updates:
+            for j in self.offered.get(u.client_id, []):
+                if f"{WEIGHT_METRIC}{j}" in u.metrics:
+                    self.affinity[u.client_id, j] += u.metrics[f"{WEIGHT_METRIC}{j}"]
+                    helpful.append(u.metrics[f"{WEIGHT_METRIC}{j}"] > 0)
+        for u in updates:  # stored after the affinity update: the round's models are next round's pool
+            self.models[u.client_id] = u.arrays
+            self.model_round[u.client_id] = server_round
+        self.offered = {}
+        record: dict[str, Any] = {"stored_models": len(self.models)}
+        if helpful:
+            record["helpful_share"] = float(np.mean(helpful))
+        return record
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "models": store_state(self.models),
+            "model_round": {str(c): int(r) for c, r in sorted(self.model_round.items())},
+            "affinity": self.affinity.copy(),
+            "explore": self.explore.bit_generator.state,
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.models = store_from_state(state["models"])
+        self.model_round = {int(c): int(r) for c, r in state["model_round"].items()}
+        self.affinity = np.array(state["affinity"], dtype=np.float64)
+        self.explore.bit_generator.state = state["explore"]

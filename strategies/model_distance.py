@@ -1,0 +1,71 @@
+"""Inner products, distances and cosines between whole models, on plain arrays (no Flower).
+
+A model is a mapping key -> array; the vector of a model is its ``keys`` flattened and
+concatenated in order. The Gram matrix is accumulated one key at a time, so no
+(clients x parameters) matrix of whole models is ever built. FedAMP (attention over model
+distances) and CFL (cosine similarity of updates) use it. Also: the checkpoint form of the
+per-client model stores several methods keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Arrays = Mapping[str, np.ndarray]
+
+
+def inner_products(a: Sequence[Arrays], b: Sequence[Arrays], keys: Sequence[str]) -> np.ndarray:
+    """P_ij = <a_i, b_j> over ``keys`` (float64): a len(a) x len(b) matrix."""
+    out = np.zeros((len(a), len(b)))
+    for key in keys:
+        left = np.stack([np.asarray(w[key], dtype=np.float64).reshape(-1) for w in a])
+        right = left if b is a else np.stack([np.asarray(w[key], dtype=np.float64).reshape(-1) for w in b])
+        out += left @ right.T
+    return out
+
+
+def gram_matrix(models: Sequence[Arrays], keys: Sequence[str]) -> np.ndarray:
+    """G_ij = <w_i, w_j> over ``keys`` (float64), for m models: an m x m matrix."""
+    return inner_products(models, models, keys)
+
+
+def squared_norms(models: Sequence[Arrays], keys: Sequence[str]) -> np.ndarray:
+    """||w_i||^2 over ``keys`` for every model (the Gram diagonal without the rest of it)."""
+    return np.array([sum(float(np.sum(np.asarray(w[k], dtype=np.float64) ** 2)) for k in keys) for w in models])
+
+
+def squared_distances(gram: np.ndarray) -> np.ndarray:
+    """||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij, clipped at 0 (rounding), with a zero diagonal."""
+    diag = np.diag(gram)
+    d = np.maximum(diag[:, None] + diag[None, :] - 2.0 * gram, 0.0)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def cosine_matrix(gram: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """cos(w_i, w_j) in [-1, 1] (not clipped at 0, unlike FedCMD's Eq. 8); a zero vector gives 0."""
+    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
+    return np.clip(gram / (np.outer(norms, norms) + eps), -1.0, 1.0)
+
+
+def difference(a: Arrays, b: Arrays, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """a - b over ``keys`` (float32 like the model tensors; FedDyn, CFL's updates)."""
+    return {k: np.asarray(a[k], dtype=np.float32) - np.asarray(b[k], dtype=np.float32) for k in keys}
+
+
+def copy_arrays(arrays: Arrays) -> dict[str, np.ndarray]:
+    """Independent copies (for stores a strategy keeps and checkpoints)."""
+    return {k: np.array(v, copy=True) for k, v in arrays.items()}
+
+
+def store_state(store: Mapping[int, Arrays]) -> dict[str, dict[str, np.ndarray]]:
+    """A per-client store (client id -> arrays) as plain checkpointable values (string keys, copies)."""
+    return {str(c): copy_arrays(a) for c, a in sorted(store.items())}
+
+
+def store_from_state(state: Mapping[str, Arrays]) -> dict[int, dict[str, np.ndarray]]:
+    """Inverse of :func:`store_state`."""
+    return {int(c): copy_arrays(a) for c, a in state.items()}
+

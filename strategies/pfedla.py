@@ -1,0 +1,144 @@
+"""pFedLA (Ma et al., CVPR 2022): layer-wised personalized FL with a hypernetwork per client.
+
+The server stores the latest trained model w_j of every client (the initial model until the
+client trains) and, for every client i, a small hypernetwork: an embedding e_i -> 3-layer MLP
+-> one head per layer group l whose softmax over the N clients is alpha_i^l. Client i receives
+the personalized model w~_i with, for every group l, w~_i^l = sum_j alpha_ij^l w_j^l, trains it
+and sends it back (w_new). The hypernetwork of i then takes one SGD step (``hn_lr``) along
+the reference algorithm's gradient <w~_i - w_new, d w~_i / d phi_i> (pFedHN's update; the
+linearization of 1/2 ||w_new - w~_i(phi_i)||^2, so alpha moves toward the combination that
+explains the trained model), and w_new becomes the stored w_i. BN statistics stay on the
+clients. Hyper-parameters are FL-bench's defaults (hn_lr 5e-3, embedding 100, hidden 100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .aggregation import weighted_average
+from .base import PersonalizedStrategy
+from .model_distance import inner_products, store_from_state, store_state
+from .validation import ClientUpdate
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class HyperNetwork(nn.Module):
+    """embedding -> MLP -> for each of ``num_layers`` groups a softmax over ``num_clients``."""
+
+    def __init__(self, num_clients: int, num_layers: int, embedding_dim: int = 100, hidden_dim: int = 100) -> None:
+        super().__init__()
+        self.num_clients, self.num_layers = num_clients, num_layers
+        self.embedding = nn.Parameter(torch.randn(embedding_dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(embedding_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+        )
+        self.heads = nn.Linear(hidden_dim, num_layers * num_clients)
+
+    def forward(self) -> torch.Tensor:
+        """alpha: [num_layers, num_clients], every row a softmax (sums to 1)."""
+        logits = self.heads(self.mlp(self.embedding)).view(self.num_layers, self.num_clients)
+        return torch.softmax(logits, dim=1)
+
+
+def personalize(models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """w~^l = sum_j alpha[l, j] w_j^l for every layer group l (its keys in ``layer_keys[l]``)."""
+    out: dict[str, np.ndarray] = {}
+    for weights, keys in zip(np.asarray(alpha, dtype=np.float64), layer_keys):
+        out.update(weighted_average(models, weights, keys=list(keys)))
+    return out
+
+
+def hypernet_step(
+    hypernet: HyperNetwork, models: Sequence[Arrays], trained: Arrays, layer_keys: Sequence[Sequence[str]], lr: float
+) -> dict[str, np.ndarray]:
+    """One SGD step of ``hypernet`` for a client that trained w~ into ``trained``; returns w~.
+
+    The loss is <w~ - w_new, w~(phi)> with the first factor held fixed: per group l,
+    sum_j alpha[l, j] * <w~^l - w_new^l, w_j^l>, so only N x L inner products are needed.
+    """
+    alpha = hypernet()
+    pers = personalize(models, alpha.detach().numpy(), layer_keys)
+    coef = np.stack([
+        inner_products([{k: pers[k] - trained[k] for k in keys}], models, keys)[0] for keys in layer_keys
+    ])
+    hypernet.zero_grad()
+    (alpha * torch.from_numpy(coef).to(alpha.dtype)).sum().backward()
+    with torch.no_grad():
+        for p in hypernet.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    return pers
+
+
+class PFedLA(PersonalizedStrategy):
+    """Options: ``hn_lr`` (hypernetwork SGD step), ``embedding_dim``, ``hidden_dim``."""
+
+    name = "pfedla"
+
+    def __init__(
+        self, *args: Any, hn_lr: float = 5e-3, embedding_dim: int = 100, hidden_dim: int = 100, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if not hn_lr > 0 or embedding_dim < 1 or hidden_dim < 1:
+            raise ValueError(f"pFedLA needs hn_lr > 0 and positive dims (got {hn_lr}, {embedding_dim}, {hidden_dim})")
+        self.hn_lr = float(hn_lr)
+        self.layer_keys = [self.keys([g]) for g in self.groups]
+        with torch.random.fork_rng():  # seeded, and the server's torch RNG stream is left alone
+            torch.manual_seed(self.seed)
+            self.hypernet = HyperNetwork(self.num_clients, len(self.groups), embedding_dim, hidden_dim)
+            self.embeddings = torch.randn(self.num_clients, embedding_dim).numpy()  # e_i at init
+        self.initial_hypernet = {k: v.detach().numpy().copy() for k, v in self.hypernet.state_dict().items()}
+        self.hypernets: dict[int, dict[str, np.ndarray]] = {}  # each client's hypernetwork, once updated
+        self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained model of each client
+
+    def load_hypernet(self, client_id: int) -> HyperNetwork:
+        """The shared module holding client ``client_id``'s hypernetwork parameters."""
+        state = self.hypernets.get(client_id)
+        if state is None:
+            state = {**self.initial_hypernet, "embedding": self.embeddings[client_id]}
+        self.hypernet.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()})
+        return self.hypernet
+
+    def alpha(self, client_id: int) -> np.ndarray:
+        with torch.no_grad():
+            return self.load_hypernet(client_id)().numpy()
+
+    def all_models(self) -> list[dict[str, np.ndarray]]:
+        return [self.models.get(j, self.global_arrays) for j in range(self.num_clients)]
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        pers = personalize(self.all_models(), self.alpha(client_id), self.layer_keys)
+        return {k: pers[k] for k in self.travelling_keys(self.groups, client_id, server_round)}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        models = self.all_models()  # what the round's clients were personalized from
+        moved = []
+        for u in updates:
+            if not u.arrays:
+                continue
+            hypernet = self.load_hypernet(u.client_id)
+            pers = hypernet_step(hypernet, models, u.arrays, self.layer_keys, self.hn_lr)
+            self.hypernets[u.client_id] = {k: v.detach().numpy().copy() for k, v in hypernet.state_dict().items()}
+            moved.append(float(np.sqrt(sum(np.sum((pers[k] - u.arrays[k]) ** 2) for k in u.arrays))))
+        for u in updates:
+            if u.arrays:
+                self.models[u.client_id] = u.arrays
+        record: dict[str, Any] = {"stored_models": len(self.models)}
+        if moved:
+            record["local_update_norm"] = float(np.mean(moved))
+            record["self_alpha_mean"] = float(np.mean([self.alpha(u.client_id)[:, u.client_id].mean() for u in updates]))
+        return record
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"models": store_state(self.models), "hypernets": store_state(self.hypernets)}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.models, self.hypernets = store_from_state(state["models"]), store_from_state(state["hypernets"])

@@ -1,0 +1,340 @@
+"""Server checkpoint/resume through the in-process Grid: a resumed run equals an uninterrupted one.
+
+A run of 4 rounds is compared with the same run crashed before round 3 and resumed with a
+new strategy built from the checkpoint; the clients keep their contexts (their personal
+state), as SuperNodes with a state dir do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from local_grid import LocalGrid
+from server_app.config import ConfigError
+from server_app.results import read_metrics
+from server_app.runner import build, run_experiment
+from strategies import STRATEGIES
+from strategies.fedper import FedPer
+from strategies import checkpoint as ckpt_mod
+from strategies.checkpoint import CheckpointError, decode, encode, load_checkpoint, save_checkpoint
+
+ROUND_KEYS = ("clients", "test_before_acc", "test_before_loss", "test_after_acc", "train_loss", "bytes_down", "bytes_up")
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class CrashingGrid(LocalGrid):
+    """Raises when the train messages of round ``crash_at`` are sent (the server process dies)."""
+
+    def __init__(self, *args, crash_at: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.crash_at = crash_at
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        rounds = {int(m.content.config_records["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"}
+        if self.crash_at in rounds:
+            raise Crash(f"server killed before round {self.crash_at}")
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def run_dirs(out: Path) -> set[Path]:
+    return {p for p in out.glob("*/*") if p.is_dir()}
+
+
+def crashed_run(compose, overrides, crash_at=3) -> tuple[Path, CrashingGrid]:
+    cfg = compose(*overrides)
+    out = Path(cfg.output_dir)
+    before = run_dirs(out)
+    grid = CrashingGrid(4, crash_at=crash_at)
+    with pytest.raises(Crash):
+        run_experiment(grid, cfg)
+    (run_dir,) = run_dirs(out) - before
+    grid.crash_at = None
+    return run_dir, grid
+
+
+def assert_same(a, b, path="state"):
+    """Recursive equality; floats and arrays to 1e-6."""
+    if dataclasses.is_dataclass(a):
+        assert type(a) is type(b), path
+        assert_same(vars(a), vars(b), path)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, set(a) ^ set(b) if isinstance(b, dict) else b)
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, (np.ndarray, torch.Tensor)) or isinstance(a, float):
+        np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), rtol=0, atol=1e-6, err_msg=path)
+    else:
+        assert a == b, (path, a, b)
+
+
+CASES = {
+    "fedavg": ["method=fedavg"],
+    "fedper": ["method=fedper"],
+    "fedcmd": ["method=fedcmd", "method.kp=3"],  # votes of rounds 1-2 restored, l* fixed after the resume
+    "pfedsim": ["method=pfedsim", "method.warmup=1"],  # bodies and S restored mid personal phase
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
+    overrides = [*tiny_overrides, *CASES[case], "rounds=4"]
+    full = run_experiment(LocalGrid(4), compose(*overrides))
+    run_dir, grid = crashed_run(compose, overrides)
+    assert [r["round"] for r in read_metrics(run_dir)] == [1, 2]
+    assert load_checkpoint(run_dir).round == 2
+    token = load_checkpoint(run_dir).run_token
+    resumed = run_experiment(grid, compose(*overrides, f"resume={run_dir}"))
+
+    a, b = read_metrics(full["run_dir"]), read_metrics(run_dir)
+    assert [r["round"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for key in ROUND_KEYS:
+            assert_same(ra[key], rb[key], f"round {ra['round']} {key}")
+    for key in ("final_acc", "final_loss", "headline_test_before_acc"):
+        assert_same(full[key], resumed[key], key)
+    assert resumed["resumed_after_round"] == 2 and resumed["run_dir"] == str(run_dir)
+    ca, cb = load_checkpoint(full["run_dir"]), load_checkpoint(run_dir)
+    assert cb.round == 4 and cb.run_token == token  # the clients' personal state stays found
+    sa, sb = ca.decode(), cb.decode()
+    for key in ("global_arrays", "rng", "extra"):
+        assert_same(sa[key], sb[key], key)
+    if case == "fedcmd":
+        assert sb["extra"]["state"].personal_layer is not None and len(sb["extra"]["state"].round_winners) == 3
+    if case == "pfedsim":
+        assert sb["extra"]["bodies"] and not np.allclose(sb["extra"]["sim"], np.eye(4))
+
+
+def test_fedcmd_resume_right_after_the_phase_switch(compose, tiny_overrides):
+    """kp=2: the checkpoint of round 2 holds l*, phi_init and post_init; phase 2 runs after the resume."""
+    overrides = [*tiny_overrides, "method=fedcmd", "method.kp=2", "rounds=3"]
+    full = run_experiment(LocalGrid(4), compose(*overrides))
+    run_dir, grid = crashed_run(compose, overrides)
+    state = load_checkpoint(run_dir).decode()["extra"]["state"]
+    assert state.personal_layer is not None and state.phi_init
+    resumed = run_experiment(grid, compose(f"resume={run_dir}"))  # the bare form: the rest is the saved config
+    assert_same(full["final_acc"], resumed["final_acc"])
+    assert_same(read_metrics(full["run_dir"])[-1]["test_before_acc"], read_metrics(run_dir)[-1]["test_before_acc"])
+
+
+def test_resume_with_more_rounds_and_extra_metrics_lines(compose, tiny_overrides):
+    overrides = [*tiny_overrides, "method=fedavg", "rounds=3"]
+    run_dir, grid = crashed_run(compose, overrides)
+    # a crash between the metrics line of round 3 and its checkpoint, plus a torn line
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"round": 3, "test_before_acc": 0.5}) + "\n" + '{"round": 4, "te')
+    summary = run_experiment(grid, compose(f"resume={run_dir}", "rounds=5"))
+    assert [r["round"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
+    discarded = (run_dir / "metrics.discarded.jsonl").read_text().splitlines()
+    assert len(discarded) == 2 and json.loads(discarded[0])["test_before_acc"] == 0.5  # kept, not deleted
+    assert summary["resumed_after_round"] == 2 and 0.0 <= summary["headline_test_before_acc"] <= 1.0
+    assert "rounds: 5" in (run_dir / "config.yaml").read_text()
+    assert load_checkpoint(run_dir).round == 5
+
+
+def test_resume_errors_say_what_and_how(compose, tiny_overrides, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        compose(f"resume={tmp_path / 'nowhere'}")
+    overrides = [*tiny_overrides, "method=fedavg", "rounds=3"]
+    run_dir, grid = crashed_run(compose, overrides)
+    with pytest.raises(ConfigError, match=r"only rounds.*lr: given 0.1"):
+        compose(f"resume={run_dir}", "lr=0.1")
+    with pytest.raises(ConfigError, match="round 2; rounds=1 is fewer"):
+        run_experiment(grid, compose(f"resume={run_dir}", "rounds=1"))
+    # corrupt checkpoint: named, explained, and nothing in the run directory is touched
+    path = run_dir / "checkpoint.npz"
+    good = path.read_bytes()
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    for bad in (b"not a zip at all", good[: len(good) // 2]):
+        path.write_bytes(bad)
+        with pytest.raises(CheckpointError, match=r"checkpoint\.npz is unreadable.*nothing was changed"):
+            run_experiment(grid, compose(f"resume={run_dir}"))
+        assert path.read_bytes() == bad and (run_dir / "metrics.jsonl").read_text() == metrics
+    path.unlink()
+    with pytest.raises(CheckpointError, match="checkpoint.npz does not exist.*start a new run"):
+        run_experiment(grid, compose(f"resume={run_dir}"))
+
+
+def test_flwr_run_config_resume_key(compose, tiny_overrides):
+    """`flwr run . --run-config "resume='<dir>' rounds=5"`: the ServerApp's path to the same config."""
+    from server_app.config import compose_config, overrides_from_run_config
+
+    assert overrides_from_run_config({"resume": "", "rounds": 30}) == []
+    run_dir, _ = crashed_run(compose, [*tiny_overrides, "method=fedper", "rounds=3"])
+    overrides = overrides_from_run_config({"method": "fedper", "resume": str(run_dir), "rounds": 5})
+    assert overrides == [f"resume={run_dir}", "rounds=5"]
+    cfg = compose_config(overrides)
+    assert cfg.rounds == 5 and cfg.num_clients == 4 and cfg.dataset.name == "synthetic" and cfg.resume == str(run_dir)
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, {"round": 1, "method": "m", "run_token": "t", "w": np.ones(3)})
+
+    def torn_savez(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_mod.np, "savez", torn_savez)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, {"round": 2, "method": "m", "run_token": "t", "w": np.zeros(3)})
+    monkeypatch.undo()
+    ck = load_checkpoint(tmp_path)
+    assert ck.round == 1 and np.array_equal(ck.decode()["w"], np.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.npz"]  # no temporary file left
+
+
+# ---------------------------------------------------------------------- the generic mechanism
+def test_base_attributes_are_not_method_state(compose, tiny_overrides):
+    """A new attribute of the base's __init__ belongs in strategies.base.BASE_ATTRS (or is checkpointed as method state)."""
+    assert build(compose(*tiny_overrides, "method=fedper"), "tok").extra_state() == {}
+
+
+@dataclasses.dataclass
+class Clusters:
+    members: list[list[int]]
+    centers: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+class FutureMethod(FedPer):
+    """State shapes of methods still to come (CFL clusters, a relationship cube, a CVAE), with no checkpoint code."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cvae = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+        self.opt = torch.optim.Adam(self.cvae.parameters(), lr=0.01)
+        self.clusters = Clusters([list(range(self.num_clients))])
+        self.cube = np.zeros((self.num_clients, self.num_clients, 3), dtype=np.float32)
+        self.per_client: defaultdict[int, list[float]] = defaultdict(list)
+        self.pairs: dict[tuple[int, int], float] = {}
+        self.seen: set[int] = set()
+        self.alpha = np.float32(0.5)
+
+
+def test_new_methods_state_is_checkpointed_with_no_code(compose, tiny_overrides, tmp_path, monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "fedper", FutureMethod)
+    cfg = compose(*tiny_overrides, "method=fedper")
+    s = build(cfg, "tok")
+    s.clusters = Clusters([[0, 1], [2, 3]], {0: np.ones(2), 1: np.zeros(2)})
+    s.cube[1, 2] = [1, 2, 3]
+    s.per_client[3].append(0.25)
+    s.pairs[(0, 1)] = 0.5
+    s.seen |= {2, 0}
+    s.alpha = np.float32(0.75)
+    loss = s.cvae(torch.randn(5, 4)).pow(2).mean()
+    loss.backward()
+    s.opt.step()
+    s.rng.random(3)
+    save_checkpoint(tmp_path, s.state_dict())
+
+    fresh = build(cfg, "tok")
+    cvae = fresh.cvae
+    fresh.load_state_dict(load_checkpoint(tmp_path).decode(fresh.state_dict()))
+    assert fresh.cvae is cvae  # loaded into the live module
+    for (k, a), b in zip(s.cvae.state_dict().items(), fresh.cvae.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert fresh.opt.state_dict()["state"][0]["exp_avg"].equal(s.opt.state_dict()["state"][0]["exp_avg"])
+    assert fresh.clusters.members == [[0, 1], [2, 3]] and np.array_equal(fresh.clusters.centers[0], np.ones(2))
+    assert np.array_equal(fresh.cube, s.cube) and fresh.cube.dtype == np.float32
+    assert isinstance(fresh.per_client, defaultdict) and fresh.per_client[3] == [0.25] and fresh.per_client[9] == []
+    assert fresh.pairs == {(0, 1): 0.5} and fresh.seen == {0, 2}
+    assert fresh.alpha == np.float32(0.75) and isinstance(fresh.alpha, np.float32)
+    assert fresh.rng.random() == s.rng.random()
+
+
+def test_unencodable_state_fails_before_round_one_naming_the_attribute(compose, tiny_overrides, monkeypatch):
+    class Bad(FedPer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.handle = open(__file__)  # noqa: SIM115
+
+    monkeypatch.setitem(STRATEGIES, "fedper", Bad)
+    grid = LocalGrid(4)
+    with pytest.raises(CheckpointError, match=r"state\.extra\.handle .*checkpoint_exclude"):
+        run_experiment(grid, compose(*tiny_overrides, "method=fedper"))
+    assert not grid.sent  # nothing was trained
+    Bad.checkpoint_exclude = ("handle",)
+    run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=1"))
+
+
+def test_lazily_created_module_needs_extra_state_and_says_so(compose, tiny_overrides, tmp_path, monkeypatch):
+    class Lazy(FedPer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.net = None
+
+    monkeypatch.setitem(STRATEGIES, "fedper", Lazy)
+    cfg = compose(*tiny_overrides, "method=fedper")
+    s = build(cfg, "tok")
+    s.net = torch.nn.Linear(2, 2)
+    save_checkpoint(tmp_path, s.state_dict())
+    with pytest.raises(CheckpointError, match=r"state\.extra\.net .*create the object in __init__.*extra_state"):
+        load_checkpoint(tmp_path).decode(build(cfg, "tok").state_dict())
+
+    class LazyDone(Lazy):  # what such a method writes: its own extra_state / load_extra_state
+        def extra_state(self):
+            return {**super().extra_state(), "net": None if self.net is None else self.net.state_dict()}
+
+        def load_extra_state(self, state):
+            state = dict(state)
+            net = state.pop("net")
+            super().load_extra_state(state)
+            if net is not None:
+                self.net = torch.nn.Linear(2, 2)
+                self.net.load_state_dict(net)
+
+    monkeypatch.setitem(STRATEGIES, "fedper", LazyDone)
+    s = build(cfg, "tok")
+    s.net = torch.nn.Linear(2, 2)
+    save_checkpoint(tmp_path, s.state_dict())
+    fresh = build(cfg, "tok")
+    fresh.load_state_dict(load_checkpoint(tmp_path).decode(fresh.state_dict()))
+    assert torch.equal(fresh.net.weight, s.net.weight)
+
+
+def test_codec_round_trip_and_refusals():
+    value = {
+        "a": (1, 2.5, np.float32(3), float("nan")),
+        3: {4, 5},
+        "t": torch.arange(3, dtype=torch.bfloat16),
+        "__x": [np.int64(7), None, "s", True],
+        "f": frozenset({"x"}),
+        "big": 2**80,
+    }
+    arrays: dict = {}
+    tree = encode(value, arrays)
+    json.dumps(tree)  # JSON-safe
+    back = decode(json.loads(json.dumps(tree)), arrays)
+    assert back["a"][:3] == (1, 2.5, np.float32(3)) and np.isnan(back["a"][3]) and type(back["a"][2]) is np.float32
+    assert back[3] == {4, 5} and back["f"] == frozenset({"x"}) and back["big"] == 2**80
+    assert back["t"].dtype == torch.bfloat16 and back["t"].tolist() == [0, 1, 2]
+    assert back["__x"] == [7, None, "s", True] and type(back["__x"][0]) is np.int64
+    with pytest.raises(CheckpointError, match=r"state\.o"):
+        encode({"o": np.array([object()], dtype=object)}, {})
+    with pytest.raises(CheckpointError, match="does not rebuild"):
+        decode({"__object__": "os:system", "fields": {}}, {})
+
+
+def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_overrides):
+    """A new Ray simulation starts with empty client contexts: client_state_dir=auto keeps FedPer's heads."""
+    overrides = [*tiny_overrides, "method=fedper", "rounds=4", "client_state_dir=auto", "fraction=1.0"]
+    full = run_experiment(LocalGrid(4), compose(*overrides))
+    run_dir, _ = crashed_run(compose, overrides)
+    assert sorted(p.name for p in (run_dir / "client_state").rglob("*.pt")) == [f"client_{i}.pt" for i in range(4)]
+    resumed = run_experiment(LocalGrid(4), compose(*overrides, f"resume={run_dir}"))  # fresh contexts
+    for ra, rb in zip(read_metrics(full["run_dir"]), read_metrics(run_dir)):
+        assert_same(ra["test_before_acc"], rb["test_before_acc"], f"round {ra['round']}")
+    assert_same(full["final_acc"], resumed["final_acc"], "final_acc")

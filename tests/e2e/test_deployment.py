@@ -1,0 +1,322 @@
+"""End-to-end: a real SuperLink, a ServerApp SuperExec and SuperNodes as separate processes.
+
+TLS and SuperNode authentication are on (demo CA from scripts/gen_certs.py, node keys
+registered with `flwr supernode register`), each SuperNode reads its own data directory
+(dataset=local) and keeps its state in its own directory, and the job is a short FedCMD run
+started with `flwr run . pflower`. The process layout comes from docker/topology.yaml
+(tests/e2e/e2e_cluster.py), the same description docker/compose.yaml is generated from.
+
+Two deployments are started, each once per module, and several tests read their results:
+- loopback: 4 SuperNodes; node 3 tampers with its replies (wrong shape, NaN weights, forged
+  count: the `test-fault` test hook of client_app/runtime.py); node 1 is killed in the middle
+  of round 3 and restarted with the same client id, key, data and state directories; a fifth
+  SuperNode holding an unregistered key tries to join;
+- network namespaces (when this machine allows creating them): 3 SuperNodes with their own
+  addresses; node 2's link is cut in the middle of round 2 and restored after it.
+
+Each deployment is bounded in time and every process it starts is stopped afterwards.
+Timings (wall time of a run, recovery after a kill) are printed and written to
+<tmp>/timings.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from e2e_cluster import Cluster, NetNS, client_rounds, train_messages_received, wait_for
+
+pytestmark = pytest.mark.slow
+
+ROUND_TIMEOUT = 45  # s; a SIGKILLed SuperNode is only declared offline by the SuperLink after up to 60 s
+RUN_DEADLINE = 420  # s for one deployment's `flwr run`
+DATA = ["dataset=digits", "alpha=1.0", "partition.min_size=20"]
+KP = 1  # phase 1 (layer vote) is round 1; from round 2 on l* stays on the clients
+# Local training is a fraction of a second here (a few hundred digits); what costs is starting a
+# ClientApp process per message (~4 s of CPU). So a few more local steps than the demo's cost
+# nothing and let the personalized models move clearly away from the untrained level.
+TRAIN = {"local_epochs": 3, "batch_size": 16}
+
+
+def run_config(cluster: Cluster, rounds: int) -> str:
+    return cluster.topo.run_config(
+        output_dir=cluster.place.output_dir,
+        rounds=rounds,
+        **TRAIN,
+        overrides=f"method.kp={KP} round_timeout={ROUND_TIMEOUT}",
+    )
+
+
+def restart_until_active(cluster: Cluster, i: int, deadline: float) -> tuple[float, int]:
+    """Restart SuperNode i the way a supervisor would (compose `restart: unless-stopped`).
+
+    With node authentication the SuperLink refuses to activate a node id that it still
+    believes online, so a node that was killed (not shut down) is refused ("Failed to activate
+    SuperNode", exit 305) until its missed heartbeats mark it offline. Returns the time of the
+    successful start and how many starts were refused.
+    """
+    refused = 0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        proc = cluster.start_node(i)
+        try:
+            wait_for(lambda: "SuperNode ID:" in proc.text() or not proc.alive(), 60, f"supernode-{i} to start")
+        except TimeoutError:
+            return started, refused
+        if proc.alive():
+            return started, refused
+        assert "Failed to activate SuperNode" in proc.text(), proc.text()[-2000:]
+        refused += 1
+        time.sleep(2)
+    raise TimeoutError(f"supernode-{i} could not rejoin")
+
+
+def finish(cluster: Cluster, run, deadline: float) -> None:
+    wait_for(lambda: not run.alive(), max(1.0, deadline - time.monotonic()), "flwr run to finish", interval=1)
+
+
+def write_timings(cluster: Cluster, timings: dict) -> None:
+    print("\n[e2e timings]", json.dumps(timings, indent=1))
+    (cluster.tmp / "timings.json").write_text(json.dumps(timings, indent=1))
+
+
+# ----------------------------------------------------------------------------- loopback deployment
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    """4 SuperNodes over loopback: tampering node 3, node 1 killed mid-round 3 and restarted, a rogue node."""
+    tmp = tmp_path_factory.mktemp("loopback")
+    cluster = Cluster(tmp, nodes=4, extra_keys=1, node_config={3: {"test-fault": "shape,nan,count"}})
+    timings: dict = {}
+    try:
+        t0 = time.monotonic()
+        cluster.prepare(DATA)
+        cluster.up()
+        timings["up_s"] = time.monotonic() - t0
+        # a SuperNode with a key pair that was never registered, claiming to be client 1
+        rogue = cluster.start(
+            "rogue", cluster.node_argv(1, key_index=4, **{"state-dir": str(tmp / "rogue-state")}), "rogue"
+        )
+        rounds = 5
+        t_run = time.monotonic()
+        run = cluster.flwr_run(run_config(cluster, rounds))
+        deadline = t_run + RUN_DEADLINE
+        node1 = cluster.procs["supernode-1"]
+        # kill node 1 as soon as it has received its round-3 train message (mid-round: no reply yet)
+        wait_for(lambda: train_messages_received(node1.text()) >= 3 or not run.alive(), RUN_DEADLINE, "round 3 at node 1")
+        assert run.alive(), run.text()[-4000:]
+        assert 3 not in client_rounds(node1.text()), "node 1 replied before it could be killed"
+        t_kill = time.monotonic()
+        cluster.kill_node(1)
+        # what node 1 had persisted when it died (nothing writes it until it is back)
+        state_file = next((tmp / "state" / "node-1").glob("*/client_1.pt"))
+        persisted = sorted(torch.load(state_file, map_location="cpu", weights_only=True))
+        t_restart, refused = restart_until_active(cluster, 1, deadline)
+        restarted = cluster.procs["supernode-1"]
+        # its first reply after the restart, then the round record that accepted it
+        first = wait_for(lambda: min(client_rounds(restarted.text()), default=None), deadline - time.monotonic(), "node 1's first reply")
+        t_reply = time.monotonic()
+        wait_for(
+            lambda: any(r["round"] >= first and 1 in r["clients"] for r in cluster.rounds()) or not run.alive(),
+            deadline - time.monotonic(), "the server to accept node 1's reply",
+        )
+        t_accepted = time.monotonic()
+        finish(cluster, run, deadline)
+        t_end = time.monotonic()
+        timings.update(
+            run_wall_s=t_end - t_run,
+            kill_after_run_start_s=t_kill - t_run,
+            restart_after_kill_s=t_restart - t_kill,
+            restarts_refused_while_still_online=refused,
+            restart_to_first_reply_s=t_reply - t_restart,
+            restart_to_accepted_s=t_accepted - t_restart,
+            first_round_after_restart=first,
+            round_time_s=[round(r.get("round_time_s", 0), 1) for r in cluster.rounds()],
+        )
+        write_timings(cluster, timings)
+        yield {
+            "cluster": cluster,
+            "run": run,
+            "rogue": rogue,
+            "rounds": rounds,
+            "before_kill": client_rounds(node1.text()),
+            "after_restart": client_rounds(restarted.text()),
+            "first_after_restart": first,
+            "persisted_at_kill": persisted,
+        }
+    finally:
+        cluster.close()
+
+
+def test_fedcmd_over_tls_with_node_auth_writes_results(loopback):
+    cluster, run = loopback["cluster"], loopback["run"]
+    log = run.text()
+    assert run.popen.returncode == 0, log[-4000:]
+    assert "pflower summary" in log
+    run_dir = cluster.run_dir()
+    rounds = cluster.rounds()
+    assert [r["round"] for r in rounds] == list(range(1, loopback["rounds"] + 1))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dataset"] == "local" and summary["method"] == "fedcmd" and summary["num_clients"] == 4
+    assert summary["personal_layer"] in ("fc1", "fc2", "classifier") and summary["kp"] == KP
+    assert summary["final_clients"] == 4  # the restarted node and the tampering node evaluate too
+    assert (run_dir / "config.yaml").exists() and (run_dir / "accuracy.png").stat().st_size > 1000
+    assert [r["phase"] for r in rounds] == [1] * KP + [2] * (len(rounds) - KP)
+    # TLS on every API (the SuperLink serves HTTPS only) and node auth enabled
+    link_log = cluster.procs["superlink"].text()
+    assert "Uvicorn running on https://" in link_log and "SuperNode authentication is disabled" not in link_log
+    assert "registered" in cluster.registration
+
+
+def test_supernode_without_registered_key_is_refused(loopback):
+    rogue = loopback["rogue"]
+    wait_for(lambda: not rogue.alive(), 30, "the rogue SuperNode to give up")
+    assert rogue.popen.returncode != 0
+    assert "Failed to activate SuperNode" in rogue.text(), rogue.text()[-2000:]
+    assert "Start `flwr-clientapp` process" not in rogue.text()  # it never received a message
+
+
+def test_tampered_replies_are_rejected_and_the_global_model_is_unharmed(loopback):
+    rounds = loopback["cluster"].rounds()
+    expected = {"shape": "has shape", "nan": "NaN or infinite", "count": "does not match"}
+    kinds = ["shape", "nan", "count"]
+    for r in rounds:
+        assert 3 not in r["clients"], r
+        reasons = [d["reason"] for d in r["dropped"] if d["client"] == 3]
+        kind = kinds[(r["round"] - 1) % 3]
+        assert len(reasons) == 1 and expected[kind] in reasons[0], (r["round"], kind, reasons)
+        # what was aggregated stayed finite: every accepted client evaluates it fine next round
+        assert math.isfinite(r["test_before_loss"]) and math.isfinite(r["test_after_loss"])
+        assert {0, 2} <= set(r["clients"])
+    log = loopback["run"].text()
+    assert "dropped reply of client 3" in log  # the strategy logs each rejection
+    summary = json.loads((loopback["cluster"].run_dir() / "summary.json").read_text())
+    assert math.isfinite(summary["final_loss"]) and summary["final_acc"] > 0.5
+
+
+def test_killed_supernode_round_completes_and_restart_restores_personal_layers(loopback):
+    cluster, rounds = loopback["cluster"], loopback["cluster"].rounds()
+    r3 = rounds[2]
+    assert 1 not in r3["clients"] and {0, 2} <= set(r3["clients"])
+    reasons = [d["reason"] for d in r3["dropped"] if d["client"] == 1]
+    assert len(reasons) == 1 and ("no reply before the round timeout" in reasons[0] or "Node Unavailable" in reasons[0])
+    assert "round 3: dropped reply of client 1" in loopback["run"].text()
+    assert loopback["run"].popen.returncode == 0 and len(rounds) == loopback["rounds"]
+    # after the restart: same client id, state read back from its state directory
+    first = loopback["first_after_restart"]
+    after = loopback["after_restart"][first]
+    assert after["client"] == 1 and after["restored"] > 0
+    assert any(1 in r["clients"] for r in rounds if r["round"] >= first)
+    # what it restored is what it had persisted before the kill, personal layer l* included
+    persisted = loopback["persisted_at_kill"]
+    layer = json.loads((cluster.run_dir() / "summary.json").read_text())["personal_layer"]
+    assert after["restored"] == len(persisted) and any(f".{layer}." in k for k in persisted), persisted
+    # not reset to the untrained level: the untrained model (round 1's test_before, which is the
+    # run's seeded initial model) versus what it evaluates right after the restart
+    untrained = loopback["before_kill"][1]["test_before"]
+    assert abs(untrained - untrained_accuracy(cluster, 1)) < 1e-3
+    before = loopback["before_kill"][2]["test_after"]  # round 2: its last reply before the kill
+    print(f"[e2e] node 1: untrained {untrained:.3f}, test_after before kill {before:.3f}, "
+          f"test_before after restart (round {first}) {after['test_before']:.3f}")
+    assert after["test_before"] >= untrained + 0.2
+    assert after["test_before"] >= 0.75 * before
+
+
+def untrained_accuracy(cluster: Cluster, client: int) -> float:
+    """Accuracy of the run's initial model (same seed) on a client's own test split."""
+    import yaml
+    from client_app.data import DataSpec
+    from client_app.runtime import client_data
+    from client_app.training import evaluate
+    from models import build_model
+
+    cfg = yaml.safe_load((cluster.run_dir() / "config.yaml").read_text())
+    spec = {"data": {k: v for k, v in data_spec(cfg).items()}}
+    data = client_data(spec, client, {"data-dir": cluster.place.node_data(client)})
+    info = DataSpec.from_dict(spec["data"]).info
+    model_kwargs = {k: v for k, v in cfg["model"].items() if k != "name"}
+    model = build_model(cfg["model"]["name"], info.in_shape, info.num_classes, seed=int(cfg["seed"]), **model_kwargs)
+    correct, _, n = evaluate(model, data.x_test, data.y_test)
+    return correct / n
+
+
+def data_spec(cfg: dict) -> dict:
+    from omegaconf import OmegaConf
+    from server_app.config import data_spec_dict
+
+    return data_spec_dict(OmegaConf.create(cfg))
+
+
+# ----------------------------------------------------------------------------- network namespaces
+
+
+@pytest.fixture(scope="module")
+def namespaced(tmp_path_factory):
+    """3 SuperNodes, each in its own network namespace; node 2's link cut mid-round 2."""
+    why = NetNS.available()
+    if why:
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("netns")
+    netns = NetNS(3)
+    cluster = Cluster(tmp, nodes=3, netns=netns)
+    timings: dict = {}
+    try:
+        netns.setup()
+        cluster.prepare(DATA)
+        t0 = time.monotonic()
+        cluster.up()
+        timings["up_s"] = time.monotonic() - t0
+        rounds = 3
+        t_run = time.monotonic()
+        run = cluster.flwr_run(run_config(cluster, rounds))
+        deadline = t_run + RUN_DEADLINE
+        node2 = cluster.procs["supernode-2"]
+        wait_for(lambda: train_messages_received(node2.text()) >= 2 or not run.alive(), RUN_DEADLINE, "round 2 at node 2")
+        assert run.alive(), run.text()[-4000:]
+        t_cut = time.monotonic()
+        netns.cut(2)
+        wait_for(lambda: len(cluster.rounds()) >= 2 or not run.alive(), deadline - time.monotonic(), "round 2 to end")
+        t_round2 = time.monotonic()
+        netns.restore(2)
+        finish(cluster, run, deadline)
+        timings.update(
+            run_wall_s=time.monotonic() - t_run,
+            cut_to_round_end_s=t_round2 - t_cut,
+            round_time_s=[round(r.get("round_time_s", 0), 1) for r in cluster.rounds()],
+        )
+        write_timings(cluster, timings)
+        yield {"cluster": cluster, "run": run, "netns": netns, "rounds": rounds}
+    finally:
+        cluster.close()
+
+
+def test_namespaced_deployment_runs_over_tls(namespaced):
+    cluster, run = namespaced["cluster"], namespaced["run"]
+    assert run.popen.returncode == 0, run.text()[-4000:]
+    rounds = cluster.rounds()
+    assert [r["round"] for r in rounds] == list(range(1, namespaced["rounds"] + 1))
+    assert rounds[0]["clients"] == [0, 1, 2]
+    # the nodes really reached the SuperLink from their own namespaces' addresses
+    link_log = cluster.procs["superlink"].text()
+    for i in range(3):
+        assert f'{namespaced["netns"].address(i)}:' in link_log, i
+    assert cluster.place.superlink_address == namespaced["netns"].gateway
+
+
+def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
+    cluster, run = namespaced["cluster"], namespaced["run"]
+    r2 = cluster.rounds()[1]
+    assert 2 not in r2["clients"] and r2["clients"] == [0, 1]
+    reasons = [d["reason"] for d in r2["dropped"] if d["client"] == 2]
+    assert len(reasons) == 1 and ("no reply before the round timeout" in reasons[0] or "Node Unavailable" in reasons[0])
+    assert "round 2: dropped reply of client 2" in run.text()
+    summary = json.loads((cluster.run_dir() / "summary.json").read_text())
+    assert summary["rounds"] == namespaced["rounds"] and math.isfinite(summary["final_loss"])
+    # once its link is back the node reconnects by itself (same node id: no re-registration)
+    assert summary["final_clients"] == 3
+    assert "Connection successful after" in cluster.procs["supernode-2"].text()

@@ -1,0 +1,167 @@
+"""Deployment tooling without processes: topology -> compose, certificates, connections, the fault hook."""
+
+import importlib.util
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name):
+    mod_name = f"pflower_scripts_{name}"
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[mod_name]
+
+
+topology = script("topology")
+
+
+def local_placement(tmp, **kw):
+    return topology.Placement(
+        certs=str(tmp / "certs"), superlink_bind="127.0.0.1", superlink_address="127.0.0.1", port=40001,
+        database=str(tmp / "db"), python=sys.executable, scripts=str(ROOT / "scripts"),
+        node_data=lambda i: str(tmp / f"data{i}"), node_state=lambda i: str(tmp / f"state{i}"),
+        node_runtime_port=lambda i: 41000 + i, **kw,
+    )
+
+
+def test_committed_compose_files_are_generated_from_the_topology():
+    topo = topology.load()
+    assert topology.COMPOSE_FILE.read_text() == topology.render_compose(topo), (
+        "docker/compose.yaml is stale: run `python scripts/topology.py compose --write`"
+    )
+    assert topology.COMPOSE_GPU_FILE.read_text() == topology.render_compose_gpu(topo)
+    assert topology.main(["compose", "--check"]) == 0
+
+
+def test_e2e_processes_and_compose_services_come_from_the_same_description(tmp_path):
+    """Same services, same flags in the same order; only paths, hosts and ports differ."""
+    import yaml
+
+    topo = topology.load()
+    compose = yaml.safe_load(topology.COMPOSE_FILE.read_text())["services"]
+    local = topology.services(topo, local_placement(tmp_path))
+    assert [s.name for s in local] == list(compose)
+
+    def flags(argv):
+        return [a for a in argv if a.startswith("--")]
+
+    for svc in local:
+        assert flags(svc.argv) == flags(compose[svc.name]["command"]), svc.name
+        assert svc.argv[0].rsplit("/", 1)[-1] == compose[svc.name]["command"][0].rsplit("/", 1)[-1]
+        assert {k: str(v) for k, v in compose[svc.name]["environment"].items() if k != "FLWR_HOME"} == svc.env
+    supernodes = [s for s in local if s.role == "supernode"]
+    assert [s.client_id for s in supernodes] == list(range(topo.nodes))
+
+
+def test_tls_and_node_auth_everywhere_insecure_only_in_the_named_local_mode(tmp_path):
+    topo = topology.load()
+    for svc in topology.services(topo, topology._placement_for_compose(topo)):
+        assert "--insecure" not in svc.argv
+    link = topology.superlink_argv(topo, local_placement(tmp_path))
+    assert "--enable-supernode-auth" in link and "--ssl-certfile" in link
+    insecure = topology.services(topo, local_placement(tmp_path, local_insecure=True))
+    assert all("--insecure" in s.argv for s in insecure if s.role != "register")
+    assert "register" not in [s.role for s in insecure]
+    with pytest.raises(ValueError, match="loopback"):
+        replace(local_placement(tmp_path), superlink_bind="0.0.0.0", local_insecure=True)
+
+
+def test_run_and_node_configs_parse_as_flower_reads_them(tmp_path):
+    from flwr.common.config import parse_config_args
+
+    topo = topology.load()
+    run = parse_config_args([topo.run_config("/out dir")])
+    assert run["num_clients"] == topo.nodes and run["method"] == "fedcmd" and run["dataset"] == "local"
+    assert run["output_dir"] == "/out dir"
+    node = parse_config_args([topology.node_config(local_placement(tmp_path), 2, {"test-fault": "nan"})])
+    assert node == {"client-id": 2, "data-dir": str(tmp_path / "data2"), "state-dir": str(tmp_path / "state2"), "test-fault": "nan"}
+
+
+def test_demo_certificates_and_node_keys_are_what_flower_loads(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+
+    gen = script("gen_certs")
+    paths = gen.generate(tmp_path, nodes=2, sans=["10.1.2.3", "link.example.org"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    server = x509.load_pem_x509_certificate(paths["server_cert"].read_bytes())
+    ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = {str(v) for v in sans.get_values_for_type(x509.DNSName)} | {str(v) for v in sans.get_values_for_type(x509.IPAddress)}
+    assert {"localhost", "127.0.0.1", "superlink", "10.1.2.3", "link.example.org"} <= names
+    for i in range(2):
+        key = load_ssh_private_key(paths[f"node-{i}.key"].read_bytes(), None)  # as flower-supernode does
+        assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+        assert try_load_public_key(paths[f"node-{i}.pub"])  # as `flwr supernode register` does
+        assert os.stat(paths[f"node-{i}.key"]).st_mode & 0o077 == 0
+    assert os.stat(paths["server_key"]).st_mode & 0o077 == 0
+    with pytest.raises(FileExistsError):
+        gen.generate(tmp_path, nodes=1)
+
+
+def test_connection_is_written_where_flwr_reads_it(tmp_path, monkeypatch):
+    from flwr.cli.flower_config import read_superlink_connection
+
+    fed = script("federation")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    (tmp_path / "ca.crt").write_text("x")
+    fed.write_connection("pflower", "127.0.0.1:9093", str(tmp_path / "ca.crt"))
+    conn = read_superlink_connection("pflower")
+    assert conn.address == "127.0.0.1:9093" and conn.root_certificates == str(tmp_path / "ca.crt")
+    assert read_superlink_connection(None).name == "local"  # Flower's default connection is kept
+    fed.write_connection("local-insecure", "127.0.0.1:9093", local_insecure=True)
+    assert read_superlink_connection("local-insecure").insecure
+    with pytest.raises(SystemExit, match="loopback"):
+        fed.write_connection("x", "192.0.2.10:9093", local_insecure=True)
+    with pytest.raises(SystemExit, match="root-certificates"):
+        fed.write_connection("x", "192.0.2.10:9093")
+
+
+@pytest.mark.parametrize("fault, round_, match", [
+    ("shape", 1, "has shape"), ("nan", 1, "NaN"), ("count", 1, "does not match"),
+    ("shape,nan,count", 2, "NaN"), ("shape,nan,count", 6, "does not match"),
+])
+def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match):
+    from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+    from client_app.runtime import _tamper
+    from strategies.validation import InvalidReply, validate_reply
+
+    tensors = {"w": np.ones((3, 4), np.float32), "b": np.zeros(3, np.float32)}
+    metrics = {"client-id": 0, "num-examples": 50, "test_size": 10}
+    _tamper(fault, round_, metrics, tensors)
+    content = RecordDict({
+        "arrays": ArrayRecord(array_dict={k: Array(v) for k, v in tensors.items()}),
+        "metrics": MetricRecord(metrics),
+    })
+    expected = {"w": ((3, 4), np.dtype(np.float32)), "b": ((3,), np.dtype(np.float32))}
+    with pytest.raises(InvalidReply, match=match):
+        validate_reply(content, node_id=1, expected_client=0, expected_arrays=expected, expected_train_size=50, expected_test_size=10)
+
+
+def test_dockerfiles_copy_only_what_exists_and_compose_builds_them():
+    import re
+
+    import yaml
+
+    for name in ("Dockerfile.server", "Dockerfile.edge"):
+        text = (ROOT / "docker" / name).read_text()
+        sources = [s for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]]
+        assert sources and all((ROOT / s).exists() for s in sources), (name, sources)
+        ignore = (ROOT / "docker" / f"{name}.dockerignore").read_text().splitlines()
+        assert all(f"!{s.rstrip('/')}" in {i.rstrip("/") for i in ignore} for s in sources), (name, "dockerignore")
+    compose = yaml.safe_load(topology.COMPOSE_FILE.read_text())
+    for svc in compose["services"].values():
+        assert (ROOT / "docker" / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()

@@ -248,7 +248,11 @@ class PersonalizedStrategy(Strategy):
             known = {info.node_id for info in self.clients.values()}
             unknown = sorted(nodes - known)
             if unknown:
-                errors += self._query(grid, unknown)
+                new_errors = self._query(grid, unknown)
+                errors += new_errors
+                if not self.clients and len(new_errors) >= len(unknown):
+                    # every node refused (a config or data error is the same on all): fail now
+                    raise RuntimeError(f"no client could join the run: {new_errors[0]}")
             if len(self.clients) >= wait_for or time.monotonic() > deadline:
                 break
             time.sleep(1.0)

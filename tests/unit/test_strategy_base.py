@@ -125,3 +125,14 @@ def test_evaluation_protocol_metrics_are_sample_weighted(compose, tiny_overrides
     expected = sum(m["test_before_correct"] for m in ms) / sum(m["test_size"] for m in ms)
     assert records[0]["test_before_acc"] == pytest.approx(expected)
     assert strategy.final_metrics["final_clients"] == 4
+
+
+def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_overrides):
+    import time
+
+    _, strategy = make(compose, tiny_overrides)
+    grid = LocalGrid(4, node_config={"client-id": 99})  # ids outside 0..3: every hello fails
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="no client could join the run: .*outside"):
+        strategy.discover(grid)
+    assert time.monotonic() - t0 < 30  # not the 300 s discovery timeout

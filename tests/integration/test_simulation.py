@@ -69,7 +69,7 @@ def test_flwr_run_dot(tmp_path):
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     run_config = " ".join(["method='fedavg'", *SMALL[:4], f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"])
-    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config", "num-supernodes=4"]
+    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr

@@ -20,7 +20,7 @@ def test_pyproject_run_config_matches_conf_defaults():
 
 
 def test_run_config_becomes_overrides_only_where_it_differs():
-    assert overrides_from_run_config({"method": "fedper", "rounds": 30}) == []
+    assert overrides_from_run_config({"method": "fedcmd", "rounds": 30}) == []
     assert overrides_from_run_config({"method": "fedavg", "alpha": 0.1, "overrides": "method.finetune_epochs=2"}) == [
         "method=fedavg",
         "alpha=0.1",

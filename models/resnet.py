@@ -15,27 +15,30 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from .layered import LayeredNet
 
-Block = type[BasicBlock] | type[Bottleneck]
+if TYPE_CHECKING:  # torchvision is imported only when a ResNet is built: it costs ~2.5 s per process
+    from torchvision.models.resnet import ResNet
 
-RESNET_LAYOUTS: dict[int, tuple[Block, tuple[int, int, int, int]]] = {
-    10: (BasicBlock, (1, 1, 1, 1)),
-    14: (BasicBlock, (1, 1, 2, 2)),
-    18: (BasicBlock, (2, 2, 2, 2)),
-    22: (BasicBlock, (2, 2, 3, 3)),
-    26: (BasicBlock, (3, 3, 3, 3)),
-    34: (BasicBlock, (3, 4, 6, 3)),
-    50: (Bottleneck, (3, 4, 6, 3)),
+# block type ("basic" = BasicBlock, "bottleneck" = Bottleneck) and blocks per stage
+RESNET_LAYOUTS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
+    10: ("basic", (1, 1, 1, 1)),
+    14: ("basic", (1, 1, 2, 2)),
+    18: ("basic", (2, 2, 2, 2)),
+    22: ("basic", (2, 2, 3, 3)),
+    26: ("basic", (3, 3, 3, 3)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
 }
 
 STEMS = ("imagenet", "cifar")
 
 
-def _stem(net: ResNet, in_channels: int, stem: str) -> nn.Sequential:
+def _stem(net: "ResNet", in_channels: int, stem: str) -> nn.Sequential:
     """torchvision stem (7x7/2 conv + 3x3/2 max-pool) or the CIFAR one (3x3/1 conv, no max-pool).
 
     The first conv is rebuilt (with torchvision's Kaiming init) only when the input channels
@@ -88,7 +91,9 @@ def resnet(
     layout = list(blocks if blocks is not None else default_blocks)
     if len(layout) != 4 or min(layout) < 1:
         raise ValueError(f"ResNet blocks must be 4 positive counts, got {layout}")
-    net = ResNet(block, layout, num_classes=num_classes)
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    net = ResNet({"basic": BasicBlock, "bottleneck": Bottleneck}[block], layout, num_classes=num_classes)
     width = net.fc.in_features
     dim = width if feature_dim is None else feature_dim
     groups: OrderedDict[str, nn.Module] = OrderedDict(stem=_stem(net, in_shape[0], stem))

@@ -175,7 +175,7 @@ def test_flwr_run_config_resume_key(compose, tiny_overrides):
 
     assert overrides_from_run_config({"resume": "", "rounds": 30}) == []
     run_dir, _ = crashed_run(compose, [*tiny_overrides, "method=fedper", "rounds=3"])
-    overrides = overrides_from_run_config({"method": "fedper", "resume": str(run_dir), "rounds": 5})
+    overrides = overrides_from_run_config({"method": "fedcmd", "resume": str(run_dir), "rounds": 5})
     assert overrides == [f"resume={run_dir}", "rounds=5"]
     cfg = compose_config(overrides)
     assert cfg.rounds == 5 and cfg.num_clients == 4 and cfg.dataset.name == "synthetic" and cfg.resume == str(run_dir)

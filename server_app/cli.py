@@ -15,9 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 from strategies.checkpoint import CheckpointError
 
 from .config import ConfigError, conf_dir, resume_config, validate
+from .progress import Sweep, job_label, parse_sweep
 
 USAGE = """usage: pflower sim [-m] [key=value ...]
-       pflower report RUN_DIR_OR_PARENT...     (Markdown table of finished runs vs the papers)
+       pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT...
+                                  (Markdown table of finished runs vs the papers; with --out
+                                   also DIR/report.md and accuracy-vs-round/-MiB plots)
 
   pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
   pflower sim -m method=fedavg,fedper,local          (one run per value: a sweep)
@@ -26,8 +29,11 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
 Keys: see conf/config.yaml; groups: method, dataset, model, partition, experiment."""
 
 
-def simulate(cfg: DictConfig) -> dict[str, Any]:
-    """Run one composed config in Flower's simulation engine (in this process)."""
+def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
+    """Run one composed config in Flower's simulation engine (in this process).
+
+    ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress lines).
+    """
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
@@ -42,7 +48,7 @@ def simulate(cfg: DictConfig) -> dict[str, Any]:
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        out.update(run_experiment(grid, cfg))
+        out.update(run_experiment(grid, cfg, sweep=sweep))
 
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": _gpu_share()}, "init_args": {"log_to_driver": True}}
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
@@ -60,8 +66,31 @@ def _gpu_share() -> float:
         return 0.0
 
 
+def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
+    """The current hydra job's place in its multirun sweep (None for a single run).
+
+    The sweep's size is not in hydra's job config: it is worked out once from the command
+    line and ``hydra.sweeper.params``, as the basic sweeper expands them.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    if not sweeps:
+        params = hc.sweeper.get("params") if "sweeper" in hc else None
+        total, swept = parse_sweep(argv, OmegaConf.to_container(params) if params else None)
+        sweeps.append(Sweep(total, swept))
+    sweep = sweeps[0]
+    sweep.start_job(int(hc.job.num), job_label(list(hc.overrides.task), sweep.swept))
+    return sweep
+
+
 def _sim_main(argv: list[str]) -> int:
     import hydra
+
+    sweeps: list[Sweep] = []
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg: DictConfig) -> None:
@@ -70,10 +99,17 @@ def _sim_main(argv: list[str]) -> int:
             from hydra.core.hydra_config import HydraConfig
 
             cfg = resume_config(cfg, HydraConfig.get().overrides.task)
-        simulate(cfg)
+        sweep = _sweep_job(argv, sweeps)
+        try:
+            simulate(cfg, sweep)
+        finally:
+            if sweep is not None:
+                sweep.end_job()
 
-    sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=disabled",
-                "hydra/hydra_logging=disabled", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
+    # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
+    # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
+    sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=none",
+                "hydra/hydra_logging=none", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
     try:
         _run()
     except (ConfigError, CheckpointError) as exc:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 GROUPS = ("experiment", "method", "dataset", "model", "partition")
 # keys a resumed run may set differently from the run it continues (output_dir is ignored: the
 # run directory is given); everything else comes from the run's saved config.yaml
-RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "output_dir")
+RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "progress", "output_dir")
 
 
 class ConfigError(ValueError):
@@ -70,11 +70,11 @@ def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             conflicts.append(f"{path}: given {mine!r} (by `{by[0]}`), the run has {theirs!r}")
     if conflicts:
         raise ConfigError(
-            f"resume={run_dir} continues that run with its saved config.yaml; only {', '.join(RESUME_FREE[1:4])} "
+            f"resume={run_dir} continues that run with its saved config.yaml; only {', '.join(RESUME_FREE[1:5])} "
             f"may change. Drop these overrides (or start a new run): {'; '.join(conflicts)}"
         )
     out = saved.copy()
-    for key in RESUME_FREE[1:4]:
+    for key in RESUME_FREE[1:5]:
         if key in touched or key not in out:
             out[key] = cfg[key]
     out.resume = str(run_dir)

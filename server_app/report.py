@@ -1,10 +1,28 @@
-"""`pflower report RUN_DIR...`: a Markdown comparison table of finished runs, with the
-paper's number beside ours where conf/paper_results/ has one."""
+"""`pflower report [--out DIR] [--smooth N] RUN_DIR...`: compare finished runs.
+
+Without ``--out``: a Markdown comparison table on stdout, with the paper's number beside
+ours where conf/paper_results/ has one. With ``--out DIR`` also ``DIR/report.md`` (one
+section per (dataset, α) group: its table, its figures, its run directories) and, per
+group, two PNG figures with one line per run: ``test_before`` accuracy against the round
+(``<dataset>_a<α>_accuracy_vs_round.png``) and against the cumulative communication,
+down + up (``..._accuracy_vs_mib.png``).
+
+The output is deterministic: the same runs give byte-identical report.md and PNGs (paths
+in report.md are relative to DIR; the PNGs carry no date or software metadata and are
+drawn with matplotlib's default style through Agg). Identical bytes need the same
+matplotlib and FreeType versions.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterable, Sequence
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +31,27 @@ import yaml
 from .config import conf_dir
 
 COLUMNS = ("method", "dataset", "alpha", "rounds", "ours", "paper", "diff", "last-20", "final (all clients)", "MiB/round", "wall")
+# summary.json keys the table needs, with the types they must have (None allowed where a run can lack the value)
+SUMMARY_KEYS: dict[str, tuple[type, ...]] = {
+    "method": (str,),
+    "dataset": (str,),
+    "rounds": (int,),
+    "headline_test_before_acc": (int, float, type(None)),
+    "last20_test_before_acc": (int, float, type(None)),
+    "total_mib_down": (int, float),
+    "total_mib_up": (int, float),
+    "wall_time_s": (int, float),
+}
+FIGURES = (("round", "accuracy_vs_round"), ("mib", "accuracy_vs_mib"))
+
+
+class ReportError(ValueError):
+    """A run's file cannot be used; the message names the file and what is wrong with it."""
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     """Run directories (holding summary.json) at or below each path, sorted."""
+    paths = list(paths)
     runs: set[Path] = set()
     for p in map(Path, paths):
         if (p / "summary.json").exists():
@@ -41,31 +76,130 @@ def paper_numbers() -> dict[tuple[str, str, float], tuple[float, str]]:
     return out
 
 
+# ---------------------------------------------------------------------------- reading runs
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise ReportError(f"{path}: missing; is {path.parent} a finished pflower run directory?")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from exc
+
+
+def _is_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # JSON true/false is no number
+        return bool in types
+    return isinstance(value, types)
+
+
+def load_summary(run: str | Path) -> dict[str, Any]:
+    """A run's summary.json, checked for the keys the report needs."""
+    path = Path(run) / "summary.json"
+    text = _read_text(path)
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path}: holds a JSON {type(summary).__name__}, not an object")
+    missing = [k for k in SUMMARY_KEYS if k not in summary]
+    if missing:
+        raise ReportError(f"{path}: missing key(s) {missing}")
+    for key, types in SUMMARY_KEYS.items():
+        if not _is_type(summary[key], types):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ReportError(f"{path}: {key} is {summary[key]!r}, not {want}")
+    for key in ("alpha", "final_acc"):
+        if summary.get(key) is not None and not _is_type(summary[key], (int, float)):
+            raise ReportError(f"{path}: {key} is {summary[key]!r}, not a number or null")
+    return summary
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A run's rounds with ``test_before`` accuracy (%; None where the round has none) and the
+    cumulative communication after each round (MiB, down + up)."""
+
+    rounds: tuple[int, ...]
+    acc: tuple[float | None, ...]
+    mib: tuple[float, ...]
+
+
+def load_curve(run: str | Path) -> Curve:
+    """A run's metrics.jsonl as a :class:`Curve`; every line is checked (and named when bad)."""
+    path = Path(run) / "metrics.jsonl"
+    rounds: list[int] = []
+    acc: list[float | None] = []
+    mib: list[float] = []
+    total = 0
+    for n, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(record, dict):
+            raise ReportError(f"{where}: holds a JSON {type(record).__name__}, not an object")
+        rnd = record.get("round")
+        if not _is_type(rnd, (int,)):
+            raise ReportError(f"{where}: 'round' is {rnd!r}, not an integer")
+        if rounds and rnd <= rounds[-1]:
+            raise ReportError(f"{where}: round {rnd} after round {rounds[-1]} (rounds must increase)")
+        value = record.get("test_before_acc")
+        if value is not None and not _is_type(value, (int, float)):
+            raise ReportError(f"{where}: 'test_before_acc' is {value!r}, not a number")
+        for key in ("bytes_down", "bytes_up"):
+            b = record.get(key, 0)
+            if not _is_type(b, (int, float)) or b < 0:
+                raise ReportError(f"{where}: {key!r} is {b!r}, not a byte count")
+            total += b
+        rounds.append(rnd)
+        acc.append(None if value is None or math.isnan(value) else 100 * value)
+        mib.append(total / 2**20)
+    if not rounds:
+        raise ReportError(f"{path}: holds no rounds")
+    return Curve(tuple(rounds), tuple(acc), tuple(mib))
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+def run_label(summary: Mapping[str, Any]) -> str:
+    """``fedcmd (l*=fc1)``: the method, and the personal layer FedCMD selected."""
+    return summary["method"] + (f" (l*={summary['personal_layer']})" if summary.get("personal_layer") else "")
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.2f}"
+
+
+def _row(s: Mapping[str, Any], papers: Mapping[tuple[str, str, float], tuple[float, str]]) -> dict[str, Any]:
+    alpha = s.get("alpha")
+    paper = papers.get((s["method"], s["dataset"], float(alpha))) if alpha is not None else None
+    ours = 100 * s["headline_test_before_acc"] if s["headline_test_before_acc"] is not None else None
+    mib = (s["total_mib_down"] + s["total_mib_up"]) / max(s["rounds"], 1)
+    return {
+        "method": run_label(s),
+        "dataset": s["dataset"],
+        "alpha": alpha,
+        "rounds": s["rounds"],
+        "ours": "" if ours is None else f"{ours:.2f}",
+        "paper": f"{paper[0]:.2f}" if paper else "",
+        "diff": f"{ours - paper[0]:+.2f}" if paper and ours is not None else "",
+        "last-20": _pct(s["last20_test_before_acc"]),
+        "final (all clients)": _pct(s.get("final_acc")),
+        "MiB/round": f"{mib:.2f}",
+        "wall": f"{s['wall_time_s'] / 60:.1f} min",
+    }
+
+
 def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
     papers = paper_numbers()
-    rows = []
-    for run in runs:
-        s = json.loads((run / "summary.json").read_text())
-        alpha = s.get("alpha")
-        paper = papers.get((s["method"], s["dataset"], float(alpha))) if alpha is not None else None
-        ours = 100 * s["headline_test_before_acc"]
-        mib = (s["total_mib_down"] + s["total_mib_up"]) / max(s["rounds"], 1)
-        rows.append(
-            {
-                "method": s["method"] + (f" (l*={s['personal_layer']})" if s.get("personal_layer") else ""),
-                "dataset": s["dataset"],
-                "alpha": alpha,
-                "rounds": s["rounds"],
-                "ours": f"{ours:.2f}",
-                "paper": f"{paper[0]:.2f}" if paper else "",
-                "diff": f"{ours - paper[0]:+.2f}" if paper else "",
-                "last-20": f"{100 * s['last20_test_before_acc']:.2f}",
-                "final (all clients)": f"{100 * s['final_acc']:.2f}" if s.get("final_acc") is not None else "",
-                "MiB/round": f"{mib:.2f}",
-                "wall": f"{s['wall_time_s'] / 60:.1f} min",
-            }
-        )
-    return rows
+    return [_row(load_summary(run), papers) for run in runs]
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -74,9 +208,173 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------- groups and figures
+
+
+@dataclass
+class Group:
+    """Runs of one dataset and α (or one non-Dirichlet partition): one table, two figures."""
+
+    dataset: str
+    alpha: float | None
+    partition: str
+    runs: list[tuple[Path, dict[str, Any]]]
+
+    @property
+    def stem(self) -> str:
+        """File name stem: ``fmnist_a0.1``; ``digits_iid`` for a partition without α."""
+        tag = f"a{self.alpha:g}" if self.alpha is not None else self.partition
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.dataset}_{tag}")
+
+    @property
+    def title(self) -> str:
+        return f"{self.dataset}, α = {self.alpha:g}" if self.alpha is not None else f"{self.dataset}, {self.partition} partition"
+
+
+def group_runs(runs: Sequence[Path]) -> list[Group]:
+    """Runs grouped by (dataset, α), groups sorted by dataset then α, runs by path (the order
+    they are given in does not change the report)."""
+    groups: dict[tuple[str, float | None, str], Group] = {}
+    for run in sorted(set(map(Path, runs))):
+        s = load_summary(run)
+        alpha = float(s["alpha"]) if s.get("alpha") is not None else None
+        partition = "" if alpha is not None else str(s.get("partition") or "unknown")
+        key = (s["dataset"], alpha, partition)
+        groups.setdefault(key, Group(s["dataset"], alpha, partition, [])).runs.append((run, s))
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2]))]
+
+
+def legend_labels(group: Group) -> list[str]:
+    """One label per run: its :func:`run_label`, plus the run directory's name where two runs
+    of the group would otherwise share a label."""
+    labels = [run_label(s) for _, s in group.runs]
+    return [f"{lab} [{run.name}]" if labels.count(lab) > 1 else lab for lab, (run, _) in zip(labels, group.runs)]
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start); window 1 = the values."""
+    if window < 1:
+        raise ValueError(f"rolling window must be >= 1, got {window}")
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def curve_points(curve: Curve, x: str, smooth: int = 1) -> tuple[list[float], list[float]]:
+    """(x, accuracy %) of the rounds that have an accuracy; x is the round or the cumulative MiB;
+    ``smooth`` > 1: trailing rolling mean over that many of these points."""
+    kept = [i for i, a in enumerate(curve.acc) if a is not None]
+    xs = [float(curve.rounds[i]) if x == "round" else curve.mib[i] for i in kept]
+    ys = rolling_mean([float(curve.acc[i] or 0.0) for i in kept], smooth)
+    return xs, ys
+
+
+STYLES = ("-", "--", ":", "-.")
+
+
+def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth: int = 1) -> Path:
+    """One figure: a line per run, accuracy (%) against the round or the cumulative MiB."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = legend_labels(group)
+    with matplotlib.style.context("default"):  # a user's matplotlibrc does not change the bytes
+        fig = Figure(figsize=(8, 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, (label, curve) in enumerate(zip(labels, curves)):
+            xs, ys = curve_points(curve, x, smooth)
+            style = STYLES[(i // len(colors)) % len(STYLES)]
+            ax.plot(xs, ys, label=label, color=colors[i % len(colors)], linestyle=style, linewidth=1.2)
+        how = "per round" if smooth == 1 else f"rolling mean over {smooth} rounds"
+        ax.set_title(f"{group.title}: test_before accuracy ({how})")
+        ax.set_xlabel("round" if x == "round" else "cumulative communication, down + up (MiB)")
+        ax.set_ylabel("test_before accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    return path
+
+
+# ---------------------------------------------------------------------------- report.md
+
+
+def _posix_rel(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+
+
+def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list[Path]:
+    """``out/report.md`` and two PNGs per (dataset, α) group; returns the files written.
+
+    Every run is read and checked before anything is written.
+    """
+    if smooth < 1:
+        raise ReportError(f"--smooth must be >= 1 (1 = the raw per-round values), got {smooth}")
+    out = Path(out)
+    groups = group_runs(runs)
+    count = sum(len(g.runs) for g in groups)
+    curves = {run: load_curve(run) for g in groups for run, _ in g.runs}
+    papers = paper_numbers()
+    out.mkdir(parents=True, exist_ok=True)
+    how = "per round" if smooth == 1 else f"as a trailing rolling mean over {smooth} rounds"
+    lines = [
+        "# pflower report",
+        "",
+        f"{count} run(s) in {len(groups)} group(s). `ours`: the run's headline, the mean `test_before` "
+        "accuracy over its last rounds (10 by default); `paper`: conf/paper_results/. Figures: `test_before` "
+        f"accuracy {how}, against the round and against the communication so far (bytes down + up, all clients, MiB).",
+    ]
+    written: list[Path] = []
+    for group in groups:
+        lines += ["", f"## {group.title}", "", markdown([_row(s, papers) for _, s in group.runs]), ""]
+        for x, suffix in FIGURES:
+            png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
+            written.append(png)
+            lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
+        lines += ["", "Runs:", ""]
+        lines += [f"- {label}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return [report, *written]
+
+
+USAGE = "usage: pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT..."
+
+
 def main(argv: Sequence[str]) -> int:
     if not argv:
-        print("usage: pflower report RUN_DIR_OR_PARENT...")
+        print(USAGE)
         return 2
-    print(markdown(report_rows(find_runs(argv))))
+    parser = argparse.ArgumentParser(
+        prog="pflower report",
+        description="Compare finished runs: a Markdown table on stdout; with --out also report.md and plots.",
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR_OR_PARENT", help="run directories, or folders holding them")
+    parser.add_argument("--out", metavar="DIR", help="also write DIR/report.md and accuracy-vs-round/-MiB PNGs per (dataset, alpha)")
+    parser.add_argument("--smooth", type=int, default=1, metavar="N",
+                        help="plot a trailing rolling mean over N rounds (default 1: the raw per-round values)")
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse has printed why
+        return int(exc.code or 0)
+    if args.smooth < 1:
+        print(f"pflower report: --smooth must be >= 1 (1 = the raw per-round values), got {args.smooth}", file=sys.stderr)
+        return 2
+    try:
+        runs = find_runs(args.runs)
+        table = markdown(report_rows(runs))
+        written = write_report(runs, args.out, args.smooth) if args.out is not None else []
+        print(table)
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    except (ReportError, OSError) as exc:  # FileNotFoundError: no runs; OSError: --out cannot be written
+        print(f"pflower report: {exc}", file=sys.stderr)
+        return 2
     return 0

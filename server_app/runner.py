@@ -25,6 +25,7 @@ from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_chec
 from strategies.evaluation import summarize
 
 from .config import ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args
+from .progress import RunProgress, Sweep
 from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
 
 
@@ -66,8 +67,11 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     )
 
 
-def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True) -> dict[str, Any]:
-    """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory)."""
+def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sweep: Sweep | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory).
+
+    ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
+    """
     checkpoint = resumable(cfg) if cfg.get("resume") else None
     if check_partition:
         check_data(cfg)
@@ -92,11 +96,15 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True) ->
     every = int(cfg.get("checkpoint_every", 1))
     if every > 0:
         encode(strategy.state_dict(), {})  # an attribute that cannot be checkpointed fails now, not after round 1
+    first_round = checkpoint.round + 1 if checkpoint is not None else 1
+    progress = RunProgress(int(cfg.rounds), first_round, sweep) if cfg.get("progress", True) else None
 
     def on_round(record: dict[str, Any]) -> None:
         writer.append_round(record)  # metrics first: a checkpoint never runs ahead of metrics.jsonl
         if every > 0 and (record["round"] % every == 0 or record["round"] == int(cfg.rounds)):
             save_checkpoint(run_dir, strategy.state_dict())
+        if progress is not None:
+            log(INFO, "%s", progress.line(int(record["round"]), record.get("round_time_s")))
 
     t0 = time.perf_counter()
     strategy.start(grid, num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout), on_round=on_round)

@@ -41,6 +41,8 @@ def test_pflower_sim_sweep_runs_local_fedavg_fedper(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = run_dirs(out)
     assert set(runs) == {"local-digits", "fedavg-digits", "fedper-digits"}, runs
+    log = proc.stdout + proc.stderr  # Flower's round lines and pflower's progress lines reach the terminal
+    assert "[round   2/2]" in log and "progress: run 3/3 (method=fedper) | round 2/2" in log, log[-3000:]
     local = check_run_dir(runs["local-digits"], 2)
     fedavg = check_run_dir(runs["fedavg-digits"], 2)
     fedper = check_run_dir(runs["fedper-digits"], 2)
@@ -74,7 +76,7 @@ def test_flwr_run_dot(tmp_path):
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0, log[-4000:]
-        assert "pflower summary" in log and "[round   2/2]" in log
+        assert "pflower summary" in log and "[round   2/2]" in log and "progress: round 2/2" in log
         runs = run_dirs(out)
         assert list(runs) == ["fedavg-digits"], log[-3000:]
         check_run_dir(runs["fedavg-digits"], 2)

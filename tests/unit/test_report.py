@@ -35,3 +35,223 @@ def test_paper_data_is_loaded_from_conf():
 def test_no_runs_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="summary.json"):
         find_runs([tmp_path])
+
+
+# ---------------------------------------------------------------------------- figures and report.md
+
+import struct  # noqa: E402
+
+from server_app.report import (  # noqa: E402
+    ReportError,
+    curve_points,
+    group_runs,
+    legend_labels,
+    load_curve,
+    load_summary,
+    main,
+    rolling_mean,
+    write_report,
+)
+from server_app.results import RunWriter  # noqa: E402
+from strategies.evaluation import summarize  # noqa: E402
+
+MIB = 2**20
+
+
+def real_run(path, method="fedavg", dataset="fmnist", alpha=0.1, rounds=6, acc=None, partition="dirichlet", **extra):
+    """A run directory in the runner's format: metrics.jsonl written by RunWriter, summary.json
+    from strategies.evaluation.summarize plus the runner's keys."""
+    path.mkdir(parents=True)
+    writer = RunWriter(path)
+    acc = acc or [0.1 * (i + 1) for i in range(rounds)]
+    for r in range(1, rounds + 1):
+        writer.append_round({
+            "round": r, "clients": [0, 1], "dropped": [], "bytes_down": MIB, "bytes_up": MIB // 2,
+            "test_before_acc": acc[r - 1], "test_before_loss": 1.0, "test_after_acc": acc[r - 1],
+            "test_after_loss": 1.0, "train_loss": 0.5, "round_time_s": 0.25,
+        })
+    summary = {"method": method, "dataset": dataset, "model": "lenet5", "partition": partition, "alpha": alpha,
+               "num_clients": 2, **summarize(writer.rounds), "final_acc": 0.5, "final_clients": 2.0,
+               "wall_time_s": 3.0, "run_dir": str(path), **extra}
+    writer.write_summary(summary)
+    return path
+
+
+def two_groups(root):
+    real_run(root / "sweep" / "10-00-00-fedcmd-fmnist", method="fedcmd", personal_layer="fc2")
+    real_run(root / "sweep" / "10-05-00-fedavg-fmnist", acc=[0.2, 0.3, 0.4, None, 0.5, 0.6])
+    real_run(root / "other" / "11-00-00-fedavg-digits", dataset="digits", alpha=None, partition="iid", rounds=3)
+    return find_runs([root])
+
+
+def png_chunks(data: bytes) -> list[bytes]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, i = [], 8
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i:i + 4])
+        chunks.append(data[i + 4:i + 8])
+        i += 12 + n
+    return chunks
+
+
+def test_curve_is_read_from_metrics_jsonl(tmp_path):
+    run = real_run(tmp_path / "run", acc=[0.5, 0.25, None, 1.0], rounds=4)
+    curve = load_curve(run)
+    assert curve.rounds == (1, 2, 3, 4)
+    assert curve.acc == (50.0, 25.0, None, 100.0)
+    assert curve.mib == (1.5, 3.0, 4.5, 6.0)  # cumulative down + up
+    assert curve_points(curve, "round") == ([1.0, 2.0, 4.0], [50.0, 25.0, 100.0])  # the round without accuracy is left out
+    assert curve_points(curve, "mib") == ([1.5, 3.0, 6.0], [50.0, 25.0, 100.0])
+    assert curve_points(curve, "round", smooth=2)[1] == [50.0, 37.5, 62.5]
+
+
+def test_rolling_mean_is_trailing_and_window_one_is_raw():
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0], 1) == [1.0, 2.0, 3.0, 4.0]
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0], 3) == [1.0, 1.5, 2.0, 3.0]
+    with pytest.raises(ValueError):
+        rolling_mean([1.0], 0)
+
+
+def test_runs_are_grouped_by_dataset_and_alpha(tmp_path):
+    groups = group_runs(two_groups(tmp_path))
+    assert [(g.dataset, g.alpha, g.stem, g.title) for g in groups] == [
+        ("digits", None, "digits_iid", "digits, iid partition"),
+        ("fmnist", 0.1, "fmnist_a0.1", "fmnist, α = 0.1"),
+    ]
+    assert legend_labels(groups[1]) == ["fedcmd (l*=fc2)", "fedavg"]
+
+
+def test_same_method_twice_in_a_group_gets_the_run_name(tmp_path):
+    real_run(tmp_path / "10-00-00-fedavg-fmnist")
+    real_run(tmp_path / "10-01-00-fedavg-fmnist")
+    (group,) = group_runs(find_runs([tmp_path]))
+    assert legend_labels(group) == ["fedavg [10-00-00-fedavg-fmnist]", "fedavg [10-01-00-fedavg-fmnist]"]
+
+
+def test_report_writes_markdown_and_two_figures_per_group(tmp_path):
+    runs = two_groups(tmp_path / "runs")
+    out = tmp_path / "report"
+    written = write_report(runs, out)
+    names = sorted(p.name for p in written)
+    assert names == sorted([
+        "report.md",
+        "digits_iid_accuracy_vs_round.png", "digits_iid_accuracy_vs_mib.png",
+        "fmnist_a0.1_accuracy_vs_round.png", "fmnist_a0.1_accuracy_vs_mib.png",
+    ])
+    assert sorted(p.name for p in out.iterdir()) == names
+    md = (out / "report.md").read_text()
+    assert md.index("## digits, iid partition") < md.index("## fmnist, α = 0.1")
+    assert "![fmnist, α = 0.1: accuracy vs round](fmnist_a0.1_accuracy_vs_round.png)" in md
+    assert "![fmnist, α = 0.1: accuracy vs MiB](fmnist_a0.1_accuracy_vs_mib.png)" in md
+    assert "| fedcmd (l*=fc2) | fmnist | 0.1 | 6 |" in md and "96.57" in md  # the paper's number, as in the table
+    assert "- fedavg: `../runs/sweep/10-05-00-fedavg-fmnist`" in md  # relative to the report: no absolute paths
+    assert str(tmp_path) not in md
+    for png in out.glob("*.png"):
+        assert png.stat().st_size > 5000
+
+
+def test_report_is_byte_identical_across_runs(tmp_path):
+    runs = two_groups(tmp_path / "runs")
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_report(runs, a)
+    write_report(list(reversed(runs)), b)  # the order runs are given in does not matter either
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir())
+    for name in files:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    for png in a.glob("*.png"):  # no date, no software version
+        chunks = png_chunks(png.read_bytes())
+        assert not {b"tEXt", b"iTXt", b"zTXt", b"tIME"} & set(chunks), chunks
+
+
+def test_smoothing_is_said_in_the_report(tmp_path):
+    runs = two_groups(tmp_path / "runs")
+    write_report(runs, tmp_path / "raw")
+    write_report(runs, tmp_path / "smooth", smooth=3)
+    assert "accuracy per round" in (tmp_path / "raw" / "report.md").read_text()
+    assert "rolling mean over 3 rounds" in (tmp_path / "smooth" / "report.md").read_text()
+    raw, smooth = (tmp_path / d / "fmnist_a0.1_accuracy_vs_round.png" for d in ("raw", "smooth"))
+    assert raw.read_bytes() != smooth.read_bytes()
+
+
+def test_cli_without_out_prints_the_table_only(tmp_path, capsys):
+    two_groups(tmp_path / "runs")
+    before = sorted(tmp_path.rglob("*"))
+    assert main([str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| method |") and out.count("\n") == 5  # header, rule, 3 runs
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_cli_with_out_writes_the_report(tmp_path, capsys):
+    two_groups(tmp_path / "runs")
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--smooth", "2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("| method |")
+    assert f"wrote {tmp_path / 'rep' / 'report.md'}" in captured.err
+    assert (tmp_path / "rep" / "fmnist_a0.1_accuracy_vs_mib.png").exists()
+
+
+def corrupt(tmp_path, name, text):
+    run = real_run(tmp_path / "runs" / "r1")
+    (run / name).write_text(text)
+    return run
+
+
+@pytest.mark.parametrize(
+    "name, text, match",
+    [
+        ("summary.json", '{"method": "fedavg", ', r"summary\.json: not valid JSON \(.* at line 1 column"),
+        ("summary.json", "[1, 2]", r"summary\.json: holds a JSON list, not an object"),
+        ("summary.json", '{"method": "fedavg"}', r"summary\.json: missing key\(s\) \['dataset', 'rounds'"),
+        ("summary.json", json.dumps({**dict(method="a", dataset="b", rounds="ten", headline_test_before_acc=0.5,
+                                            last20_test_before_acc=0.5, total_mib_down=1, total_mib_up=1,
+                                            wall_time_s=1)}), r"summary\.json: rounds is 'ten', not int"),
+    ],
+)
+def test_corrupt_summary_is_named(tmp_path, name, text, match):
+    run = corrupt(tmp_path, name, text)
+    with pytest.raises(ReportError, match=match) as info:
+        load_summary(run)
+    assert str(run / "summary.json") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('{"round": 1, "test_before_acc": 0.5}\n{"round": 2, "test_bef', r"metrics\.jsonl line 2: not valid JSON"),
+        ('{"round": 1}\n\n"x"\n', r"metrics\.jsonl line 3: holds a JSON str, not an object"),
+        ('{"round": "1"}\n', r"metrics\.jsonl line 1: 'round' is '1', not an integer"),
+        ('{"round": 2}\n{"round": 1}\n', r"metrics\.jsonl line 2: round 1 after round 2 \(rounds must increase\)"),
+        ('{"round": 1, "test_before_acc": "high"}\n', r"line 1: 'test_before_acc' is 'high', not a number"),
+        ('{"round": 1, "bytes_up": -5}\n', r"line 1: 'bytes_up' is -5, not a byte count"),
+        ("\n", r"metrics\.jsonl: holds no rounds"),
+    ],
+)
+def test_corrupt_metrics_is_named(tmp_path, text, match):
+    run = corrupt(tmp_path, "metrics.jsonl", text)
+    with pytest.raises(ReportError, match=match) as info:
+        load_curve(run)
+    assert str(run / "metrics.jsonl") in str(info.value)
+
+
+def test_bad_input_stops_the_cli_before_writing(tmp_path, capsys):
+    run = corrupt(tmp_path, "metrics.jsonl", '{"round": 1}\n{oops\n')
+    real_run(tmp_path / "runs" / "r2")
+    assert main([str(tmp_path / "runs")]) == 0  # the table needs only summary.json
+    capsys.readouterr()
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"pflower report: {run / 'metrics.jsonl'} line 2: not valid JSON" in captured.err
+    assert not (tmp_path / "rep").exists()
+    (run / "metrics.jsonl").unlink()
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 2
+    assert f"{run / 'metrics.jsonl'}: missing" in capsys.readouterr().err
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert main([]) == 2
+    assert main([str(tmp_path), "--smooth", "0"]) == 2
+    assert "--smooth must be >= 1" in capsys.readouterr().err
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert "no run directory" in capsys.readouterr().err

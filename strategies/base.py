@@ -8,6 +8,7 @@ per-round record. A method overrides a few hooks that say what is different abou
 - :meth:`personal_groups`: layer groups that stay on the client (FedPer: the classifier);
 - :meth:`personal_keys`: single trainable keys of shared groups that stay too (FedBN: BN affine);
 - :meth:`downlink`: the tensors one client receives (default: the shared groups' global values);
+- :meth:`downlinks` / :meth:`extra_downlinks`: the same for a whole round at once (batched mixing);
 - :meth:`uplink_groups`: the groups a client sends back (default: the shared ones);
 - :meth:`role_config`: arguments of the client role (proximal mu, fine-tune epochs...);
 - :meth:`extra_downlink` / :meth:`extra_uplink`: arrays besides model tensors in a train message
@@ -47,7 +48,7 @@ from client_app.roles.base import EXTRA_PREFIX
 from models import LayeredNet, group_of, keys_by_group, trainable_keys
 
 from .aggregation import fedavg
-from .evaluation import weighted_test_metrics
+from .evaluation import client_time_totals, weighted_test_metrics
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -162,6 +163,19 @@ class PersonalizedStrategy(Strategy):
         """
         return {}
 
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """:meth:`downlink` of a round's clients at once: what the round's messages carry.
+
+        A method whose clients receive models mixed from stored ones (pFedSim, FedAP, pFedLA)
+        overrides this to build all of them with one matrix product per block of parameters
+        (:func:`strategies.aggregation.mixing_average`) and lets :meth:`downlink` call it for one client.
+        """
+        return {cid: self.downlink(cid, server_round) for cid in client_ids}
+
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """:meth:`extra_downlink` of a round's clients at once (FedAMP builds every u_i together)."""
+        return {cid: self.extra_downlink(cid, server_round) for cid in client_ids}
+
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape and dtype of each extra array this client's train reply must carry (default none).
 
@@ -217,9 +231,18 @@ class PersonalizedStrategy(Strategy):
         }
         return ConfigRecord({"server-round": server_round, "client-id": client_id, "spec": json.dumps(spec)})
 
-    def _message(self, client_id: int, server_round: int, task: str, message_type: str) -> Message:
-        down = self.downlink(client_id, server_round)
-        extra = self.extra_downlink(client_id, server_round) if task == "train" else {}
+    def _message(
+        self,
+        client_id: int,
+        server_round: int,
+        task: str,
+        message_type: str,
+        down: Mapping[str, np.ndarray] | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> Message:
+        down = self.downlink(client_id, server_round) if down is None else down
+        if extra is None:
+            extra = self.extra_downlink(client_id, server_round) if task == "train" else {}
         arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
         for k, v in extra.items():
             arrays[EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
@@ -301,7 +324,10 @@ class PersonalizedStrategy(Strategy):
     ) -> Iterable[Message]:
         self.discover(grid, wait_for=0, timeout=0)
         self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
-        return [self._message(cid, server_round, "train", MessageType.TRAIN) for cid in self.sample(server_round)]
+        ids = self.sample(server_round)
+        down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
+        # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
+        return [self._message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid)) for cid in ids]
 
     def _collect(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
         updates: list[ClientUpdate] = []
@@ -335,7 +361,9 @@ class PersonalizedStrategy(Strategy):
                 update.extra = {k[len(EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
                 updates.append(update)
             except InvalidReply as exc:
-                dropped.append({"client": cid, "reason": str(exc)})
+                # a rejected reply's arrays crossed the network all the same: they count in bytes_up
+                nbytes = sum(record_bytes(r) for r in msg.content.array_records.values())
+                dropped.append({"client": cid, "reason": str(exc), **({"bytes": nbytes} if nbytes else {})})
         for node, cid in self._inflight.items():
             if node not in answered:
                 dropped.append({"client": cid, "reason": "no reply before the round timeout"})
@@ -353,7 +381,7 @@ class PersonalizedStrategy(Strategy):
             "clients": sorted(u.client_id for u in updates),
             "dropped": dropped,
             "bytes_down": self._bytes_down,
-            "bytes_up": sum(u.bytes_up for u in updates),
+            "bytes_up": sum(u.bytes_up for u in updates) + sum(d.get("bytes", 0) for d in dropped),  # all that arrived
             "groups_down": [g for g in self.groups if g in self._groups_down],
             "groups_up": [g for g in self.groups if g in groups_up],
         }
@@ -362,6 +390,7 @@ class PersonalizedStrategy(Strategy):
             record["skipped"] = True
         else:
             record.update(weighted_test_metrics([u.metrics for u in updates]))
+            record.update(client_time_totals([u.metrics for u in updates]))
             record.update(self.aggregate(server_round, updates))
         self.history.append(record)
         scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -376,7 +405,9 @@ class PersonalizedStrategy(Strategy):
         """Final evaluation: every known client evaluates the model it would use now."""
         self.discover(grid, wait_for=0, timeout=0)
         self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
-        return [self._message(cid, server_round, "evaluate", MessageType.EVALUATE) for cid in sorted(self.clients)]
+        ids = sorted(self.clients)
+        down = self.downlinks(ids, server_round)
+        return [self._message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         updates, dropped = self._collect(server_round, replies, "evaluate")

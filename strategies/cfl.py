@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .aggregation import fedavg, weighted_average
+from .aggregation import fedavg
 from .base import PersonalizedStrategy
-from .model_distance import copy_arrays, cosine_matrix, difference, gram_matrix, squared_norms
+from .model_distance import copy_arrays, cosine_matrix, update_statistics
 from .validation import ClientUpdate
 
 
@@ -46,21 +46,41 @@ def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
     similar, until two remain. The cut therefore keeps the largest cross-cluster similarity
     low (the paper's optimal bi-partition criterion). Ties merge the earliest pair. The
     cluster holding item 0 comes first; each list is sorted.
+
+    A cluster lives on in the row of its first item. Each row caches its best partner among
+    the later rows; a merge only refreshes the rows whose best partner was one of the two
+    merged clusters (complete-linkage values only decrease), so a merge costs O(n) plus the
+    refreshed rows, about O(n^2) in all instead of rescanning the whole matrix each time.
     """
     s = np.asarray(similarity, dtype=np.float64)
     n = len(s)
     if n < 2 or s.shape != (n, n):
         raise ValueError(f"bipartition needs a square similarity matrix of at least 2 items, got shape {s.shape}")
-    clusters = [[i] for i in range(n)]
     link = s.copy()  # link[a, b] = the smallest similarity between a member of a and one of b
-    while len(clusters) > 2:
-        rows, cols = np.triu_indices(len(clusters), 1)  # row-major: ties go to the earliest pair
-        best = int(np.argmax(link[rows, cols]))
-        a, b = int(rows[best]), int(cols[best])
-        clusters[a] += clusters.pop(b)
+    members = {i: [i] for i in range(n)}
+    active = np.ones(n, dtype=bool)
+    best, partner = np.full(n, -np.inf), np.zeros(n, dtype=np.int64)
+
+    def refresh(i: int) -> None:  # the first most similar active row after i (row-major tie rule)
+        later = np.flatnonzero(active[i + 1 :]) + i + 1
+        if len(later):
+            j = int(np.argmax(link[i, later]))
+            best[i], partner[i] = link[i, later[j]], later[j]
+        else:
+            best[i] = -np.inf
+
+    for i in range(n):
+        refresh(i)
+    for _ in range(n - 2):
+        a = int(np.argmax(np.where(active, best, -np.inf)))  # the earliest row holding the best pair
+        b = int(partner[a])
+        members[a] += members.pop(b)
+        active[b], best[b] = False, -np.inf
         link[a], link[:, a] = np.minimum(link[a], link[b]), np.minimum(link[:, a], link[:, b])
-        link = np.delete(np.delete(link, b, axis=0), b, axis=1)
-    first, second = sorted(clusters[0]), sorted(clusters[1])
+        for i in np.flatnonzero(active & ((partner == a) | (partner == b))):
+            refresh(int(i))
+        refresh(a)
+    first, second = (sorted(members[i]) for i in np.flatnonzero(active))
     return (first, second) if 0 in first else (second, first)
 
 
@@ -93,28 +113,40 @@ class CFL(PersonalizedStrategy):
         return next(c for c, members in enumerate(self.clusters) if client_id in members)
 
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        model = self.cluster_models[self.cluster_of(client_id)]
-        return {k: model[k] for k in self.travelling_keys(self.groups, client_id, server_round)}
+        return self.downlinks([client_id], server_round)[client_id]
+
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        cluster = {m: c for c, members in enumerate(self.clusters) for m in members}  # O(N), not O(N) per client
+        out = {}
+        for cid in client_ids:
+            model = self.cluster_models[cluster[cid]]
+            out[cid] = {k: model[k] for k in self.travelling_keys(self.groups, cid, server_round)}
+        return out
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         keys = list(self.global_arrays)
         clusters, models = [], []
         mean_norms, max_norms, splits = [], [], 0
+        cluster = {m: c for c, members in enumerate(self.clusters) for m in members}
+        by_cluster: dict[int, list[ClientUpdate]] = {}
+        for u in updates:
+            if u.arrays and u.client_id in cluster:
+                by_cluster.setdefault(cluster[u.client_id], []).append(u)
         for c, members in enumerate(self.clusters):
-            ups = [u for u in updates if u.client_id in members and u.arrays]
+            ups = by_cluster.get(c, [])
             if not ups:
                 clusters.append(members)
                 models.append(self.cluster_models[c])
                 continue
             halves = [(members, ups)]
             if len(ups) >= 2:
-                deltas = [difference(u.arrays, self.cluster_models[c], keys) for u in ups]
-                gram = gram_matrix(deltas, keys)
+                # Gram matrix of the updates dW_i and ||mean dW||, without building the dW_i
+                gram, mean_norm = update_statistics(
+                    [u.arrays for u in ups], self.cluster_models[c], [u.num_examples for u in ups], keys
+                )
                 cos = cosine_matrix(gram)
                 ids = [u.client_id for u in ups]
                 self.sim[np.ix_(ids, ids)] = cos
-                mean_update = weighted_average(deltas, [u.num_examples for u in ups], keys=keys)
-                mean_norm = float(np.sqrt(squared_norms([mean_update], keys)[0]))
                 max_norm = float(np.sqrt(np.diag(gram).max()))
                 mean_norms.append(mean_norm)
                 max_norms.append(max_norm)

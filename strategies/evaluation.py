@@ -32,6 +32,20 @@ def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict
     return out
 
 
+def client_time_totals(client_metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Seconds the round's clients spent training and evaluating, summed over clients.
+
+    Lets a run show how much of a client's round the ``test_before``/``test_after``
+    evaluation costs (the issue's bound: at most 20 %). Absent when clients do not report it.
+    """
+    out: dict[str, float] = {}
+    for key, name in (("train_time_s", "client_train_s"), ("eval_time_s", "client_eval_s")):
+        values = [m[key] for m in client_metrics if key in m]
+        if values:
+            out[name] = float(sum(values))
+    return out
+
+
 def headline(history: Sequence[Mapping[str, float]], key: str = "test_before_acc", window: int = 10) -> float | None:
     """Mean of ``key`` over the last ``window`` rounds that report it (None if none do)."""
     values = [h[key] for h in history if key in h and h[key] is not None]
@@ -53,4 +67,12 @@ def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[
         "total_mib_down": sum(h.get("bytes_down", 0) for h in history) / 2**20,
         "total_mib_up": sum(h.get("bytes_up", 0) for h in history) / 2**20,
         "mean_round_time_s": float(np.mean([h["round_time_s"] for h in history])) if history else None,
+        "client_eval_share": _eval_share(history),
     }
+
+
+def _eval_share(history: Sequence[Mapping[str, float]]) -> float | None:
+    """Fraction of the clients' round time spent in test_before/test_after evaluation."""
+    train = sum(h.get("client_train_s", 0.0) for h in history)
+    ev = sum(h.get("client_eval_s", 0.0) for h in history)
+    return ev / (train + ev) if train + ev > 0 else None

@@ -28,9 +28,9 @@ import numpy as np
 
 from client_app.roles.fedamp import CLOUD
 
-from .aggregation import weighted_average
+from .aggregation import column_blocks, mixing_average
 from .base import PersonalizedStrategy
-from .model_distance import gram_matrix, inner_products, squared_distances, squared_norms, store_from_state, store_state
+from .model_distance import inner_products, spread, squared_norms, store_from_state, store_state
 from .validation import ClientUpdate
 
 KERNELS = ("distance", "cosine")
@@ -111,21 +111,54 @@ class FedAMP(PersonalizedStrategy):
         scores = attention_scores(dots, squared_norms([own], keys)[0], squared_norms(others, keys), self.kernel, self.sigma)
         return [own, *others], attention_weights(scores, self.self_weight)
 
+    def cloud_models(self, client_ids: Sequence[int]) -> dict[int, dict[str, np.ndarray]]:
+        """u_i = sum_j xi_ij w_j for every client in ``client_ids`` at once.
+
+        The inner products of each client's own model with every stored one (the only
+        distances the attention needs) are one matrix product per block of parameters, and so
+        is the mixing: O(len(client_ids) x N x params) in BLAS, the same numbers as
+        :meth:`cloud_weights` row by row.
+        """
+        keys = list(self.global_arrays)
+        stored = sorted(self.models)
+        columns: list[Mapping[str, np.ndarray]] = [self.models[j] for j in stored]
+        position = {j: c for c, j in enumerate(stored)}
+        if any(c not in position for c in client_ids):  # never trained: the initial model
+            columns.append(self.global_arrays)
+        own = np.array([position.get(c, len(stored)) for c in client_ids], dtype=np.int64)
+        dots, sq = np.zeros((len(client_ids), len(columns))), np.zeros(len(columns))
+        for *_, block in column_blocks(columns, keys, extra_rows=len(client_ids)):
+            dots += block[own] @ block.T
+            sq += np.einsum("ij,ij->i", block, block)
+        xi = np.zeros((len(client_ids), len(columns)))
+        stored_cols = np.arange(len(stored))
+        for r, (c, o) in enumerate(zip(client_ids, own)):
+            others = stored_cols[stored_cols != o]
+            if not len(others):
+                xi[r, o] = 1.0
+                continue
+            row = attention_weights(attention_scores(dots[r, others], sq[o], sq[others], self.kernel, self.sigma), self.self_weight)
+            xi[r, o], xi[r, others] = row[0], row[1:]
+        return dict(zip(client_ids, mixing_average(columns, xi, keys=keys)))
+
     def cloud_model(self, client_id: int) -> dict[str, np.ndarray]:
         """u_i = sum_j xi_ij w_j."""
-        models, weights = self.cloud_weights(client_id)
-        return weighted_average(models, weights, keys=list(self.global_arrays))
+        return self.cloud_models([client_id])[client_id]
+
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        clouds = self.cloud_models(client_ids)
+        return {c: {CLOUD + k: v for k, v in clouds[c].items()} for c in client_ids}
 
     def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return {CLOUD + k: v for k, v in self.cloud_model(client_id).items()}
+        return self.extra_downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         for u in updates:
             self.models[u.client_id] = u.arrays
         record: dict[str, Any] = {"stored_models": len(self.models)}
-        if len(updates) > 1:  # how far apart this round's personalized models are
-            d = squared_distances(gram_matrix([u.arrays for u in updates], list(self.global_arrays)))
-            record["model_distance_mean"] = float(np.sqrt(d[~np.eye(len(d), dtype=bool)]).mean())
+        m = len(updates)
+        if m > 1:  # how far apart this round's personalized models are: RMS pairwise distance, O(m x params)
+            record["model_distance_rms"] = float(np.sqrt(2.0 * spread([u.arrays for u in updates], list(self.global_arrays)) / (m - 1)))
         return record
 
     def extra_state(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from flwr.common import log
 from client_app.roles.fedap import batchnorm_layers
 from models import LayeredNet
 
-from .aggregation import weighted_average
+from .aggregation import mixing_average
 from .base import PersonalizedStrategy
 from .fedbn import batchnorm_keys
 from .model_distance import store_from_state, store_state
@@ -55,6 +55,28 @@ def bn_distance(a: Stats, b: Stats) -> float:
         ds = np.sum((np.sqrt(np.asarray(a[var], np.float64)) - np.sqrt(np.asarray(b[var], np.float64))) ** 2)
         total += float(np.sqrt(dm + ds))
     return total
+
+
+def stack_stats(stats: Sequence[Stats]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per BN layer (in :func:`bn_distance`'s order): every client's means and sqrt(variances), stacked (float64)."""
+    layers = sorted(k for k in stats[0] if k.startswith("bn_mean/"))
+    return [
+        (
+            np.stack([np.asarray(s[key], np.float64) for s in stats]),
+            np.sqrt(np.stack([np.asarray(s["bn_var/" + key.split("/", 1)[1]], np.float64) for s in stats])),
+        )
+        for key in layers
+    ]
+
+
+def bn_distances(stacked: Sequence[tuple[np.ndarray, np.ndarray]], i: int) -> np.ndarray:
+    """:func:`bn_distance` of client ``i`` to every client of :func:`stack_stats`, at once."""
+    total = 0.0
+    for means, stds in stacked:
+        dm = np.sum((means[i] - means) ** 2, axis=1)
+        ds = np.sum((stds[i] - stds) ** 2, axis=1)
+        total = total + np.sqrt(dm + ds)
+    return np.asarray(total, dtype=np.float64)
 
 
 def fedap_weights(distances: Sequence[float], momentum: float) -> np.ndarray:
@@ -123,21 +145,44 @@ class FedAP(PersonalizedStrategy):
         f32 = np.dtype(np.float32)
         return {f"bn_{s}/{i}": ((c,), f32) for i, c in enumerate(self.bn_channels) for s in ("mean", "var")}
 
+    def weight_rows(self, client_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
+        """(columns, W): W[r, c] is client ``client_ids[r]``'s weight on client ``columns[c]``'s
+        stored model (rows sum to 1). The BN distances of each client to all others are one
+        vectorized pass over the stacked statistics (O(N x channels) per client)."""
+        holders = sorted(self.stats)
+        columns = holders + sorted({c for c in client_ids if c not in self.stats})
+        col = {j: i for i, j in enumerate(columns)}
+        w = np.zeros((len(client_ids), len(columns)))
+        stacked = stack_stats([self.stats[j] for j in holders]) if holders else []
+        holder_ids = np.asarray(holders)
+        for r, c in enumerate(client_ids):
+            if c not in self.stats:
+                w[r, col[c]] = 1.0
+                continue
+            others = np.flatnonzero(holder_ids != c)
+            row = fedap_weights(bn_distances(stacked, col[c])[others], self.momentum)
+            w[r, col[c]], w[r, others] = row[0], row[1:]
+        return columns, w
+
     def weights(self, client_id: int) -> dict[int, float]:
         """Client ``client_id``'s aggregation weights over the clients' stored models (sum 1)."""
         if client_id not in self.stats:
             return {client_id: 1.0}
+        columns, w = self.weight_rows([client_id])
         others = sorted(j for j in self.stats if j != client_id)
-        row = fedap_weights([bn_distance(self.stats[client_id], self.stats[j]) for j in others], self.momentum)
-        return {client_id: float(row[0]), **{j: float(w) for j, w in zip(others, row[1:])}}
+        return {client_id: float(w[0, columns.index(client_id)]), **{j: float(w[0, columns.index(j)]) for j in others}}
+
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        if not self.personalizing(server_round):  # the warm-up: the base's global values
+            shared = super().downlink
+            return {c: shared(c, server_round) for c in client_ids}
+        keys = self.travelling_keys(self.groups, client_ids[0], server_round) if client_ids else []
+        columns, w = self.weight_rows(client_ids)
+        models = [self.models.get(j, self.global_arrays) for j in columns]  # the warm-up model until trained
+        return dict(zip(client_ids, mixing_average(models, w, keys=keys)))
 
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        if not self.personalizing(server_round):
-            return super().downlink(client_id, server_round)
-        keys = self.travelling_keys(self.groups, client_id, server_round)
-        weights = self.weights(client_id)
-        models = [self.models.get(j, self.global_arrays) for j in weights]  # the warm-up model until trained
-        return weighted_average(models, list(weights.values()), keys=keys)
+        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):

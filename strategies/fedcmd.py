@@ -20,7 +20,8 @@ import numpy as np
 from flwr.common import log
 
 from .base import PersonalizedStrategy
-from .fedcmd_math import flat_vector, personal_layer_index, personalized_posts, round_winner, similarity_matrix
+from .fedcmd_math import personal_layer_index, personalized_posts, round_winner, similarity_from_gram
+from .model_distance import gram_matrix
 from .validation import ClientUpdate
 
 # the client role checks the same values (client_app/roles/fedcmd.py); a unit test keeps them equal
@@ -267,7 +268,7 @@ class FedCMD(PersonalizedStrategy):
     def _weighted_posts(self, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Eq. 8 on the uploaded l* parameters, Eq. 7 for each participant's post(l*)."""
         phi_keys = self.keys([self.personal_layer()])
-        phi = similarity_matrix([flat_vector(u.arrays, phi_keys) for u in updates])
+        phi = similarity_from_gram(gram_matrix([u.arrays for u in updates], phi_keys))  # Eq. 8, one product per block
         m = len(updates)
         out = {"phi_offdiag_mean": float((phi.sum() - np.trace(phi)) / (m * (m - 1)))} if m > 1 else {}
         post_keys = self.keys(self.post_groups())

@@ -59,6 +59,17 @@ def similarity_matrix(vectors: Sequence[np.ndarray], eps: float = EPS) -> np.nda
     return np.clip(cos, 0.0, 1.0)
 
 
+def similarity_from_gram(gram: np.ndarray, eps: float = EPS) -> np.ndarray:
+    """:func:`similarity_matrix` from the Gram matrix G_ij = <v_i, v_j> (||v_i|| = sqrt(G_ii)).
+
+    With :func:`strategies.model_distance.gram_matrix` the v_i are never built: the server
+    needs O(m^2) memory for Phi instead of two float64 copies of every client's l*.
+    """
+    gram = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
+    return np.clip(gram / (np.outer(norms, norms) + eps), 0.0, 1.0)
+
+
 def eq7_weights(phi: np.ndarray) -> np.ndarray:
     """Rows of Phi normalised to sum to 1: client i's weights over the round's posts (Eq. 7).
 

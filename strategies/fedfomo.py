@@ -60,17 +60,19 @@ class FedFomo(PersonalizedStrategy):
         return {"val_ratio": self.val_ratio}
 
     def choose(self, client_id: int) -> list[int]:
-        """The clients whose models client ``client_id`` downloads this round."""
-        pool = [j for j in self.models if j != client_id]
-        if self.pool == "latest" and pool:
-            newest = max(self.model_round[j] for j in pool)
-            pool = [j for j in pool if self.model_round[j] == newest]
+        """The clients whose models client ``client_id`` downloads this round (vectorized: O(N log N) in numpy)."""
+        ids = np.fromiter(self.models, dtype=np.int64, count=len(self.models))
+        rounds = np.fromiter((self.model_round[j] for j in self.models), dtype=np.int64, count=len(ids))
+        keep = ids != client_id
+        if self.pool == "latest" and keep.any():
+            keep &= rounds == rounds[keep].max()
+        pool, pool_rounds = ids[keep], rounds[keep]
         if len(pool) <= self.m:
-            return sorted(pool)
+            return sorted(pool.tolist())
         if self.epsilon > 0 and self.explore.random() < self.epsilon:
-            return sorted(int(j) for j in self.explore.choice(pool, size=self.m, replace=False))
-        ranked = sorted(pool, key=lambda j: (-self.affinity[client_id, j], -self.model_round[j], j))
-        return sorted(ranked[: self.m])
+            return sorted(int(j) for j in self.explore.choice(pool.tolist(), size=self.m, replace=False))
+        ranked = np.lexsort((pool, -pool_rounds, -self.affinity[client_id, pool]))  # affinity, then recency, then id
+        return sorted(pool[ranked[: self.m]].tolist())
 
     def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
         self.offered[client_id] = self.choose(client_id)

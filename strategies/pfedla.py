@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .aggregation import weighted_average
+from .aggregation import column_blocks, distinct_columns, mixing_average, normalized_weights, weighted_average
 from .base import PersonalizedStrategy
-from .model_distance import inner_products, store_from_state, store_state
+from .model_distance import store_from_state, store_state
 from .validation import ClientUpdate
 
 Arrays = Mapping[str, np.ndarray]
@@ -56,6 +56,47 @@ def personalize(models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequenc
     return out
 
 
+def hypernet_coefficients(
+    models: Sequence[Arrays], trained: Sequence[Arrays], alphas: np.ndarray, layer_keys: Sequence[Sequence[str]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the hypernetwork steps of k clients need, without building their w~:
+    ``coef[c, l, j] = <w~_c^l - w_new_c^l, w_j^l>`` (k x L x N) and ``||w~_c - w_new_c||^2``.
+
+    Client c trained w~_c = personalize(models, alphas[c]) (float32, as :func:`personalize`
+    returns it) into ``trained[c]``. One matrix product per block of parameters for all k
+    clients together: O(k x N x params) in BLAS, bounded scratch.
+    """
+    alphas = np.asarray(alphas, dtype=np.float64)
+    k, n = len(trained), len(models)
+    coef, gap = np.zeros((k, len(layer_keys), n)), np.zeros(k)
+    for layer, keys in enumerate(layer_keys):
+        if not keys:
+            continue
+        rows = np.stack([normalized_weights(a) for a in alphas[:, layer]])
+        columns, rows, index = distinct_columns(models, rows)
+        m = len(columns)
+        dtype = np.asarray(trained[0][keys[0]]).dtype
+        part = np.zeros((k, m))
+        for *_, block in column_blocks([*columns, *trained], list(keys), extra_rows=k):
+            w = block[:m]
+            diff = ((rows @ w).astype(dtype) - block[m:].astype(dtype)).astype(np.float64)
+            part += diff @ w.T
+            gap += np.einsum("ij,ij->i", diff, diff)
+        coef[:, layer] = part[:, index]
+    return coef, gap
+
+
+def hypernet_update(hypernet: HyperNetwork, coef: np.ndarray, lr: float) -> None:
+    """One SGD step of the loss sum_{l,j} alpha[l, j] * coef[l, j] (coef held fixed)."""
+    alpha = hypernet()
+    hypernet.zero_grad()
+    (alpha * torch.from_numpy(np.asarray(coef)).to(alpha.dtype)).sum().backward()
+    with torch.no_grad():
+        for p in hypernet.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
 def hypernet_step(
     hypernet: HyperNetwork, models: Sequence[Arrays], trained: Arrays, layer_keys: Sequence[Sequence[str]], lr: float
 ) -> dict[str, np.ndarray]:
@@ -63,19 +104,13 @@ def hypernet_step(
 
     The loss is <w~ - w_new, w~(phi)> with the first factor held fixed: per group l,
     sum_j alpha[l, j] * <w~^l - w_new^l, w_j^l>, so only N x L inner products are needed.
+    The server runs this for all of a round's clients at once (:func:`hypernet_coefficients`).
     """
-    alpha = hypernet()
-    pers = personalize(models, alpha.detach().numpy(), layer_keys)
-    coef = np.stack([
-        inner_products([{k: pers[k] - trained[k] for k in keys}], models, keys)[0] for keys in layer_keys
-    ])
-    hypernet.zero_grad()
-    (alpha * torch.from_numpy(coef).to(alpha.dtype)).sum().backward()
     with torch.no_grad():
-        for p in hypernet.parameters():
-            if p.grad is not None:
-                p -= lr * p.grad
-    return pers
+        alpha = hypernet().numpy()
+    coef, _ = hypernet_coefficients(models, [trained], alpha[None], layer_keys)
+    hypernet_update(hypernet, coef[0], lr)
+    return personalize(models, alpha, layer_keys)
 
 
 class PFedLA(PersonalizedStrategy):
@@ -114,28 +149,36 @@ class PFedLA(PersonalizedStrategy):
     def all_models(self) -> list[dict[str, np.ndarray]]:
         return [self.models.get(j, self.global_arrays) for j in range(self.num_clients)]
 
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """Every client's w~ = per-group mix of all stored models, one matrix product per block and group."""
+        models = self.all_models()
+        alphas = np.stack([self.alpha(c) for c in client_ids])
+        out: dict[int, dict[str, np.ndarray]] = {c: {} for c in client_ids}
+        for layer, keys in enumerate(self.layer_keys):
+            if keys:
+                for c, mixed in zip(client_ids, mixing_average(models, alphas[:, layer], keys=keys)):
+                    out[c].update(mixed)
+        return {c: {k: out[c][k] for k in self.travelling_keys(self.groups, c, server_round)} for c in client_ids}
+
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        pers = personalize(self.all_models(), self.alpha(client_id), self.layer_keys)
-        return {k: pers[k] for k in self.travelling_keys(self.groups, client_id, server_round)}
+        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = self.all_models()  # what the round's clients were personalized from
-        moved = []
-        for u in updates:
-            if not u.arrays:
-                continue
-            hypernet = self.load_hypernet(u.client_id)
-            pers = hypernet_step(hypernet, models, u.arrays, self.layer_keys, self.hn_lr)
-            self.hypernets[u.client_id] = {k: v.detach().numpy().copy() for k, v in hypernet.state_dict().items()}
-            moved.append(float(np.sqrt(sum(np.sum((pers[k] - u.arrays[k]) ** 2) for k in u.arrays))))
-        for u in updates:
-            if u.arrays:
-                self.models[u.client_id] = u.arrays
-        record: dict[str, Any] = {"stored_models": len(self.models)}
-        if moved:
-            record["local_update_norm"] = float(np.mean(moved))
+        trained = [u for u in updates if u.arrays]
+        record: dict[str, Any] = {}
+        if trained:
+            alphas = np.stack([self.alpha(u.client_id) for u in trained])
+            coef, gap = hypernet_coefficients(models, [u.arrays for u in trained], alphas, self.layer_keys)
+            for u, c in zip(trained, coef):
+                hypernet = self.load_hypernet(u.client_id)
+                hypernet_update(hypernet, c, self.hn_lr)
+                self.hypernets[u.client_id] = {k: v.detach().numpy().copy() for k, v in hypernet.state_dict().items()}
+            record["local_update_norm"] = float(np.mean(np.sqrt(gap)))
             record["self_alpha_mean"] = float(np.mean([self.alpha(u.client_id)[:, u.client_id].mean() for u in updates]))
-        return record
+        for u in trained:
+            self.models[u.client_id] = u.arrays
+        return {"stored_models": len(self.models), **record}
 
     def extra_state(self) -> dict[str, Any]:
         return {"models": store_state(self.models), "hypernets": store_state(self.hypernets)}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .aggregation import normalized_weights, weighted_average
+from .aggregation import mixing_average, normalized_weights
 from .base import PersonalizedStrategy
 from .fedcmd_math import similarity_matrix
 from .validation import ClientUpdate
@@ -114,19 +114,31 @@ class PFedSim(PersonalizedStrategy):
         w = pfedsim_weights(self.sim[client_id], client_id, self.weighting)
         return {int(j): float(w[j]) for j in np.flatnonzero(w)}
 
-    def personal_body(self, client_id: int) -> dict[str, np.ndarray]:
-        weights = self.body_weights(client_id)
+    def personal_bodies(self, client_ids: Sequence[int]) -> dict[int, dict[str, np.ndarray]]:
+        """Each client's body: the stored bodies weighted by its row of S, all clients in one
+        matrix product per block (O(len(client_ids) x N x body) in BLAS)."""
         warm = {k: self.global_arrays[k] for k in self.keys(self.body)}  # the warm-up body
-        bodies = [self.bodies.get(j, warm) for j in weights]
-        return weighted_average(bodies, list(weights.values()), keys=list(warm))
+        rows = np.stack([pfedsim_weights(self.sim[c], c, self.weighting) for c in client_ids])
+        used = np.flatnonzero(rows.any(axis=0))
+        bodies = [self.bodies.get(int(j), warm) for j in used]
+        return dict(zip(client_ids, mixing_average(bodies, rows[:, used], keys=list(warm))))
+
+    def personal_body(self, client_id: int) -> dict[str, np.ndarray]:
+        return self.personal_bodies([client_id])[client_id]
+
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        if not self.personalizing(server_round):  # the warm-up: the base's global values
+            shared = super().downlink
+            return {c: shared(c, server_round) for c in client_ids}
+        bodies = self.personal_bodies(client_ids)
+        head = {k: self.global_arrays[k] for k in self.keys(self.head)}
+        for c in client_ids:
+            if c not in self.head_seen:  # the warm-up classifier, once
+                bodies[c].update(head)
+        return bodies
 
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        if not self.personalizing(server_round):
-            return super().downlink(client_id, server_round)
-        down = self.personal_body(client_id)
-        if client_id not in self.head_seen:  # the warm-up classifier, once
-            down.update({k: self.global_arrays[k] for k in self.keys(self.head)})
-        return down
+        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):

@@ -95,6 +95,10 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
     assert "NaN" in reasons[0] and "forged" in reasons[1] and "crashed" in reasons[2]
     assert records[0]["clients"] == [3]
     assert all(np.all(np.isfinite(v)) for v in strategy.global_arrays.values())
+    # bytes_up counts what arrived, the rejected replies' arrays included (the crash sent none)
+    arrived = [r for r in grid.replies if r.metadata.message_type == "train" and not r.has_error()]
+    assert len(arrived) == 3
+    assert records[0]["bytes_up"] == sum(len(a.data) for r in arrived for a in r.content.array_records["arrays"].values())
 
 
 def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, tiny_overrides):

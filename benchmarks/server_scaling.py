@@ -1,0 +1,557 @@
+"""Benchmark 2: server-side scaling of each strategy's per-round math.
+
+What is timed is one round of the server's own math on the round's updates, exactly what the
+strategy base calls: ``aggregate(r, updates)`` (the server update) and then
+``downlinks(ids, r + 1)`` + ``extra_downlinks(ids, r + 1)`` (the tensors of the next round's
+messages: for the personalized methods a model mixed per client from the stored ones).
+Every client takes part (fraction 1, so N = n clients and n updates per round), with the
+LeNet-5 (44,470 parameters) and ResNet18 (11.2 M) shapes. The state a round finds is the
+steady state of a long run (``prepare``): every client has a stored model (and pFedLA a
+trained hypernetwork), similarity rows are dense, FedCMD is in phase 2. Message encoding,
+reply validation and the network are not included (``benchmarks/communication.py`` measures
+the messages).
+
+Each case (strategy x model x n) runs in a forked child: median wall time of ``--repeats``
+rounds (each on a freshly prepared strategy; the repeats stop early once a case has used
+``--case-seconds``, the ``runs`` column says how many ran) and the peak RSS above what the
+child held before the first round (the updates, the stored state; ``/proc/self/clear_refs``
+resets the peak), which counts numpy, torch and BLAS alike. BLAS and torch run on
+``--threads`` threads (default 1: on a machine shared with other jobs, two OpenBLAS threads
+spin-waiting for a busy core made the products 3-10x slower and the timings erratic). Cases
+whose updates alone need more than ``--budget-gb`` (default a quarter of the machine's RAM)
+are skipped and say so: 1000 ResNet18 updates are 42 GiB, which a server holding a round's
+replies at once (Flower's ``send_and_receive`` returns them together) could not hold here
+either.
+
+Adding a strategy is one line in :data:`CASES` (a ``prepare`` function if its steady state
+needs stored state); tests/unit/test_benchmarks.py fails for a registered method with its own
+server math and no case.
+
+Run: ``python -m benchmarks.server_scaling`` (``--quick`` for a seconds-long smoke run;
+``--sizes``, ``--models``, ``--strategies``, ``--repeats``, ``--threads``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import markdown_table, median, run_header, write_result
+
+MODELS: dict[str, tuple[str, tuple[int, int, int], int]] = {
+    "lenet5": ("lenet5", (1, 28, 28), 10),
+    "resnet18": ("resnet18", (3, 32, 32), 10),
+}
+SIZES = (10, 100, 1000)
+RESULT = "benchmarks/results/server_scaling.md"
+
+
+# ----------------------------------------------------------------------------- state a round finds
+Prepare = Callable[[Any, list[Any], int], None]
+
+
+def nothing(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedAvg-like methods: no state but the global model."""
+
+
+def stored_models(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """Every client's latest model is stored (FedAMP, pFedLA): the steady state."""
+    strategy.models = {u.client_id: u.arrays for u in updates}
+
+
+def pfedla_steady(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """pFedLA: every client's model stored and every client's hypernetwork updated before (N x L N heads)."""
+    stored_models(strategy, updates, rnd)
+    strategy.hypernets = {
+        u.client_id: {**{k: v.copy() for k, v in strategy.initial_hypernet.items()}, "embedding": strategy.embeddings[u.client_id].copy()}
+        for u in updates
+    }
+
+
+def pfedsim_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """pFedSim after the warm-up: every body stored, every classifier held, a dense similarity matrix."""
+    body = strategy.keys(strategy.body)
+    strategy.bodies = {u.client_id: {k: u.arrays[k] for k in body} for u in updates}
+    strategy.head_seen = {u.client_id for u in updates}
+    rng = np.random.default_rng(1)
+    s = rng.uniform(0.1, 0.9, strategy.sim.shape)
+    strategy.sim = np.minimum(s, s.T)
+    np.fill_diagonal(strategy.sim, 1.0)
+
+
+def fedcmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedCMD in phase 2 with l* = the first candidate (LeNet-5: fc1, ResNet18: the classifier),
+    every client holding its phi and a personalized post(l*) from an earlier round."""
+    strategy.force_layer = strategy.state.candidates[0]
+    strategy.personal_layer()
+    post = strategy.keys(strategy.post_groups())
+    strategy.state.post_store = {u.client_id: {k: u.arrays[k].copy() for k in post} for u in updates}
+    strategy.state.phi_seen = {u.client_id for u in updates}
+
+
+def fedfomo_offered(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedFomo: every client's model stored, each client was offered m of them and weighted them."""
+    strategy.models = {u.client_id: u.arrays for u in updates}
+    strategy.model_round = {u.client_id: rnd - 1 for u in updates}
+    ids = [u.client_id for u in updates]
+    extra_downlinks(strategy, ids, rnd)  # sets strategy.offered, as configure_train does
+    from client_app.roles.fedfomo import WEIGHT_METRIC
+
+    for u in updates:
+        for j in strategy.offered.get(u.client_id, []):
+            u.metrics[f"{WEIGHT_METRIC}{j}"] = 0.1
+
+
+def fedap_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedAP after the warm-up: every client's BN statistics and model known."""
+    rng = np.random.default_rng(2)
+    strategy.models = {u.client_id: u.arrays for u in updates}
+    strategy.stats = {
+        u.client_id: {
+            f"bn_{s}/{i}": rng.uniform(0.5, 1.5, c).astype(np.float32)
+            for i, c in enumerate(strategy.bn_channels) for s in ("mean", "var")
+        }
+        for u in updates
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked strategy: registry name, options, the round timed and the state it finds."""
+
+    method: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    prepare: Prepare = nothing
+    round: int = 2
+
+
+def case(method: str, prepare: Prepare = nothing, round: int = 2, **options: Any) -> Case:
+    return Case(method, options, prepare, round)
+
+
+# one line per strategy; a variant of a method gets its own name (cfl_split)
+CASES: dict[str, Case] = {
+    "fedavg": case("fedavg"),
+    "feddyn": case("feddyn"),
+    "fedcmd": case("fedcmd", fedcmd_phase2, round=21, kp=20),
+    "pfedsim": case("pfedsim", pfedsim_personal, warmup=0),
+    "cfl": case("cfl"),
+    "cfl_split": case("cfl", round=20, eps1=1e9, eps2=0.0),
+    "fedamp": case("fedamp", stored_models),
+    "pfedla": case("pfedla", pfedla_steady),
+    "fedfomo": case("fedfomo", fedfomo_offered, pool="all"),
+    "fedap": case("fedap", fedap_personal, warmup=0),
+}
+
+
+SERVER_MATH = ("aggregate", "downlink", "downlinks", "extra_downlink", "extra_downlinks")
+
+
+def base_math_methods() -> list[str]:
+    """Registered methods whose server math is the base's (FedAvg of what they upload, global
+    values down): the ``fedavg`` row is their cost, on the keys they share. Every other
+    registered method must have a case (tests/unit/test_benchmarks.py checks it)."""
+    from strategies import STRATEGIES, PersonalizedStrategy
+
+    return [
+        name for name, cls in STRATEGIES.items()
+        if all(getattr(cls, m, None) is getattr(PersonalizedStrategy, m, None) for m in SERVER_MATH)
+    ]
+
+
+# ----------------------------------------------------------------------------- one round
+def downlinks(strategy: Any, ids: Sequence[int], rnd: int) -> dict[int, dict[str, np.ndarray]]:
+    if hasattr(strategy, "downlinks"):
+        return strategy.downlinks(ids, rnd)
+    return {c: strategy.downlink(c, rnd) for c in ids}  # strategy bases without the batched hook
+
+
+def extra_downlinks(strategy: Any, ids: Sequence[int], rnd: int) -> dict[int, dict[str, np.ndarray]]:
+    if hasattr(strategy, "extra_downlinks"):
+        return strategy.extra_downlinks(ids, rnd)
+    return {c: strategy.extra_downlink(c, rnd) for c in ids}
+
+
+def server_round(strategy: Any, updates: Sequence[Any], rnd: int) -> tuple[float, float]:
+    """(seconds in aggregate, seconds building the next round's downlinks) of one round."""
+    ids = [u.client_id for u in updates]
+    t0 = time.perf_counter()
+    strategy.aggregate(rnd, updates)
+    t1 = time.perf_counter()
+    down = downlinks(strategy, ids, rnd + 1)
+    extra = extra_downlinks(strategy, ids, rnd + 1)
+    t2 = time.perf_counter()
+    del down, extra
+    return t1 - t0, t2 - t1
+
+
+def build(name: str, model: Any, n: int) -> Any:
+    from strategies import build_strategy
+
+    c = CASES[name]
+    return build_strategy(c.method, model, {}, num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options))
+
+
+def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
+    """n plausible replies: the global model plus small distinct noise, every uplinked key.
+
+    Each update is one float32 buffer (keys are views of it), filled in place from a shared
+    noise pool so that building them leaves no freed memory behind (the RSS peak stays clean).
+    """
+    from strategies.validation import ClientUpdate
+
+    keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
+    sizes = [int(np.prod(strategy.template[k][0])) for k in keys]
+    total = sum(sizes)
+    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys]).astype(np.float32)
+    pool = np.random.default_rng(0).standard_normal(total + 7 * n + 1, dtype=np.float32)
+    pool *= 0.01
+    extra_spec = strategy.extra_uplink(0, rnd)
+    updates = []
+    for i in range(n):
+        flat = np.empty(total, np.float32)
+        np.add(base, pool[7 * i : 7 * i + total], out=flat)
+        arrays, start = {}, 0
+        for k, size in zip(keys, sizes):
+            arrays[k] = flat[start : start + size].reshape(strategy.template[k][0])
+            start += size
+        extra = {k: np.ones(shape, dtype) for k, (shape, dtype) in extra_spec.items()}
+        metrics = {"num-examples": float(50 + i % 50), "client-id": float(i), "test_size": 20.0, "train_loss": 1.0}
+        updates.append(ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total))
+    del pool
+    return updates
+
+
+def input_bytes(name: str, model_name: str, n: int) -> int:
+    """Bytes of one round's updates, from the strategy's uplink (no arrays built)."""
+    from models import build_model
+
+    arch, shape, classes = MODELS[model_name]
+    try:
+        strategy = build(name, build_model(arch, shape, classes, seed=0), 2)
+    except ValueError:
+        return 0  # the case reports why it cannot run
+    rnd = CASES[name].round
+    keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
+    return n * sum(int(np.prod(strategy.template[k][0])) * 4 for k in keys)
+
+
+# ----------------------------------------------------------------------------- memory probes
+def _status(field_name: str) -> int:
+    """A VmXXX line of /proc/self/status, in bytes (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"^{field_name}:\s+(\d+) kB", f.read(), re.M)
+        return int(m.group(1)) * 1024 if m else 0
+    except OSError:
+        return 0
+
+
+def reset_peak() -> bool:
+    """Reset the peak RSS (VmHWM) to the current RSS; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+        return int(m.group(1)) * 1024 if m else 0
+    except OSError:
+        return 0
+
+
+def total_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+# ----------------------------------------------------------------------------- one case, in a child
+def run_case(name: str, model_name: str, n: int, repeats: int, case_seconds: float, threads: int = 1) -> dict[str, Any]:
+    """Time ``repeats`` rounds of one strategy at n updates; the RSS peak of the first one."""
+    import logging
+
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from models import build_model
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # no per-case INFO lines (FedCMD's l*, CFL's splits)
+    threadpool_limits(threads)  # BLAS (numpy's OpenBLAS)
+    torch.set_num_threads(threads)
+    np.ones((64, 512)) @ np.ones((512, 64))  # start BLAS's threads and buffers before measuring
+    arch, shape, classes = MODELS[model_name]
+    model = build_model(arch, shape, classes, seed=0)
+    c = CASES[name]
+    try:
+        strategy = build(name, model, n)
+    except ValueError as exc:  # e.g. FedAP on a model without BatchNorm
+        return {"status": "n/a", "reason": str(exc).split(":")[0]}
+    updates = make_updates(strategy, n, c.round)
+    aggregate_s, downlink_s, total_s, peak = [], [], [], None
+    spent = 0.0
+    for r in range(repeats):
+        if r:
+            strategy = build(name, model, n)
+        c.prepare(strategy, updates, c.round)
+        if r == 0:
+            measured = reset_peak()
+            before = _status("VmRSS")
+        a, d = server_round(strategy, updates, c.round)
+        if r == 0 and measured:
+            peak = max(0, _status("VmHWM") - before)
+        aggregate_s.append(a)
+        downlink_s.append(d)
+        total_s.append(a + d)
+        spent += a + d
+        del strategy
+        if spent > case_seconds:
+            break
+    return {
+        "status": "ok",
+        "aggregate_s": median(aggregate_s),
+        "downlink_s": median(downlink_s),
+        "total_s": median(total_s),
+        "runs": len(total_s),
+        "peak_bytes": peak,
+        "input_bytes": sum(u.bytes_up for u in updates),
+    }
+
+
+def _child(conn: Any, args: tuple) -> None:
+    try:
+        conn.send(run_case(*args))
+    except BaseException as exc:  # noqa: BLE001 - reported in the table
+        conn.send({"status": "error", "reason": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+    finally:
+        conn.close()
+
+
+def measure(
+    name: str, model_name: str, n: int, repeats: int, case_seconds: float, timeout: float, threads: int = 1
+) -> dict[str, Any]:
+    """run_case in a forked child (a fresh heap and a fresh RSS peak per case); killed after ``timeout``."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, (name, model_name, n, repeats, case_seconds, threads)))
+    proc.start()
+    child.close()
+    result: dict[str, Any] | None = None
+    if parent.poll(timeout):
+        try:
+            result = parent.recv()
+        except EOFError:
+            result = None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        if result is None:
+            return {"status": "timeout", "reason": f"over {timeout:.0f} s"}
+    if result is None:
+        return {"status": "error", "reason": f"the child died (exit code {proc.exitcode}; out of memory?)"}
+    return result
+
+
+# ----------------------------------------------------------------------------- the table
+def _gb(b: float) -> str:
+    return f"{b / 2**30:.1f} GiB"
+
+
+def _mb(b: float | None) -> str:
+    if b is None:
+        return "n/a"
+    return f"{b / 2**20:.1f}" if b < 100 * 2**20 else f"{b / 2**20:.0f}"
+
+
+def _s(x: float) -> str:
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    if x < 1:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x:.2f} s"
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
+
+
+def exponent(points: Sequence[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(value) against log(n): 1 = linear, 2 = quadratic."""
+    pts = [(math.log(n), math.log(v)) for n, v in points if v and v > 0]
+    if len(pts) < 2:
+        return None
+    xs, ys = zip(*pts)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+
+
+def rows_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table row per case; ratios against the previous size of the same strategy and model."""
+    rows, previous = [], {}
+    for r in results:
+        key = (r["strategy"], r["model"])
+        row = {"strategy": r["strategy"], "model": r["model"], "n": r["n"]}
+        if r["status"] != "ok":
+            row["round (median)"] = f"{r['status']}: {r.get('reason', '')}"
+            rows.append(row)
+            previous.pop(key, None)
+            continue
+        prev = previous.get(key)
+        row.update({
+            "aggregate": _s(r["aggregate_s"]),
+            "downlinks": _s(r["downlink_s"]),
+            "round (median)": _s(r["total_s"]),
+            "runs": r["runs"],
+            "time x": f"{r['total_s'] / prev['total_s']:.1f}" if prev and prev["total_s"] > 0 else "",
+            "peak MiB": _mb(r["peak_bytes"]),
+            "mem x": (
+                f"{r['peak_bytes'] / prev['peak_bytes']:.1f}"
+                if prev and prev.get("peak_bytes") and r["peak_bytes"] is not None else ""
+            ),
+            "inputs MiB": _mb(r["input_bytes"]),
+        })
+        previous[key] = r
+        rows.append(row)
+    return rows
+
+
+COLUMNS = ["strategy", "model", "n", "aggregate", "downlinks", "round (median)", "runs", "time x", "peak MiB", "mem x", "inputs MiB"]
+
+
+def growth_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fitted exponents of time and peak memory in n, per strategy and model (from the sizes that ran)."""
+    out = []
+    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        seen.setdefault((r["strategy"], r["model"]), []).append(r)
+    for (strategy, model), rs in seen.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        if len(ok) < 2:
+            continue
+        t = exponent([(r["n"], r["total_s"]) for r in ok])
+        m = exponent([(r["n"], r["peak_bytes"]) for r in ok if r["peak_bytes"]])
+        a, b = ok[-2:]
+        out.append({
+            "strategy": strategy,
+            "model": model,
+            "sizes": ",".join(str(r["n"]) for r in ok),
+            "time exponent": f"{t:.2f}" if t is not None else "",
+            "memory exponent": f"{m:.2f}" if m is not None else "",
+            "time exponent, last step": f"{exponent([(r['n'], r['total_s']) for r in (a, b)]):.2f} ({a['n']}->{b['n']})",
+        })
+    return out
+
+
+def benchmark(
+    strategies: Sequence[str], models: Sequence[str], sizes: Sequence[int], repeats: int, budget: float,
+    case_seconds: float, timeout: float, threads: int = 1, progress: bool = True,
+) -> list[dict[str, Any]]:
+    results = []
+    for name in strategies:
+        for model_name in models:
+            for n in sizes:
+                need = input_bytes(name, model_name, n)
+                base = {"strategy": name, "model": model_name, "n": n}
+                if need > budget:
+                    res = {"status": "skipped", "reason": f"inputs need {_gb(need)} > budget {_gb(budget)}"}
+                elif need * 2.5 > available_bytes() > 0:
+                    res = {"status": "skipped", "reason": f"inputs need {_gb(need)}, {_gb(available_bytes())} free now"}
+                else:
+                    t0 = time.perf_counter()
+                    res = measure(name, model_name, n, repeats, case_seconds, timeout, threads)
+                    res["wall_s"] = time.perf_counter() - t0
+                results.append({**base, **res})
+                if progress:
+                    shown = _s(res["total_s"]) if res["status"] == "ok" else f"{res['status']} {res.get('reason', '')}"
+                    print(f"  {name:<10} {model_name:<9} n={n:<5} {shown}", file=sys.stderr, flush=True)
+    return results
+
+
+def report(
+    results: Sequence[dict[str, Any]], command: str, wall: float, args: argparse.Namespace, load: tuple[str, str] = ("?", "?")
+) -> str:
+    growth = growth_rows(results)
+    gcols = list(dict.fromkeys(k for g in growth for k in g))
+    return "\n\n".join([
+        "# Server-side scaling: per-round server math per strategy",
+        run_header(command),
+        (
+            f"One round of server math at n updates per round (N = n clients, all taking part): "
+            f"`aggregate` + building the next round's downlinks for the n clients. Median of up to "
+            f"{args.repeats} rounds (`runs`; fewer once a case has used {args.case_seconds:.0f} s), each on a "
+            f"freshly prepared strategy in its steady state; "
+            f"`time x` / `mem x`: ratio to the previous n of the same strategy and model, measured in "
+            f"this run; `peak MiB`: peak RSS above what the process held before the round (the "
+            f"inputs, `inputs MiB`, and the stored state are not in it). Budget for inputs: "
+            f"{_gb(args.budget_gb * 2**30)}."
+        ),
+        markdown_table(rows_of(results), COLUMNS),
+        "Growth in n (least-squares slope of log time / log peak memory against log n; 1 = linear, 2 = quadratic; "
+        "at small n fixed per-round costs pull it below the asymptote):",
+        markdown_table(growth, gcols) if growth else "(fewer than two sizes ran)",
+        "Registered methods whose server math is the base's FedAvg (the `fedavg` rows are their cost, on the "
+        f"keys they share): {', '.join(m for m in base_math_methods() if m not in {c.method for c in CASES.values()})}.",
+        f"Total wall time: {wall:.0f} s on {os.cpu_count()} cores, BLAS/torch threads {args.threads}; "
+        f"load average (1 min) {load[0]} at the start, {load[1]} at the end (other jobs share this machine).",
+    ])
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.server_scaling", description=__doc__.split("\n")[0])
+    parser.add_argument("--strategies", default="all", help=f"comma-separated names of CASES (default all: {','.join(CASES)})")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: lenet5,resnet18")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="updates per round (default 10,100,1000)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds timed per case (median; default 5)")
+    parser.add_argument("--case-seconds", type=float, default=30.0, help="stop repeating a case after this many seconds of rounds")
+    parser.add_argument("--timeout", type=float, default=300.0, help="kill a case after this many seconds")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads of the server math (default 1)")
+    parser.add_argument("--budget-gb", type=float, default=total_bytes() / 4 / 2**30, help="skip cases whose inputs exceed this (default RAM/4)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: LeNet-5, n = 2 and 4, one round each, nothing written")
+    parser.add_argument("--output", default=RESULT, help=f"where the report goes (default {RESULT}; '-' = nowhere)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.sizes, args.repeats, args.output = "lenet5", "2,4", 1, "-"
+    names = list(CASES) if args.strategies == "all" else args.strategies.split(",")
+    unknown = [s for s in names if s not in CASES]
+    models = args.models.split(",")
+    if unknown or any(m not in MODELS for m in models):
+        parser.error(f"unknown strategies {unknown} or models {models}; strategies: {list(CASES)}, models: {list(MODELS)}")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    started, load = time.perf_counter(), _load()
+    results = benchmark(
+        names, models, sizes, args.repeats, args.budget_gb * 2**30, args.case_seconds, args.timeout, args.threads
+    )
+    wall = time.perf_counter() - started
+    command = "python -m benchmarks.server_scaling " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(results, command, wall, args, (load, _load()))
+    print(text)
+    if args.output != "-":
+        print(f"\nwritten to {write_result(args.output, text)}", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""benchmarks/server_scaling.py on tiny sizes: every case runs and every registered method is covered."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
+
+from benchmarks import server_scaling as ss  # noqa: E402
+from strategies import STRATEGIES  # noqa: E402
+
+
+def test_quick_run_times_every_case_at_every_size(capsys):
+    results = ss.main(["--quick"])  # LeNet-5, n = 2 and 4, one round each, nothing written
+    assert [(r["strategy"], r["model"], r["n"]) for r in results] == [(c, "lenet5", n) for c in ss.CASES for n in (2, 4)]
+    failed = [r for r in results if r["status"] != "ok"]
+    assert not failed, failed
+    assert all(r["total_s"] > 0 and r["runs"] == 1 and r["input_bytes"] > 0 for r in results)
+    out = capsys.readouterr().out
+    for name in ss.CASES:  # the printed table has a row per case and size, ratios on the second
+        assert f"| {name} | lenet5 | 2 |" in out and f"| {name} | lenet5 | 4 |" in out
+    rows = ss.rows_of(results)
+    assert all(r["time x"] for r in rows if r["n"] == 4) and "Total wall time" in out
+    for method in STRATEGIES:  # every registered method appears: its own row, or named as costing a FedAvg
+        assert method in out
+
+
+def test_every_method_with_its_own_server_math_has_a_case():
+    cased = {c.method for c in ss.CASES.values()}
+    assert cased <= set(STRATEGIES)
+    assert set(STRATEGIES) - set(ss.base_math_methods()) <= cased, "add the new method to benchmarks.server_scaling.CASES"
+    assert "fedavg" in cased
+
+
+def test_exponent_fit_and_skip_over_budget():
+    assert abs(ss.exponent([(10, 1.0), (100, 100.0), (1000, 10000.0)]) - 2.0) < 1e-9
+    res = ss.benchmark(["fedavg"], ["resnet18"], [1000], repeats=1, budget=2**30, case_seconds=1, timeout=10, progress=False)
+    assert res[0]["status"] == "skipped" and "inputs need 41.7 GiB" in res[0]["reason"]

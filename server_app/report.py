@@ -94,16 +94,21 @@ def _is_type(value: Any, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
+def _json_object(text: str, where: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object; a ReportError naming ``where`` otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    if not isinstance(value, dict):
+        raise ReportError(f"{where}: holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def load_summary(run: str | Path) -> dict[str, Any]:
     """A run's summary.json, checked for the keys the report needs."""
     path = Path(run) / "summary.json"
-    text = _read_text(path)
-    try:
-        summary = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
-    if not isinstance(summary, dict):
-        raise ReportError(f"{path}: holds a JSON {type(summary).__name__}, not an object")
+    summary = _json_object(_read_text(path), str(path))
     missing = [k for k in SUMMARY_KEYS if k not in summary]
     if missing:
         raise ReportError(f"{path}: missing key(s) {missing}")
@@ -138,12 +143,7 @@ def load_curve(run: str | Path) -> Curve:
         if not line.strip():
             continue
         where = f"{path} line {n}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReportError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-        if not isinstance(record, dict):
-            raise ReportError(f"{where}: holds a JSON {type(record).__name__}, not an object")
+        record = _json_object(line, where)
         rnd = record.get("round")
         if not _is_type(rnd, (int,)):
             raise ReportError(f"{where}: 'round' is {rnd!r}, not an integer")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -58,7 +58,7 @@ RoundCallback = Callable[[dict[str, Any]], None]
 BASE_ATTRS = frozenset({
     "groups", "group_keys", "global_arrays", "template", "client_spec", "num_clients", "fraction",
     "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng",
-    "clients", "history", "final_metrics", "_inflight", "_bytes_down", "_groups_down",
+    "clients", "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down",
 })
 
 
@@ -115,6 +115,9 @@ class PersonalizedStrategy(Strategy):
         self.history: list[dict[str, Any]] = []
         self.final_metrics: dict[str, Any] = {}
         self._inflight: dict[int, int] = {}  # node id -> client id of this round's messages
+        # client id -> metadata of the message sent to it: the grid fills in its message id when it
+        # pushes, and an error reply the SuperLink writes itself ("Node Unavailable") names only that id
+        self._sent: dict[int, Metadata] = {}
         self._bytes_down = 0
         self._groups_down: set[str] = set()
 
@@ -252,7 +255,9 @@ class PersonalizedStrategy(Strategy):
         node = self.clients[client_id].node_id
         self._inflight[node] = client_id
         content = RecordDict({"arrays": arrays, "config": self._config(client_id, server_round, task)})
-        return Message(content=content, message_type=message_type, dst_node_id=node)
+        message = Message(content=content, message_type=message_type, dst_node_id=node)
+        self._sent[client_id] = message.metadata  # not the message: its arrays are freed once pushed
+        return message
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None:
@@ -323,7 +328,7 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.discover(grid, wait_for=0, timeout=0)
-        self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
+        self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
         ids = self.sample(server_round)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
@@ -332,11 +337,15 @@ class PersonalizedStrategy(Strategy):
     def _collect(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
         updates: list[ClientUpdate] = []
         dropped: list[dict[str, Any]] = []
-        answered = set()
+        answered: set[int] = set()
+        by_message = {meta.message_id: cid for cid, meta in self._sent.items() if meta.message_id}
         for msg in replies:
             node = msg.metadata.src_node_id
-            answered.add(node)
-            cid = self._inflight.get(node)
+            # the SuperLink answers for an unreachable node itself (from node 0): match a reply to the
+            # message it answers, so that client is named and dropped once
+            cid = by_message.get(msg.metadata.reply_to_message_id, self._inflight.get(node))
+            if cid is not None:
+                answered.add(cid)
             if msg.has_error():
                 dropped.append({"client": cid, "reason": f"client error: {msg.error.reason}"})
                 continue
@@ -364,8 +373,8 @@ class PersonalizedStrategy(Strategy):
                 # a rejected reply's arrays crossed the network all the same: they count in bytes_up
                 nbytes = sum(record_bytes(r) for r in msg.content.array_records.values())
                 dropped.append({"client": cid, "reason": str(exc), **({"bytes": nbytes} if nbytes else {})})
-        for node, cid in self._inflight.items():
-            if node not in answered:
+        for cid in self._inflight.values():
+            if cid not in answered:
                 dropped.append({"client": cid, "reason": "no reply before the round timeout"})
         for d in dropped:
             log(WARNING, "round %d: dropped reply of client %s: %s", server_round, d["client"], d["reason"])
@@ -404,7 +413,7 @@ class PersonalizedStrategy(Strategy):
     ) -> Iterable[Message]:
         """Final evaluation: every known client evaluates the model it would use now."""
         self.discover(grid, wait_for=0, timeout=0)
-        self._inflight, self._bytes_down, self._groups_down = {}, 0, set()
+        self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
         ids = sorted(self.clients)
         down = self.downlinks(ids, server_round)
         return [self._message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids]

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -31,6 +33,7 @@ class LocalGrid(Grid):
         self.replies: list[Message] = []
         self.tamper: dict[int, Tamper] = {}  # client id -> function applied to its train replies
         self.fail: set[int] = set()  # client ids whose handler raises
+        self.unavailable: set[int] = set()  # client ids the SuperLink answers for ("Node Unavailable")
         for cid in range(num_nodes):
             self.add_node(cid, first_node_id + cid, node_config)
 
@@ -77,6 +80,12 @@ class LocalGrid(Grid):
             msg.metadata.__dict__["_src_node_id"] = 0
             ctx = self.contexts[node]
             cid = int(ctx.node_config.get("client-id", ctx.node_config.get("partition-id")))
+            if cid in self.unavailable:  # as flwr's linkstate does: an error reply from node 0
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON), reply_to=msg)
+                reply.metadata.__dict__["_src_node_id"] = 0
+                self.replies.append(reply)
+                replies.append(reply)
+                continue
             try:
                 if cid in self.fail and msg.metadata.message_type != "query":
                     raise RuntimeError(f"client {cid} crashed")

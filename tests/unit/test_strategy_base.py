@@ -101,6 +101,18 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
     assert records[0]["bytes_up"] == sum(len(a.data) for r in arrived for a in r.content.array_records["arrays"].values())
 
 
+def test_superlink_node_unavailable_reply_drops_that_client_once(compose, tiny_overrides):
+    """The SuperLink answers for an offline node from node 0: the reply is matched by message id."""
+    _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
+    grid = LocalGrid(4)
+    strategy.discover(grid)
+    grid.unavailable = {2}  # it joined, then stopped sending heartbeats
+    records = run(strategy, grid, rounds=1)
+    assert records[0]["clients"] == [0, 1, 3]
+    [dropped] = records[0]["dropped"]
+    assert dropped["client"] == 2 and "Node Unavailable" in dropped["reason"]
+
+
 def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
     grid = LocalGrid(4)

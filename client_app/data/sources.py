@@ -187,7 +187,7 @@ def register(info: DatasetInfo) -> None:
 
 def dataset_info(name: str, **options: Any) -> DatasetInfo:
     """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape."""
-    from . import torchvision_sources  # noqa: F401  (registers the torchvision readers)
+    from . import medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
 
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app.config import ConfigError, _defaults, compose_config, overrides_from_run_config
+from server_app.config import ConfigError, _defaults, compose_config, conf_dir, overrides_from_run_config
 from server_app.runner import check_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,3 +69,13 @@ def test_missing_dataset_files_say_where_and_how(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ConfigError, match=r"cifar10.*looked for.*" + str(tmp_path / "nowhere")):
         check_data(compose_config(["dataset=cifar10", f"dataset.root={tmp_path / 'nowhere'}"]))
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml")))
+def test_every_experiment_file_composes_and_validates(name: str, tmp_path):
+    """An experiment names a dataset, model and method that exist, with valid values."""
+    from server_app.config import validate
+
+    cfg = compose_config([f"experiment={name}", f"output_dir={tmp_path}"])
+    validate(cfg)
+    assert cfg.rounds >= 1

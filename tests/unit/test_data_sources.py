@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import client_app.data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
 import client_app.data.torchvision_sources as tvs
 from client_app.data.idx import write_idx
 from client_app.data.sources import DATASETS, DatasetNotFoundError, dataset_info
@@ -290,3 +291,50 @@ def test_tinyimagenet_train_folders_and_annotated_val(tmp_path: Path) -> None:
     assert np.bincount(train_labels).tolist() == [2, 2, 3]  # n09999999 (index 2) has the gray one
     gray = train_images[np.all(np.abs(train_images.astype(int) - 10) <= 2, axis=(1, 2, 3))]
     assert len(gray) == 1 and gray.shape[1] == 3  # grayscale JPEG came back as RGB
+
+
+# ----------------------------------------------------------------------------- MedMNIST .npz
+
+
+def _write_medmnist(path: Path, rng: np.random.Generator, sizes=(5, 2, 3), side: int = 28, **drop) -> dict:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for split, n in zip(("train", "val", "test"), sizes):
+        arrays[f"{split}_images"] = _random_images(rng, (n, side, side))
+        arrays[f"{split}_labels"] = rng.integers(0, 11, size=(n, 1)).astype(np.uint8)  # as shipped: [N, 1]
+    for key in drop:
+        arrays.pop(key)
+    np.savez_compressed(path, **arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("name, subdir", [("organamnist", ""), ("organcmnist", "medmnist")])
+def test_medmnist_npz_pools_val_into_train(tmp_path: Path, name: str, subdir: str) -> None:
+    arrays = _write_medmnist(tmp_path / subdir / f"{name}.npz", np.random.default_rng(8))
+    splits = _read(name, tmp_path)
+    _check_splits(splits, name, {"train": 7, "test": 3})
+    np.testing.assert_array_equal(splits["train"][0][:, 0], np.concatenate([arrays["train_images"], arrays["val_images"]]))
+    np.testing.assert_array_equal(splits["train"][1], np.concatenate([arrays["train_labels"], arrays["val_labels"]])[:, 0])
+    np.testing.assert_array_equal(splits["test"][1], arrays["test_labels"][:, 0])
+
+
+def test_medmnist_is_found_in_the_medmnist_package_cache(tmp_path: Path) -> None:
+    _write_medmnist(Path.home() / ".medmnist" / "organamnist.npz", np.random.default_rng(9))
+    assert len(_read("organamnist", tmp_path / "elsewhere")["test"][1]) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"side": 64}, "organamnist_64.npz"), ({"val_labels": True}, r"lacks \['val_labels'\]")],
+)
+def test_medmnist_wrong_file_is_named_with_the_fix(tmp_path: Path, kwargs: dict, match: str) -> None:
+    _write_medmnist(tmp_path / "organamnist.npz", np.random.default_rng(10), **kwargs)
+    with pytest.raises(ValueError, match=match) as err:
+        _read("organamnist", tmp_path)
+    assert str(tmp_path / "organamnist.npz") in str(err.value)
+
+
+def test_medmnist_missing_file_says_where_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="organcmnist.npz") as err:
+        _read("organcmnist", tmp_path)
+    assert DATASETS["organcmnist"].how_to_get in str(err.value) and str(tmp_path) in str(err.value)

@@ -101,8 +101,11 @@ def _prepare(
     device = pick_device(spec.get("device", "auto"))
     model = fresh_model(spec)
     state_dir = context.node_config.get("state-dir") or spec.get("client_state_dir")
-    state = ClientState(context, cid, spec["run"], state_dir)
-    saved = state.load()
+    state = ClientState(context, cid, spec["run"], state_dir, versions=int(spec.get("state_versions", 1)))
+    server_round = int(config["server-round"])
+    # training round r starts from the state saved before r (a replayed round after a server crash
+    # sees what it saw the first time); the evaluation after round r uses round r's
+    saved = state.load(before_round=server_round + (spec.get("task") == "evaluate"))
     extra = {k[len("extra."):]: v for k, v in saved.items() if k.startswith("extra.")}
     own = {k: v for k, v in saved.items() if not k.startswith("extra.")}
     model.load_state_dict(own, strict=False)
@@ -115,7 +118,6 @@ def _prepare(
         raise ValueError(f"server sent tensors this model does not have: {unknown[:5]}")
     model.load_state_dict(received, strict=False)
     model.to(device)
-    server_round = int(config["server-round"])
     seed = zlib.crc32(f"{spec['seed']}-{cid}-{server_round}".encode())
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
@@ -194,4 +196,4 @@ def _persist(model: LayeredNet, state: ClientState, ctx: RoleContext) -> None:
     keep = set(trainable_keys(model, ctx.personal)) | set(ctx.personal_keys) | set(buffer_keys(model))
     tensors = {k: sd[k] for k in sd if k in keep}
     tensors.update({f"extra.{k}": v for k, v in ctx.extra_state.items()})
-    state.save(tensors)
+    state.save(tensors, ctx.server_round)

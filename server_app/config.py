@@ -238,6 +238,8 @@ def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = 
     return {
         "run": run_token,
         "client_state_dir": client_state_dir,
+        # saves each client keeps: a server crash replays at most checkpoint_every rounds
+        "state_versions": int(cfg.get("checkpoint_every", 1)) + 1 if int(cfg.get("checkpoint_every", 1)) > 0 else 1,
         "seed": int(cfg.seed),
         "device": str(cfg.device),
         "model": model_spec(cfg),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
+import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
@@ -17,6 +18,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.runtime import handle_evaluate, handle_hello, handle_train
+from client_app.state import context_versions
 
 HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_evaluate}
 Tamper = Callable[[Message], Message]
@@ -98,3 +100,9 @@ class LocalGrid(Grid):
             self.replies.append(reply)
             replies.append(reply)
         return replies
+
+
+def personal_state(context: Context) -> dict[str, np.ndarray] | None:
+    """A node's newest saved personal state (None before it first trained)."""
+    saves = context_versions(context)
+    return {k: v.numpy() for k, v in saves[max(saves)].items()} if saves else None

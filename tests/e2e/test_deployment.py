@@ -26,8 +26,8 @@ import math
 import time
 
 import pytest
-import torch
 
+from client_app.state import read_state_file
 from e2e_cluster import Cluster, NetNS, Proc, client_rounds, train_messages_received, wait_for
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,8 @@ def loopback(tmp_path_factory):
         cluster.kill_node(1)
         # what node 1 had persisted when it died (nothing writes it until it is back)
         state_file = next((tmp / "state" / "node-1").glob("*/client_1.pt"))
-        persisted = sorted(torch.load(state_file, map_location="cpu", weights_only=True))
+        saves = read_state_file(state_file)
+        persisted = sorted(saves[max(saves)])
         t_restart, refused = restart_until_active(cluster, 1, deadline)
         restarted = cluster.procs["supernode-1"]
         # its first reply after the restart, then the round record that accepted it

@@ -32,7 +32,7 @@ from client_app.roles.moon import PREFIX as MOON_PREFIX
 from client_app.roles.moon import contrastive_term, previous_model
 from client_app.roles.proximal import proximal_loss, snapshot
 from client_app.training import cross_entropy
-from local_grid import LocalGrid
+from local_grid import LocalGrid, personal_state
 from strategies import STRATEGIES
 from strategies.aggregation import weighted_average
 from strategies.cfl import bipartition
@@ -51,9 +51,9 @@ def trained_states(grid: LocalGrid) -> dict[int, dict[str, np.ndarray]]:
     """Each client's persisted state, by client id (clients that trained at least once)."""
     out = {}
     for node, c in grid.contexts.items():
-        if "pflower.personal" in c.state.array_records:
-            cid = int(c.node_config["partition-id"])
-            out[cid] = {k: v.numpy() for k, v in c.state.array_records["pflower.personal"].items()}
+        state = personal_state(c)
+        if state is not None:
+            out[int(c.node_config["partition-id"])] = state
     return out
 
 

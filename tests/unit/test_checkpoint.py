@@ -33,17 +33,24 @@ class Crash(RuntimeError):
 
 
 class CrashingGrid(LocalGrid):
-    """Raises when the train messages of round ``crash_at`` are sent (the server process dies)."""
+    """Raises when the train messages of round ``crash_at`` are sent (the server process dies).
 
-    def __init__(self, *args, crash_at: int | None = None, **kwargs) -> None:
+    With ``after_replies`` the clients train and save their state first, and the server dies
+    before it aggregates (mid-round).
+    """
+
+    def __init__(self, *args, crash_at: int | None = None, after_replies: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.crash_at = crash_at
+        self.after_replies = after_replies
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         rounds = {int(m.content.config_records["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"}
         if self.crash_at in rounds:
-            raise Crash(f"server killed before round {self.crash_at}")
+            if self.after_replies:
+                super().send_and_receive(messages, timeout=timeout)
+            raise Crash(f"server killed {'after the replies of' if self.after_replies else 'before'} round {self.crash_at}")
         return super().send_and_receive(messages, timeout=timeout)
 
 
@@ -51,11 +58,11 @@ def run_dirs(out: Path) -> set[Path]:
     return {p for p in out.glob("*/*") if p.is_dir()}
 
 
-def crashed_run(compose, overrides, crash_at=3) -> tuple[Path, CrashingGrid]:
+def crashed_run(compose, overrides, crash_at=3, after_replies=False) -> tuple[Path, CrashingGrid]:
     cfg = compose(*overrides)
     out = Path(cfg.output_dir)
     before = run_dirs(out)
-    grid = CrashingGrid(4, crash_at=crash_at)
+    grid = CrashingGrid(4, crash_at=crash_at, after_replies=after_replies)
     with pytest.raises(Crash):
         run_experiment(grid, cfg)
     (run_dir,) = run_dirs(out) - before
@@ -337,4 +344,24 @@ def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_ove
     resumed = run_experiment(LocalGrid(4), compose(*overrides, f"resume={run_dir}"))  # fresh contexts
     for ra, rb in zip(read_metrics(full["run_dir"]), read_metrics(run_dir)):
         assert_same(ra["test_before_acc"], rb["test_before_acc"], f"round {ra['round']}")
+    assert_same(full["final_acc"], resumed["final_acc"], "final_acc")
+
+
+@pytest.mark.parametrize(
+    "extra, crash_at, same_nodes",
+    [
+        ([], 3, True),  # SuperNodes that stay up: the state in their contexts
+        (["checkpoint_every=2", "client_state_dir=auto"], 4, False),  # rounds 3-4 replayed, state from files
+    ],
+)
+def test_crash_after_the_clients_saved_a_round_resumes_exactly(compose, tiny_overrides, extra, crash_at, same_nodes):
+    """The clients already saved the lost round(s); the replay starts each from the state before it."""
+    overrides = [*tiny_overrides, "method=fedper", "rounds=4", "fraction=1.0", *extra]
+    full = run_experiment(LocalGrid(4), compose(*overrides))
+    run_dir, grid = crashed_run(compose, overrides, crash_at=crash_at, after_replies=True)
+    assert load_checkpoint(run_dir).round == 2
+    resumed = run_experiment(grid if same_nodes else LocalGrid(4), compose(*overrides, f"resume={run_dir}"))
+    for ra, rb in zip(read_metrics(full["run_dir"]), read_metrics(run_dir), strict=True):
+        for key in ROUND_KEYS:
+            assert_same(ra[key], rb[key], f"round {ra['round']} {key}")
     assert_same(full["final_acc"], resumed["final_acc"], "final_acc")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from local_grid import LocalGrid
+from local_grid import LocalGrid, personal_state
 from server_app.config import ConfigError
 from server_app.runner import build
 from strategies.fedcmd import FedCMD, FedCMDState
@@ -113,8 +113,8 @@ def test_a_client_keeps_its_own_personal_layer(compose, tiny_overrides):
     run(strategy, grid, rounds=3)
     fc2 = strategy.keys(["fc2"])
     for cid, arrays in train_replies(grid, strategy)[3]:
-        saved = grid.contexts[grid.node_of_client[cid]].state.array_records["pflower.personal"]
-        assert all(np.array_equal(saved[k].numpy(), arrays[k]) for k in fc2)  # persisted = uploaded
+        saved = personal_state(grid.contexts[grid.node_of_client[cid]])
+        assert all(np.array_equal(saved[k], arrays[k]) for k in fc2)  # persisted = uploaded
     round3 = [a for r, _, a, _ in train_messages(grid) if r == 3]
     assert round3 and not any(set(fc2) & set(a) for a in round3)  # never overwritten by the server
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from local_grid import LocalGrid
+from local_grid import LocalGrid, personal_state
 from server_app.runner import build
 from strategies.base import PersonalizedStrategy
 
@@ -39,10 +39,8 @@ def test_fedper_never_sends_the_classifier(compose, tiny_overrides):
         n = len(r["clients"])
         assert body_bytes * n <= r["bytes_down"] < body_bytes * n * 1.05  # arrays + small headers
     # the personal classifier persisted on the client: its state holds it
-    trained = [c for c in grid.contexts.values() if "pflower.personal" in c.state.array_records]
-    assert trained and all(
-        classifier <= set(c.state.array_records["pflower.personal"].keys()) for c in trained
-    )
+    trained = [s for c in grid.contexts.values() if (s := personal_state(c)) is not None]
+    assert trained and all(classifier <= set(s) for s in trained)
 
 
 def test_fedavg_sends_everything_but_bn_buffers(compose, tiny_overrides):

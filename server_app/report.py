@@ -119,7 +119,25 @@ def load_summary(run: str | Path) -> dict[str, Any]:
     for key in ("alpha", "final_acc"):
         if summary.get(key) is not None and not _is_type(summary[key], (int, float)):
             raise ReportError(f"{path}: {key} is {summary[key]!r}, not a number or null")
+    summary["changed_options"] = changed_method_options(run, summary["method"])
     return summary
+
+
+def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
+    """The run's ``method.<key>`` values that differ from conf/method/<method>.yaml (a control
+    such as ``force_layer=fc2`` or ``finetune_epochs=0``), read from its config.yaml."""
+    config, defaults = Path(run) / "config.yaml", conf_dir() / "method" / f"{method}.yaml"
+    if not config.exists() or not defaults.exists():
+        return {}
+    try:
+        used = (yaml.safe_load(config.read_text()) or {}).get("method") or {}
+    except yaml.YAMLError as exc:
+        raise ReportError(f"{config}: not valid YAML ({exc})") from exc
+    default = yaml.safe_load(defaults.read_text()) or {}
+    def interpolated(value: Any) -> bool:  # e.g. total_rounds: ${rounds}, resolved in the run's copy
+        return isinstance(value, str) and "${" in value
+
+    return {k: v for k, v in used.items() if k != "name" and k in default and not interpolated(default[k]) and v != default[k]}
 
 
 @dataclass(frozen=True)
@@ -169,8 +187,12 @@ def load_curve(run: str | Path) -> Curve:
 
 
 def run_label(summary: Mapping[str, Any]) -> str:
-    """``fedcmd (l*=fc1)``: the method, and the personal layer FedCMD selected."""
-    return summary["method"] + (f" (l*={summary['personal_layer']})" if summary.get("personal_layer") else "")
+    """``fedcmd (force_layer=fc2, l*=fc2)``: the method, its options that differ from the
+    defaults, and the personal layer FedCMD selected."""
+    notes = [f"{k}={v}" for k, v in sorted((summary.get("changed_options") or {}).items())]
+    if summary.get("personal_layer"):
+        notes.append(f"l*={summary['personal_layer']}")
+    return summary["method"] + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _pct(value: float | None) -> str:

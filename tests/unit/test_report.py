@@ -28,6 +28,18 @@ def test_report_puts_paper_numbers_beside_ours(tmp_path):
     assert table.count("\n") == 3 and table.startswith("| method |")
 
 
+def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):
+    """config.yaml's method options that differ from conf/method/<name>.yaml name the row;
+    interpolated defaults (total_rounds: ${rounds}) never count as changed."""
+    control = fake_run(tmp_path / "ctl", method="fedbabu", personal_layer=None)
+    (control / "config.yaml").write_text("method:\n  name: fedbabu\n  finetune_epochs: 0\n  finetune_part: all\n")
+    plain = fake_run(tmp_path / "plain", method="fedcmd", alpha=0.5)
+    (plain / "config.yaml").write_text("method:\n  name: fedcmd\n  kp: 20\n  total_rounds: 200\n  force_layer: fc2\n")
+    labels = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
+    assert set(labels) == {"fedbabu (finetune_epochs=0)", "fedcmd (force_layer=fc2, l*=fc2)"}
+    assert labels["fedbabu (finetune_epochs=0)"]["paper"] == "74.81"  # still the method's paper number
+
+
 def test_paper_data_is_loaded_from_conf():
     assert paper_numbers()[("fedper", "fmnist", 0.5)][0] == pytest.approx(90.034)
 

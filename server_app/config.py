@@ -174,6 +174,10 @@ def validate(cfg: DictConfig) -> None:
         (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),
         (cfg.model.name in MODELS, f"unknown model {cfg.model.name!r}; valid models: {sorted(MODELS)}"),
         (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
+        (
+            cfg.dataset.name != "hf" or bool((cfg.dataset.get("options") or {}).get("path")),
+            "dataset=hf needs dataset.options.path=<hub id or local directory>, e.g. zalando-datasets/fashion_mnist",
+        ),
         (cfg.num_clients >= 1, f"num_clients must be >= 1, got {cfg.num_clients}"),
         (cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}"),
         (cfg.get("checkpoint_every", 1) >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.get('checkpoint_every')}"),

@@ -187,12 +187,12 @@ def register(info: DatasetInfo) -> None:
 
 def dataset_info(name: str, **options: Any) -> DatasetInfo:
     """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape."""
-    from . import medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
+    from . import hf_sources, medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
 
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]
-    if name in ("synthetic", "local") and options:  # shape and classes are options (local: what nodes must hold)
+    if name in ("synthetic", "local", "hf") and options:  # shape and classes are options (local, hf: what the data must hold)
         c = int(options.get("channels", info.in_shape[0]))
         s = int(options.get("image_size", info.in_shape[1]))
         k = int(options.get("num_classes", info.num_classes))

@@ -43,6 +43,7 @@ def test_experiment_values_survive_default_run_config():
         (["model=nope"], "lenet5"),
         (["partition=nope"], "dirichlet"),
         (["alpha=0"], "alpha must be > 0"),
+        (["dataset=hf"], "dataset.options.path"),
         (["alpha=-0.5"], "alpha must be > 0"),
         (["fraction=1.5"], "fraction"),
         (["batch_size=1"], "batch_size"),

@@ -338,3 +338,63 @@ def test_medmnist_missing_file_says_where_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError, match="organcmnist.npz") as err:
         _read("organcmnist", tmp_path)
     assert DATASETS["organcmnist"].how_to_get in str(err.value) and str(tmp_path) in str(err.value)
+
+
+# ----------------------------------------------------------------------------- Hugging Face datasets
+
+
+def _write_parquet_dataset(root: Path, sizes: dict[str, int], side: int = 28, mode: str = "L") -> dict:
+    """A local directory in the layout the hub uses (data/<split>-00000-of-00001.parquet)."""
+    import datasets
+
+    rng = np.random.default_rng(11)
+    features = datasets.Features({"img": datasets.Image(), "fine_label": datasets.ClassLabel(num_classes=4)})
+    written = {}
+    for split, n in sizes.items():
+        shape = (n, side, side) if mode == "L" else (n, side, side, 3)
+        pixels, labels = _random_images(rng, shape), rng.integers(0, 4, n)
+        images = [Image.fromarray(p, mode=mode) for p in pixels]
+        ds = datasets.Dataset.from_dict({"img": images, "fine_label": labels.tolist()}, features=features)
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        ds.to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
+        written[split] = (pixels, labels)
+    return written
+
+
+@pytest.mark.parametrize("mode, channels", [("L", 1), ("RGB", 3)])
+def test_hf_dataset_finds_image_and_label_columns(tmp_path: Path, mode: str, channels: int) -> None:
+    written = _write_parquet_dataset(tmp_path / "ds", {"train": 6, "test": 3}, side=8, mode=mode)
+    info = dataset_info("hf", path=str(tmp_path / "ds"), channels=channels, image_size=8, num_classes=4)
+    assert info.in_shape == (channels, 8, 8) and info.num_classes == 4
+    splits = info.reader(str(tmp_path / "cache"), **info.options)
+    for split, (pixels, labels) in written.items():
+        expected = pixels[:, None] if channels == 1 else pixels.transpose(0, 3, 1, 2)
+        np.testing.assert_array_equal(splits[split][0], expected)
+        np.testing.assert_array_equal(splits[split][1], labels)
+        assert splits[split][1].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"image_size": 28}, "image_size=8"),
+        ({"num_classes": 2}, "num_classes"),
+        ({"label_column": "nope"}, "label_column"),
+    ],
+)
+def test_hf_dataset_that_does_not_match_the_options_names_the_fix(tmp_path: Path, options: dict, match: str) -> None:
+    _write_parquet_dataset(tmp_path / "ds", {"train": 5}, side=8)
+    info = dataset_info("hf", **{"path": str(tmp_path / "ds"), "image_size": 8, "num_classes": 4, **options})
+    with pytest.raises(ValueError, match=match):
+        info.reader(str(tmp_path / "cache"), **info.options)
+
+
+def test_hf_hub_id_offline_and_not_cached_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    info = dataset_info("hf", path="zalando-datasets/fashion_mnist")
+    with pytest.raises(DatasetNotFoundError, match="zalando-datasets/fashion_mnist") as err:
+        info.reader(str(tmp_path / "cache"), **info.options)
+    assert "HF cache" in str(err.value)

@@ -296,8 +296,11 @@ class PersonalizedStrategy(Strategy):
             Message(RecordDict({"config": config}), message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids
         ]
         errors = []
-        for reply in grid.send_and_receive(messages, timeout=self.discover_timeout):
-            node = reply.metadata.src_node_id
+        replies = grid.send_and_receive(messages, timeout=self.discover_timeout)
+        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set by the push
+        for reply in replies:
+            # the SuperLink's own error replies come from node 0: name the node that was asked
+            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error():
                 errors.append(f"node {node}: {reply.error.reason}")
                 log(WARNING, "node %d could not join: %s", node, reply.error.reason)

@@ -111,6 +111,15 @@ def test_superlink_node_unavailable_reply_drops_that_client_once(compose, tiny_o
     assert dropped["client"] == 2 and "Node Unavailable" in dropped["reason"]
 
 
+def test_node_the_superlink_reports_unavailable_at_discovery_is_named(compose, tiny_overrides, caplog):
+    _, strategy = make(compose, tiny_overrides, "method=fedavg")
+    grid = LocalGrid(4)
+    grid.unavailable = {2}
+    strategy.discover(grid, timeout=0)
+    assert sorted(strategy.clients) == [0, 1, 3]
+    assert f"node {grid.node_of_client[2]} could not join: Error: Node Unavailable" in caplog.text
+
+
 def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
     grid = LocalGrid(4)

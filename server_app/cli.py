@@ -95,13 +95,17 @@ def _sim_main(argv: list[str]) -> int:
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg: DictConfig) -> None:
         OmegaConf.resolve(cfg)
-        if cfg.get("resume"):  # the run's saved config, with the command line's rounds
-            from hydra.core.hydra_config import HydraConfig
-
-            cfg = resume_config(cfg, HydraConfig.get().overrides.task)
         sweep = _sweep_job(argv, sweeps)
         try:
+            if cfg.get("resume"):  # the run's saved config, with the command line's rounds
+                from hydra.core.hydra_config import HydraConfig
+
+                cfg = resume_config(cfg, HydraConfig.get().overrides.task)
             simulate(cfg, sweep)
+        except (ConfigError, CheckpointError) as exc:
+            # hydra would print a traceback for an Exception; a SystemExit passes through it
+            print(f"pflower: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         finally:
             if sweep is not None:
                 sweep.end_job()
@@ -112,9 +116,8 @@ def _sim_main(argv: list[str]) -> int:
                 "hydra/hydra_logging=none", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
     try:
         _run()
-    except (ConfigError, CheckpointError) as exc:
-        print(f"pflower: {exc}", file=sys.stderr)
-        return 2
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 

@@ -344,9 +344,11 @@ class PersonalizedStrategy(Strategy):
         by_message = {meta.message_id: cid for cid, meta in self._sent.items() if meta.message_id}
         for msg in replies:
             node = msg.metadata.src_node_id
-            # the SuperLink answers for an unreachable node itself (from node 0): match a reply to the
-            # message it answers, so that client is named and dropped once
-            cid = by_message.get(msg.metadata.reply_to_message_id, self._inflight.get(node))
+            cid = self._inflight.get(node)  # a node answers for itself only (its id is authenticated)
+            if cid is None and msg.has_error():
+                # the SuperLink answers for an unreachable node itself, from node 0: match the error to
+                # the message it answers, so that client is named and dropped once
+                cid = by_message.get(msg.metadata.reply_to_message_id)
             if cid is not None:
                 answered.add(cid)
             if msg.has_error():

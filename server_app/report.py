@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from .config import conf_dir
+from .provenance import short_commit
 
 COLUMNS = ("method", "dataset", "alpha", "rounds", "ours", "paper", "diff", "last-20", "final (all clients)", "MiB/round", "wall")
 # summary.json keys the table needs, with the types they must have (None allowed where a run can lack the value)
@@ -332,6 +333,12 @@ def _posix_rel(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
 
 
+def _commit_note(run: Path) -> str:
+    """`` (commit abc1234)`` from the run's provenance.json; empty for runs made before pflower recorded it."""
+    commit = short_commit(run)
+    return f" (commit {commit})" if commit else ""
+
+
 def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list[Path]:
     """``out/report.md`` and two PNGs per (dataset, α) group; returns the files written.
 
@@ -361,7 +368,7 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
             written.append(png)
             lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
         lines += ["", "Runs:", ""]
-        lines += [f"- {label}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
+        lines += [f"- {label}{_commit_note(run)}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return [report, *written]

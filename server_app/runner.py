@@ -26,6 +26,7 @@ from strategies.evaluation import summarize
 
 from .config import ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args
 from .progress import RunProgress, Sweep
+from .provenance import write_provenance
 from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
 
 
@@ -84,6 +85,7 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
     writer = RunWriter(run_dir)
     if checkpoint is None:
         writer.write_config(cfg)
+        write_provenance(run_dir, grid)
         log(INFO, "pflower run directory: %s", run_dir)
     else:
         try:
@@ -92,6 +94,7 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
         writer.rounds = restore_metrics(run_dir, strategy.history)
         _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
+        write_provenance(run_dir, grid, resumed_after_round=checkpoint.round)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
     every = int(cfg.get("checkpoint_every", 1))
     if every > 0:

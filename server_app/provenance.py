@@ -1,0 +1,104 @@
+"""Where a run came from: the code's git commit, the command, the date and the software versions.
+
+Written to ``<run_dir>/provenance.json`` when a run starts (a resume appends to ``resumes``), so a
+committed result names the commit it came from without anyone writing it down by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .results import _atomic_write
+
+# pflower's source tree (the folder holding server_app/, client_app/, ...)
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("flwr", "torch", "numpy")
+
+
+def _git(args: Sequence[str], cwd: Path) -> str | None:
+    """``git <args>`` in ``cwd``; None where git is missing or ``cwd`` is no checkout (e.g. a wheel install)."""
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(root: Path = SOURCE_ROOT) -> dict[str, Any]:
+    """The commit of ``root`` and whether tracked files differ from it (untracked results do not count)."""
+    commit = _git(["rev-parse", "HEAD"], root)
+    if commit is None:
+        return {"git_commit": None, "git_dirty": None}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(argv: Sequence[str] | None = None, now: dt.datetime | None = None) -> dict[str, Any]:
+    """This process's provenance record."""
+    return {
+        "started": (now or dt.datetime.now().astimezone()).isoformat(timespec="seconds"),
+        "argv": list(sys.argv if argv is None else argv),
+        **git_state(),
+        "pflower_version": _version("pflower"),
+        "python": platform.python_version(),
+        **{package: _version(package) for package in PACKAGES},
+    }
+
+
+def flwr_run(grid: Any) -> dict[str, Any] | None:
+    """The Flower run's id and FAB: under ``flwr run`` the ServerApp runs from the unpacked FAB, which
+    has no .git, so ``fab_hash`` is what names the exact code there."""
+    try:
+        run = grid.run
+    except Exception:  # noqa: BLE001 - a grid without a run (tests, before set_run) has nothing to say
+        return None
+    fields = ("run_id", "fab_id", "fab_version", "fab_hash")
+    if run is None or not all(hasattr(run, f) for f in fields):
+        return None
+    return {f: getattr(run, f) for f in fields}
+
+
+def write_provenance(run_dir: Path, grid: Any = None, resumed_after_round: int | None = None) -> dict[str, Any]:
+    """Write (or, for a resume, extend) ``run_dir/provenance.json``; returns what the file holds."""
+    path = Path(run_dir) / "provenance.json"
+    record = {**provenance(), "flwr_run": flwr_run(grid)}
+    if resumed_after_round is None:
+        data = {**record, "resumes": []}
+    else:
+        data = read_provenance(run_dir) or {"resumes": []}  # a run started before provenance existed
+        data.setdefault("resumes", []).append({**record, "after_round": resumed_after_round})
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=True))
+    return data
+
+
+def read_provenance(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/provenance.json``, or None where the run has none or it is unreadable."""
+    try:
+        data = json.loads((Path(run_dir) / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def short_commit(run_dir: Path) -> str | None:
+    """``abc1234`` (``abc1234+dirty`` where tracked files had changes), or None when not recorded."""
+    data = read_provenance(run_dir)
+    commit = data.get("git_commit") if data else None
+    if not isinstance(commit, str):
+        return None
+    return commit[:7] + ("+dirty" if data.get("git_dirty") else "")

@@ -1,0 +1,75 @@
+"""provenance.json: every run records the commit, command, date and versions it came from."""
+
+import json
+import subprocess
+from pathlib import Path
+
+from local_grid import LocalGrid
+from server_app import provenance as prov
+from server_app.report import write_report
+from server_app.runner import run_experiment
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_git_state_names_the_commit_and_only_tracked_changes_make_it_dirty(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git(tmp_path, "add", "a.py")
+    git(tmp_path, "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "results.json").write_text("{}")  # an untracked result does not make the code dirty
+    assert prov.git_state(tmp_path) == {"git_commit": head, "git_dirty": False}
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert prov.git_state(tmp_path) == {"git_commit": head, "git_dirty": True}
+
+
+def test_no_checkout_records_none(tmp_path):
+    assert prov.git_state(tmp_path) == {"git_commit": None, "git_dirty": None}
+
+
+def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, monkeypatch):
+    monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "a" * 40, "git_dirty": False})
+    summary = run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=2"))
+    run_dir = Path(summary["run_dir"])
+    data = json.loads((run_dir / "provenance.json").read_text())
+    assert data["git_commit"] == "a" * 40 and data["resumes"] == []
+    assert data["started"][:4].isdigit() and isinstance(data["argv"], list) and data["flwr"] and data["torch"]
+    assert prov.short_commit(run_dir) == "aaaaaaa"
+
+    monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "b" * 40, "git_dirty": True})
+    run_experiment(LocalGrid(4), compose(f"resume={run_dir}", "rounds=3"))
+    data = json.loads((run_dir / "provenance.json").read_text())
+    assert data["git_commit"] == "a" * 40  # where the run started
+    assert [(r["git_commit"], r["after_round"]) for r in data["resumes"]] == [("b" * 40, 2)]
+
+
+def test_report_lists_each_runs_commit(compose, tiny_overrides, monkeypatch, tmp_path):
+    monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "c" * 40, "git_dirty": True})
+    run = Path(run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))["run_dir"])
+    old = run.parent / "older-run"  # a run from before provenance.json: no commit, no error
+    subprocess.run(["cp", "-r", str(run), str(old)], check=True)
+    (old / "provenance.json").unlink()
+    (old / "provenance.json.tmp").write_text("")  # stray temp file is ignored too
+    md = (write_report([run, old], tmp_path / "rep")[0]).read_text()
+    listed = [line for line in md.splitlines() if line.startswith("- ")]
+    assert len(listed) == 2 and sum("(commit ccccccc+dirty): `" in line for line in listed) == 1
+
+
+def test_flower_run_fab_is_recorded():
+    """Under `flwr run` the code runs from the FAB (no .git): the FAB hash names it."""
+    from flwr.supercore.run import Run
+
+    class Grid:
+        run = Run.create_empty(7)
+
+    Grid.run.fab_id, Grid.run.fab_version, Grid.run.fab_hash = "pflower/pflower", "0.1.0", "f" * 64
+    assert prov.flwr_run(Grid()) == {"run_id": 7, "fab_id": "pflower/pflower", "fab_version": "0.1.0", "fab_hash": "f" * 64}
+    assert prov.flwr_run(LocalGrid(2)) is None and prov.flwr_run(None) is None
+
+
+def test_unreadable_provenance_is_treated_as_not_recorded(tmp_path):
+    (tmp_path / "provenance.json").write_text("{not json")
+    assert prov.read_provenance(tmp_path) is None and prov.short_commit(tmp_path) is None

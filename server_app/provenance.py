@@ -21,6 +21,8 @@ from .results import _atomic_write
 # pflower's source tree (the folder holding server_app/, client_app/, ...)
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flwr", "torch", "numpy")
+# what decides a run's result; an edited README or a results folder does not make a run "dirty"
+CODE_PATHS = ("server_app", "client_app", "strategies", "models", "conf", "pyproject.toml")
 
 
 def _git(args: Sequence[str], cwd: Path) -> str | None:
@@ -33,11 +35,11 @@ def _git(args: Sequence[str], cwd: Path) -> str | None:
 
 
 def git_state(root: Path = SOURCE_ROOT) -> dict[str, Any]:
-    """The commit of ``root`` and whether tracked files differ from it (untracked results do not count)."""
+    """The commit of ``root`` and whether pflower's tracked code or config (:data:`CODE_PATHS`) differs from it."""
     commit = _git(["rev-parse", "HEAD"], root)
     if commit is None:
         return {"git_commit": None, "git_dirty": None}
-    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], root)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 

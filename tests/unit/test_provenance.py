@@ -14,15 +14,18 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
 
 
-def test_git_state_names_the_commit_and_only_tracked_changes_make_it_dirty(tmp_path):
+def test_git_state_names_the_commit_and_only_code_changes_make_it_dirty(tmp_path):
     git(tmp_path, "init", "-q")
-    (tmp_path / "a.py").write_text("x = 1\n")
-    git(tmp_path, "add", "a.py")
+    (tmp_path / "strategies").mkdir()
+    (tmp_path / "strategies" / "a.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("docs\n")
+    git(tmp_path, "add", "strategies/a.py", "README.md")
     git(tmp_path, "commit", "-qm", "one")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     (tmp_path / "results.json").write_text("{}")  # an untracked result does not make the code dirty
+    (tmp_path / "README.md").write_text("edited docs\n")  # nor does an edited README
     assert prov.git_state(tmp_path) == {"git_commit": head, "git_dirty": False}
-    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "strategies" / "a.py").write_text("x = 2\n")
     assert prov.git_state(tmp_path) == {"git_commit": head, "git_dirty": True}
 
 

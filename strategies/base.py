@@ -59,7 +59,12 @@ BASE_ATTRS = frozenset({
     "groups", "group_keys", "global_arrays", "template", "client_spec", "num_clients", "fraction",
     "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng",
     "clients", "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down",
+    "_message_ttl",
 })
+
+# seconds a message outlives the wait for its reply: the SuperLink then drops it, so a SuperNode
+# that reconnects after its round closed is not handed training whose reply would be discarded
+TTL_MARGIN_S = 60.0
 
 
 @dataclass
@@ -120,6 +125,7 @@ class PersonalizedStrategy(Strategy):
         self._sent: dict[int, Metadata] = {}
         self._bytes_down = 0
         self._groups_down: set[str] = set()
+        self._message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
 
     # ------------------------------------------------------------------ method hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
@@ -255,7 +261,7 @@ class PersonalizedStrategy(Strategy):
         node = self.clients[client_id].node_id
         self._inflight[node] = client_id
         content = RecordDict({"arrays": arrays, "config": self._config(client_id, server_round, task)})
-        message = Message(content=content, message_type=message_type, dst_node_id=node)
+        message = Message(content=content, message_type=message_type, dst_node_id=node, ttl=self._message_ttl)
         self._sent[client_id] = message.metadata  # not the message: its arrays are freed once pushed
         return message
 
@@ -293,7 +299,11 @@ class PersonalizedStrategy(Strategy):
     def _query(self, grid: Grid, node_ids: Sequence[int]) -> list[str]:
         config = ConfigRecord({"spec": json.dumps({**self.client_spec, "task": "hello"})})
         messages = [
-            Message(RecordDict({"config": config}), message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids
+            Message(
+                RecordDict({"config": config}), message_type=MessageType.QUERY, dst_node_id=n,
+                ttl=self.discover_timeout + TTL_MARGIN_S,
+            )
+            for n in node_ids
         ]
         errors = []
         replies = grid.send_and_receive(messages, timeout=self.discover_timeout)
@@ -522,6 +532,7 @@ class PersonalizedStrategy(Strategy):
         else:
             log(INFO, "Starting %s (%d rounds)", self.name, num_rounds)
         self.summary()
+        self._message_ttl = timeout + TTL_MARGIN_S
         if initial_arrays is not None and first == 1:
             for k, arr in initial_arrays.items():
                 self.global_arrays[k] = arr.numpy()

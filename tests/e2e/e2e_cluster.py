@@ -290,6 +290,27 @@ class Cluster:
     def start_node(self, i: int) -> Proc:
         return self.start(f"supernode-{i}", self.node_argv(i), f"supernode-{i}", netns_index=i)
 
+    def node_id(self, i: int) -> int:
+        """SuperNode ``i``'s node id, from its log."""
+        found = re.search(r"SuperNode ID: (\d+)", self.procs[f"supernode-{i}"].text())
+        assert found, f"supernode-{i} has not logged its node id"
+        return int(found.group(1))
+
+    def node_status(self, i: int) -> str:
+        """What the SuperLink says of SuperNode ``i`` now (``online``, ``offline``, ...), from
+        `flwr supernode ls`: the same online test (a heartbeat within its patience) as the
+        node list a ServerApp samples from."""
+        proc = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "ls", self.topo.name, "--format", "json"],
+            env=self.env("cli"), capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )
+        try:
+            nodes = json.loads(proc.stdout[proc.stdout.index("{"):])["nodes"]
+        except (ValueError, KeyError):
+            raise AssertionError(f"flwr supernode ls: unexpected output\n{proc.stdout}{proc.stderr}") from None
+        wanted = str(self.node_id(i))
+        return next((n["status"] for n in nodes if n["node-id"] == wanted), "unknown")
+
     def kill_node(self, i: int) -> None:
         """SIGKILL the SuperNode and its SuperExec/ClientApp children: a device that dies."""
         self.procs[f"supernode-{i}"].signal(signal.SIGKILL)

@@ -159,3 +159,23 @@ def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_ove
     with pytest.raises(RuntimeError, match="no client could join the run: .*outside"):
         strategy.discover(grid)
     assert time.monotonic() - t0 < 30  # not the 300 s discovery timeout
+
+
+def test_messages_expire_once_their_reply_could_no_longer_count(compose, tiny_overrides):
+    """TTL = the wait for the reply + TTL_MARGIN_S: a SuperNode that reconnects after its round
+    closed is not handed that round's training (the SuperLink drops the expired message)."""
+    from strategies.base import TTL_MARGIN_S
+
+    _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0", "final_eval=true")
+    grid = LocalGrid(4)
+    strategy.start(grid, num_rounds=1, timeout=120.0)
+    ttls = {}
+    for m in grid.sent:
+        ttls.setdefault(m.metadata.message_type, set()).add(m.metadata.ttl)
+    assert ttls == {
+        "query": {strategy.discover_timeout + TTL_MARGIN_S},
+        "train": {120.0 + TTL_MARGIN_S},
+        "evaluate": {120.0 + TTL_MARGIN_S},
+    }
+    train_replies = [r for r in grid.replies if r.metadata.message_type == "train"]
+    assert train_replies and all(r.metadata.ttl <= 120.0 + TTL_MARGIN_S for r in train_replies)  # nor do replies

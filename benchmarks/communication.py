@@ -2,7 +2,7 @@
 
 Every registered method (``strategies.STRATEGIES``, so a new method joins by itself) runs the
 same workload through the real strategy and the real ClientApp handlers, on an in-process
-Grid (``tests/local_grid.py``) that records every :class:`flwr.app.Message` going down
+Grid (:mod:`server_app.inprocess`) that records every :class:`flwr.app.Message` going down
 (server -> client) and up (client -> server). Each message is measured three ways:
 
 * **wire**: what Flower 1.41 moves between SuperLink and SuperNode for it. A message no longer
@@ -37,7 +37,6 @@ Run: ``python -m benchmarks.communication`` (``--rounds``, ``--methods``, ``--qu
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -52,8 +51,9 @@ from flwr.app.message import remove_content_from_message
 from flwr.common.serde import message_to_proto
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree, no_object_id_recompute
 
-from benchmarks.common import REPO, markdown_table, median, run_header, write_result
-from client_app.roles.base import EXTRA_PREFIX
+from benchmarks.common import markdown_table, median, run_header, write_result
+from protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
+from server_app.inprocess import InProcessGrid
 
 MIB = 2**20
 KIB = 2**10
@@ -67,18 +67,6 @@ REFERENCE = "fedavg"
 
 
 # ---------------------------------------------------------------------------- measuring messages
-def _load_local_grid() -> type:
-    """tests/local_grid.py's LocalGrid (tests/ is not a package: load the file)."""
-    path = REPO / "tests" / "local_grid.py"
-    spec = importlib.util.spec_from_file_location("pflower_tests_local_grid", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.LocalGrid
-
-
 @dataclass
 class Size:
     """One message's size, three ways (bytes)."""
@@ -127,8 +115,8 @@ class Batch:
 
 
 def counting_grid(num_nodes: int) -> Any:
-    """A LocalGrid that measures every message it delivers and every reply it returns."""
-    local_grid = _load_local_grid()
+    """A InProcessGrid that measures every message it delivers and every reply it returns."""
+    local_grid = InProcessGrid
 
     class CountingGrid(local_grid):  # type: ignore[misc, valid-type]
         def __init__(self, n: int) -> None:

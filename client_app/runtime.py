@@ -1,8 +1,10 @@
 """What a ClientApp does with each message, as plain functions of (message, context).
 
-Train: rebuild the model, load the client's persisted personal tensors, overlay what the
-server sent, evaluate (``test_before``), run the method's role, evaluate again
-(``test_after``), persist the personal tensors, reply with the groups the server asked for.
+Train: rebuild the model, load the client's persisted tensors, overlay what the server sent,
+evaluate (``test_before``), run the method's role, evaluate again (``test_after``), persist
+(the personal tensors, or the whole model when the strategy asks the client to keep it),
+reply with the tensors the server asked for (or the subset the role chose from the declared
+upload sets).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import copy
 import json
 import time
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from logging import DEBUG, INFO, WARNING
 from typing import Any
@@ -21,11 +24,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.common import log
 
 from models import LayeredNet, buffer_keys, build_model, trainable_keys
+from models.schema import float_buffer_keys
+from protocol import wire
+from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
 from .data import ClientData, DataSpec, load_client_data
 from .data.local import with_node_data_dir
 from .roles import RoleContext, build_role
-from .roles.base import EXTRA_PREFIX
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
 
@@ -39,22 +44,23 @@ TEST_FAULT_KEY = "test-fault"
 def client_id_of(context: Context) -> int:
     """The stable client id: ``client-id`` in deployment, ``partition-id`` in simulation."""
     config = context.node_config
-    for key in ("client-id", "partition-id"):
+    for key in (wire.NODE_CLIENT_ID, wire.NODE_PARTITION_ID):
         if key in config:
             return int(config[key])
     raise ValueError("this SuperNode has no client id: start it with --node-config \"client-id=<N>\"")
 
 
-def parse_spec(message: Message) -> dict[str, Any]:
-    config = message.content.config_records.get("config")
-    if config is None or "spec" not in config:
-        raise ValueError("message carries no pflower spec: is the ServerApp a pflower ServerApp?")
-    return json.loads(str(config["spec"]))
+def parse_spec(message: Message) -> TaskSpec:
+    config = message.content.config_records.get(wire.CONFIG_RECORD)
+    if config is None or wire.SPEC_KEY not in config:
+        raise SpecError("message carries no pflower spec: is the ServerApp a pflower ServerApp?")
+    return TaskSpec.from_json(str(config[wire.SPEC_KEY]))
 
 
-def client_data(spec: dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
+def client_data(spec: TaskSpec | dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
     """The client's tensors: its partition, or with ``dataset=local`` its node's ``data-dir``."""
-    return load_client_data(DataSpec.from_dict(with_node_data_dir(spec["data"], node_config or {})), client_id)
+    data = spec.data if isinstance(spec, TaskSpec) else spec["data"]
+    return load_client_data(DataSpec.from_dict(with_node_data_dir(data, node_config or {})), client_id)
 
 
 @lru_cache(maxsize=8)
@@ -62,72 +68,107 @@ def _initial_model(name: str, kwargs_json: str, in_shape: tuple[int, int, int], 
     return build_model(name, in_shape, num_classes, seed=seed, **json.loads(kwargs_json))
 
 
-def fresh_model(spec: dict[str, Any]) -> LayeredNet:
-    """The run's initial model (same seed as the server's), copied from a per-process cache."""
-    info = DataSpec.from_dict(spec["data"]).info
-    model_spec = spec["model"]
+def fresh_model(spec: TaskSpec | dict[str, Any]) -> LayeredNet:
+    """The run's initial model of this client's architecture (same seed as the server's), copied
+    from a per-process cache."""
+    data, model_spec, seed = (spec.data, spec.model, spec.seed) if isinstance(spec, TaskSpec) else (spec["data"], spec["model"], spec["seed"])
+    info = DataSpec.from_dict(data).info
     kwargs = {k: v for k, v in model_spec.items() if k != "name"}
-    base = _initial_model(model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(spec["seed"]))
+    base = _initial_model(model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(seed))
     return copy.deepcopy(base)
 
 
-def _metrics_reply(message: Message, metrics: dict[str, float], arrays: ArrayRecord | None = None) -> Message:
-    content = RecordDict({"metrics": MetricRecord(metrics)})
+def _metrics_reply(message: Message, metrics: dict[str, float], arrays: ArrayRecord | None = None, hello: dict | None = None) -> Message:
+    content = RecordDict({wire.METRICS_RECORD: MetricRecord(metrics)})
     if arrays is not None:
-        content["arrays"] = arrays
+        content[wire.ARRAYS_RECORD] = arrays
+    if hello:
+        content[wire.HELLO_RECORD] = ConfigRecord(hello)
     return Message(content=content, reply_to=message)
 
 
 def handle_hello(message: Message, context: Context) -> Message:
-    """Discovery: tell the server who this client is and how much data it holds."""
+    """Discovery: tell the server who this client is, how much data it holds and (if its node
+    config names one) which architecture it runs."""
     spec = parse_spec(message)
     cid = client_id_of(context)
     data = client_data(spec, cid, context.node_config)
-    metrics = {"client-id": cid, "num-train": data.num_train, "num-test": data.num_test}
-    if "num-partitions" in context.node_config:  # simulation: lets the server check the node count
-        metrics["num-partitions"] = int(context.node_config["num-partitions"])
-    return _metrics_reply(message, metrics)
+    metrics = {wire.CLIENT_KEY: cid, wire.NUM_TRAIN: data.num_train, wire.NUM_TEST: data.num_test}
+    if wire.NUM_PARTITIONS in context.node_config:  # simulation: lets the server check the node count
+        metrics[wire.NUM_PARTITIONS] = int(context.node_config[wire.NUM_PARTITIONS])
+    announced = context.node_config.get(wire.NODE_MODEL)
+    return _metrics_reply(message, metrics, hello={wire.NODE_MODEL: str(announced)} if announced else None)
 
 
-def _prepare(
-    message: Message, context: Context
-) -> tuple[dict[str, Any], int, ClientData, LayeredNet, ClientState, RoleContext, int]:
+@dataclass
+class Job:
+    """One train/evaluate message, made ready: the spec, the client's data and its model with
+    its persisted tensors and the server's tensors loaded, and the role's context."""
+
+    spec: TaskSpec
+    client_id: int
+    data: ClientData
+    model: LayeredNet
+    state: ClientState
+    ctx: RoleContext
+    restored: int  # tensors loaded from the client's state
+
+
+def prepare(message: Message, context: Context) -> Job:
     spec = parse_spec(message)
-    config = message.content.config_records["config"]
+    config = message.content.config_records[wire.CONFIG_RECORD]
     cid = client_id_of(context)
-    if int(config["client-id"]) != cid:
-        raise ValueError(f"message addressed to client {config['client-id']} reached client {cid}")
+    if int(config[wire.CLIENT_KEY]) != cid:
+        raise ValueError(f"message addressed to client {config[wire.CLIENT_KEY]} reached client {cid}")
+    node_model = context.node_config.get(wire.NODE_MODEL)
+    if node_model and spec.arch and str(node_model) != spec.arch:
+        raise ValueError(f"the server sent a {spec.arch} model spec, but this node runs {node_model!r} (node config model)")
     data = client_data(spec, cid, context.node_config)
-    device = pick_device(spec.get("device", "auto"))
+    device = pick_device(spec.device)
     model = fresh_model(spec)
-    state_dir = context.node_config.get("state-dir") or spec.get("client_state_dir")
-    state = ClientState(context, cid, spec["run"], state_dir, versions=int(spec.get("state_versions", 1)))
-    server_round = int(config["server-round"])
+    state_dir = context.node_config.get(wire.NODE_STATE_DIR) or spec.client_state_dir
+    state = ClientState(context, cid, spec.run, state_dir, versions=spec.state_versions)
+    server_round = int(config[wire.ROUND_KEY])
     # training round r starts from the state saved before r (a replayed round after a server crash
     # sees what it saw the first time); the evaluation after round r uses round r's
-    saved = state.load(before_round=server_round + (spec.get("task") == "evaluate"))
-    extra = {k[len("extra."):]: v for k, v in saved.items() if k.startswith("extra.")}
-    own = {k: v for k, v in saved.items() if not k.startswith("extra.")}
+    saved = state.load(before_round=server_round + (spec.task == "evaluate"))
+    extra = {k[len(STATE_EXTRA_PREFIX):]: v for k, v in saved.items() if k.startswith(STATE_EXTRA_PREFIX)}
+    own = {k: v for k, v in saved.items() if not k.startswith(STATE_EXTRA_PREFIX)}
     model.load_state_dict(own, strict=False)
-    record = message.content.array_records.get("arrays", ArrayRecord())
+    record = message.content.array_records.get(wire.ARRAYS_RECORD, ArrayRecord())
     received = {k: torch.from_numpy(v.numpy().copy()) for k, v in record.items()}
-    received_extra = {k[len(EXTRA_PREFIX):]: received.pop(k) for k in list(received) if k.startswith(EXTRA_PREFIX)}
+    received_extra = {k[len(WIRE_EXTRA_PREFIX):]: received.pop(k) for k in list(received) if k.startswith(WIRE_EXTRA_PREFIX)}
     known = set(model.state_dict())
     unknown = [k for k in received if k not in known]
     if unknown:
         raise ValueError(f"server sent tensors this model does not have: {unknown[:5]}")
     model.load_state_dict(received, strict=False)
     model.to(device)
-    seed = zlib.crc32(f"{spec['seed']}-{cid}-{server_round}".encode())
+    seed = zlib.crc32(f"{spec.seed}-{cid}-{server_round}".encode())
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
-    personal, personal_keys = list(spec.get("personal", [])), list(spec.get("personal_keys", []))
-    ctx = RoleContext(device, generator, server_round, personal, extra, personal_keys, received_extra=received_extra)
-    return spec, cid, data, model, state, ctx, len(saved)
+    ctx = RoleContext(
+        device, generator, server_round, list(spec.personal), extra, list(spec.personal_keys),
+        received_extra=received_extra, upload_keys=upload_keys(model, spec),
+    )
+    return Job(spec, cid, data, model, state, ctx, len(saved))
 
 
-def _train_args(spec: dict[str, Any]) -> TrainArgs:
-    return TrainArgs(**spec["train"])
+def upload_keys(model: LayeredNet, spec: TaskSpec) -> list[str]:
+    """The most a train reply sends: the upload groups' trainable keys (and float buffers with
+    ``shared_buffers``), minus the personal keys, in state-dict order."""
+    if spec.task != "train":
+        return []
+    keys = set(trainable_keys(model, spec.upload))
+    if spec.shared_buffers:
+        groups = set(spec.upload)
+        keys |= {k for k in float_buffer_keys(model) if k.split(".")[1] in groups}
+    stay = set(spec.personal_keys)
+    return [k for k in model.state_dict() if k in keys and k not in stay]
+
+
+def _train_args(spec: TaskSpec) -> TrainArgs:
+    return TrainArgs(**spec.train)
 
 
 def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, float]:
@@ -136,10 +177,11 @@ def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, floa
 
 
 def handle_train(message: Message, context: Context) -> Message:
-    spec, cid, data, model, state, ctx, restored = _prepare(message, context)
+    job = prepare(message, context)
+    spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     args = _train_args(spec)
-    role = build_role(spec["role"], spec.get("role_args", {}))
-    metrics: dict[str, float] = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test}
+    role = build_role(spec.role, spec.role_args)
+    metrics: dict[str, float] = {wire.CLIENT_KEY: cid, wire.NUM_EXAMPLES: data.num_train, wire.TEST_SIZE: data.num_test}
     t0 = time.perf_counter()
     metrics.update(_eval_metrics("test_before", evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device)))
     t1 = time.perf_counter()
@@ -148,17 +190,19 @@ def handle_train(message: Message, context: Context) -> Message:
     after = role.trained_model(model, ctx)  # the trained model (Ditto: the personal one)
     metrics.update(_eval_metrics("test_after", evaluate(after, data.x_test, data.y_test, device=ctx.device)))
     metrics.update({"eval_time_s": (t1 - t0) + (time.perf_counter() - t2), "train_time_s": t2 - t1})
-    _persist(model, state, ctx)
-    stay = set(ctx.personal_keys)
-    upload = [k for k in trainable_keys(model, spec.get("upload", [])) if k not in stay]
+    persist(model, job.state, ctx, spec.keep)
+    allowed = set(upload_keys(model, spec))
+    chosen = [k for k in ctx.upload_keys if k in allowed]
+    if len(chosen) != len(ctx.upload_keys):
+        raise ValueError(f"role {spec.role} chose to upload {sorted(set(ctx.upload_keys) - allowed)[:5]}, which the server did not ask for")
     sd = model.state_dict()
-    tensors = {k: sd[k].detach().cpu().numpy() for k in upload}
-    tensors.update({EXTRA_PREFIX + k: v.detach().cpu().numpy() for k, v in ctx.upload_extra.items()})
+    tensors = {k: sd[k].detach().cpu().numpy() for k in chosen}
+    tensors.update({WIRE_EXTRA_PREFIX + k: v.detach().cpu().numpy() for k, v in ctx.upload_extra.items()})
     log(
-        INFO if "partition-id" not in context.node_config else DEBUG,  # one line per round on a device, quiet in simulation
+        INFO if wire.NODE_PARTITION_ID not in context.node_config else DEBUG,  # one line per round on a device, quiet in simulation
         "client %d round %d: test_before %.4f test_after %.4f (%d test samples), %d state tensors restored",
         cid, ctx.server_round, metrics["test_before_correct"] / max(data.num_test, 1),
-        metrics["test_after_correct"] / max(data.num_test, 1), data.num_test, restored,
+        metrics["test_after_correct"] / max(data.num_test, 1), data.num_test, job.restored,
     )
     if TEST_FAULT_KEY in context.node_config:
         _tamper(str(context.node_config[TEST_FAULT_KEY]), ctx.server_round, metrics, tensors)
@@ -183,17 +227,26 @@ def _tamper(fault: str, server_round: int, metrics: dict[str, float], tensors: d
 
 
 def handle_evaluate(message: Message, context: Context) -> Message:
-    spec, cid, data, model, _, ctx, _ = _prepare(message, context)
-    role = build_role(spec["role"], spec.get("role_args", {}))
-    result = evaluate(role.eval_model(model, data, _train_args(spec), ctx), data.x_test, data.y_test, device=ctx.device)
-    metrics = {"client-id": cid, "num-examples": data.num_train, "test_size": data.num_test, **_eval_metrics("test", result)}
+    job = prepare(message, context)
+    role = build_role(job.spec.role, job.spec.role_args)
+    eval_model = role.eval_model(job.model, job.data, _train_args(job.spec), job.ctx)
+    result = evaluate(eval_model, job.data.x_test, job.data.y_test, device=job.ctx.device)
+    metrics = {
+        wire.CLIENT_KEY: job.client_id, wire.NUM_EXAMPLES: job.data.num_train, wire.TEST_SIZE: job.data.num_test,
+        **_eval_metrics("test", result),
+    }
     return _metrics_reply(message, metrics)
 
 
-def _persist(model: LayeredNet, state: ClientState, ctx: RoleContext) -> None:
-    """Keep personal groups and keys, BN buffers and the role's extra tensors for the next round."""
+def persist(model: LayeredNet, state: ClientState, ctx: RoleContext, keep: str = "personal") -> None:
+    """Save what the client keeps for its next round: ``personal`` = its personal groups and
+    keys and the BN buffers; ``model`` = every tensor of the model. The role's extra tensors
+    (``ctx.extra_state``) are always kept."""
     sd = model.state_dict()
-    keep = set(trainable_keys(model, ctx.personal)) | set(ctx.personal_keys) | set(buffer_keys(model))
-    tensors = {k: sd[k] for k in sd if k in keep}
-    tensors.update({f"extra.{k}": v for k, v in ctx.extra_state.items()})
+    if keep == "model":
+        tensors = dict(sd)
+    else:
+        keep_keys = set(trainable_keys(model, ctx.personal)) | set(ctx.personal_keys) | set(buffer_keys(model))
+        tensors = {k: sd[k] for k in sd if k in keep_keys}
+    tensors.update({f"{STATE_EXTRA_PREFIX}{k}": v for k, v in ctx.extra_state.items()})
     state.save(tensors, ctx.server_round)

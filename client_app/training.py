@@ -6,22 +6,37 @@ recorded per batch) through arguments, never by copying the loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from protocol.wire import OPTIMIZERS
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class TrainArgs:
+    """Local training of one round. ``steps``: a fixed number of mini-batch steps (reshuffling
+    when the data runs out, Felo/Velo) instead of ``epochs`` passes. ``lr`` is this round's rate
+    (the server applies the run's schedule). ``optimizer``: ``sgd`` (with ``momentum`` and
+    ``weight_decay``) or ``adam`` (betas 0.9/0.999, eps 1e-8, ``weight_decay`` as L2)."""
+
     epochs: int = 5
     batch_size: int = 32
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.steps is not None and self.steps < 0:
+            raise ValueError(f"local steps must be >= 0, got {self.steps}")
 
 
 def pick_device(preference: str = "auto") -> torch.device:
@@ -68,6 +83,75 @@ class PlainSGD:
             p.add_(d_p, alpha=-self.lr)
 
 
+class PlainAdam:
+    """Adam (Kingma & Ba; L2 ``weight_decay`` added to the gradient): the update of
+    ``torch.optim.Adam`` on CPU (its single-tensor path), bit for bit, without importing
+    ``torch._dynamo`` (see :class:`PlainSGD`)."""
+
+    def __init__(
+        self, params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8, weight_decay: float = 0.0,
+    ) -> None:
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.step_count = 0
+        self.exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.steps = [0] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        beta1, beta2 = self.betas
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            grad = p.grad
+            self.steps[i] += 1
+            step = self.steps[i]
+            if self.weight_decay != 0:
+                grad = grad.add(p, alpha=self.weight_decay)
+            self.exp_avg[i].lerp_(grad, 1 - beta1)
+            self.exp_avg_sq[i].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step_size = self.lr / (1 - beta1**step)
+            denom = (self.exp_avg_sq[i].sqrt() / (1 - beta2**step) ** 0.5).add_(self.eps)
+            p.addcdiv_(self.exp_avg[i], denom, value=-step_size)
+
+
+def make_optimizer(params: list[nn.Parameter], args: TrainArgs) -> PlainSGD | PlainAdam:
+    if args.optimizer == "adam":
+        return PlainAdam(params, lr=args.lr, weight_decay=args.weight_decay)
+    return PlainSGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def batch_indices(n: int, args: TrainArgs, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
+    """The index batches of one round: ``args.epochs`` shuffled passes, or ``args.steps`` batches
+    (reshuffling at the end of each pass). Batches of a single sample are skipped (BatchNorm
+    cannot train on them, fedcmd.md §2.8) and do not count as steps."""
+    if args.steps is None:
+        for _ in range(args.epochs):
+            order = torch.randperm(n, generator=generator)
+            for start in range(0, n, args.batch_size):
+                idx = order[start : start + args.batch_size]
+                if len(idx) >= 2:
+                    yield idx
+        return
+    done = 0
+    while done < args.steps and n >= 2:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, args.batch_size):
+            idx = order[start : start + args.batch_size]
+            if len(idx) < 2:
+                continue
+            yield idx
+            done += 1
+            if done == args.steps:
+                return
+
+
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y)
 
@@ -83,32 +167,26 @@ def train(
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
 ) -> float:
-    """Mini-batch SGD for ``args.epochs`` epochs over shuffled (x, y); returns the mean batch loss.
+    """Mini-batch training over shuffled (x, y) (:func:`batch_indices`); returns the mean batch loss.
 
-    Only ``params`` are updated (all parameters if None); others keep their values. Batches
-    of a single sample are skipped (BatchNorm cannot train on them, fedcmd.md §2.8).
+    Only ``params`` are updated (all parameters if None); others keep their values. The
+    optimizer (``args.optimizer``) is fresh every call: its state never outlives a round.
     """
     device = device or next(model.parameters()).device
     trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-    if not trainable or args.epochs <= 0:
+    if not trainable or (args.epochs <= 0 if args.steps is None else args.steps <= 0):
         return float("nan")
-    optimizer = PlainSGD(trainable, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = make_optimizer(trainable, args)
     model.train()
     total, batches = 0.0, 0
-    n = len(y)
-    for _ in range(args.epochs):
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, args.batch_size):
-            idx = order[start : start + args.batch_size]
-            if len(idx) < 2:
-                continue
-            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
-            optimizer.zero_grad()
-            loss = loss_fn(model, xb, yb)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            batches += 1
+    for idx in batch_indices(len(y), args, generator):
+        xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+        optimizer.zero_grad()
+        loss = loss_fn(model, xb, yb)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        batches += 1
     return total / max(batches, 1)
 
 

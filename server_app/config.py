@@ -166,13 +166,18 @@ def validate(cfg: DictConfig) -> None:
     from client_app.data import DATASETS, dataset_info
     from client_app.data.partition import PARTITIONERS
     from models import MODELS
+    from models.schema import assign_archs
+    from protocol.wire import OPTIMIZERS
     from strategies import STRATEGIES, method_options
+    from strategies.schedule import LRSchedule
 
     dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
+    archs, rule = model_archs(cfg)
+    unknown_models = sorted({spec["name"] for spec in archs.values()} - set(MODELS))
     checks = [
         (cfg.method.name in STRATEGIES, f"unknown method {cfg.method.name!r}; valid methods: {sorted(STRATEGIES)}"),
         (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),
-        (cfg.model.name in MODELS, f"unknown model {cfg.model.name!r}; valid models: {sorted(MODELS)}"),
+        (not unknown_models, f"unknown model {', '.join(map(repr, unknown_models))}; valid models: {sorted(MODELS)} (or mixed)"),
         (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
         (
             cfg.dataset.name != "hf" or bool((cfg.dataset.get("options") or {}).get("path")),
@@ -189,9 +194,24 @@ def validate(cfg: DictConfig) -> None:
     ]
     if cfg.partition.name == "dirichlet":
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
+    checks += [
+        (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
+        (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),
+    ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    try:
+        assign_archs(rule, list(archs), int(cfg.num_clients))
+        LRSchedule.from_config({**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(archs) > 1 and cfg.method.name in STRATEGIES and not STRATEGIES[cfg.method.name].heterogeneous:
+        capable = sorted(n for n, c in STRATEGIES.items() if c.heterogeneous)
+        raise ConfigError(
+            f"method {cfg.method.name!r} runs one architecture on every client, but model.archs names {sorted(archs)}: "
+            f"use one model, or a method for heterogeneous clients ({', '.join(capable)})"
+        )
     if cfg.method.name in STRATEGIES:
         unknown = sorted(set(method_args(cfg)) - set(method_options(cfg.method.name)))
         if unknown:
@@ -208,8 +228,32 @@ def method_args(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(cfg.method).items() if k != "name"}
 
 
+MIXED = "mixed"  # model.name of a heterogeneous federation: model.archs holds the architectures
+
+
 def model_spec(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg.model)
+
+
+def model_archs(cfg: DictConfig) -> tuple[dict[str, dict[str, Any]], Any]:
+    """(architecture name -> model spec, assignment rule). A homogeneous run is one architecture
+    named after its model; ``model=<a mixed config>`` lists several under ``model.archs``
+    (``conf/model/felo_previous.yaml``) and says who runs which in ``model.assign``."""
+    spec = model_spec(cfg)
+    if spec.get("name") != MIXED:
+        return {str(spec["name"]): spec}, "blocks"
+    archs = spec.get("archs") or {}
+    if not isinstance(archs, dict) or not archs:
+        raise ConfigError("model.name=mixed needs model.archs: a mapping architecture name -> model spec, e.g. {small: {name: resnet10}, big: {name: resnet18}}")
+    out = {}
+    for arch, arch_spec in archs.items():
+        if isinstance(arch_spec, str):
+            arch_spec = {"name": arch_spec}
+        if not isinstance(arch_spec, dict) or "name" not in arch_spec:
+            raise ConfigError(f"model.archs.{arch} must be a model spec with a name (e.g. {{name: resnet18}}), got {arch_spec!r}")
+        out[str(arch)] = dict(arch_spec)
+    rule = spec.get("assign") or "blocks"
+    return out, rule
 
 
 def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
@@ -246,7 +290,6 @@ def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = 
         "state_versions": int(cfg.get("checkpoint_every", 1)) + 1 if int(cfg.get("checkpoint_every", 1)) > 0 else 1,
         "seed": int(cfg.seed),
         "device": str(cfg.device),
-        "model": model_spec(cfg),
         "data": data_spec_dict(cfg),
         "train": {
             "epochs": int(cfg.local_epochs),
@@ -254,5 +297,18 @@ def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = 
             "lr": float(cfg.lr),
             "momentum": float(cfg.momentum),
             "weight_decay": float(cfg.weight_decay),
+            "optimizer": str(cfg.get("optimizer", "sgd")),
+            "steps": None if cfg.get("local_steps") is None else int(cfg.local_steps),
         },
+        # server-side only (the strategy takes them out): the per-round learning rate, and for a
+        # heterogeneous federation the architectures and who runs which
+        "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},
+        **_model_entries(cfg),
     }
+
+
+def _model_entries(cfg: DictConfig) -> dict[str, Any]:
+    archs, rule = model_archs(cfg)
+    if model_spec(cfg).get("name") != MIXED:
+        return {"model": model_spec(cfg)}
+    return {"model": next(iter(archs.values())), "archs": archs, "assign": rule}

@@ -19,12 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from client_app.data import DataSpec, partition_sizes
 from client_app.data.partition import PartitionError
-from models import build_model
+from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
 from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
 
-from .config import ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args
+from .config import MIXED, ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args, model_archs
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
 from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
@@ -50,13 +50,21 @@ def client_state_dir(cfg: DictConfig, run_dir: Path | None) -> str | None:
     return str(Path(str(value)).expanduser().resolve())
 
 
-def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
+def build_models(cfg: DictConfig) -> LayeredNet | dict[str, LayeredNet]:
+    """The run's initial model (seeded), or one per architecture of a mixed federation."""
     info = DataSpec.from_dict(data_spec_dict(cfg)).info
-    model_kwargs = {k: v for k, v in client_spec(cfg, run_token)["model"].items() if k != "name"}
-    model = build_model(cfg.model.name, info.in_shape, info.num_classes, seed=int(cfg.seed), **model_kwargs)
+    archs, _ = model_archs(cfg)
+    models = {
+        arch: build_model(spec["name"], info.in_shape, info.num_classes, seed=int(cfg.seed), **{k: v for k, v in spec.items() if k != "name"})
+        for arch, spec in archs.items()
+    }
+    return models if cfg.model.name == MIXED else next(iter(models.values()))
+
+
+def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
     return build_strategy(
         cfg.method.name,
-        model,
+        build_models(cfg),
         client_spec(cfg, run_token, client_state_dir(cfg, run_dir)),
         method_args=method_args(cfg),
         num_clients=int(cfg.num_clients),

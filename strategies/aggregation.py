@@ -43,9 +43,30 @@ def weighted_average(
     return out
 
 
+def layerwise_mix(models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """One mix of ``models`` per layer: w^l = sum_j alpha[l, j] w_j^l (rows normalized), layer l's keys in
+    ``layer_keys[l]``. pFedLA's personalized model; KAPC's regularizer s_i^l = sum_j R[i, l, j] w_j^l."""
+    out: dict[str, np.ndarray] = {}
+    for weights, keys in zip(np.asarray(alpha, dtype=np.float64), layer_keys):
+        if keys:
+            out.update(weighted_average(models, weights, keys=list(keys)))
+    return out
+
+
 def fedavg(updates: Sequence[Arrays], num_examples: Sequence[int]) -> dict[str, np.ndarray]:
-    """FedAvg (McMahan et al.): the average weighted by each client's training-set size."""
-    return weighted_average(updates, num_examples)
+    """FedAvg (McMahan et al.): the average weighted by each client's training-set size.
+
+    Clients that uploaded different key sets (a client-chosen upload, BLS's prefixes): each key is
+    the FedAvg of the clients that sent it.
+    """
+    keys = list(updates[0].keys())
+    if all(len(u) == len(keys) and all(k in u for k in keys) for u in updates):
+        return weighted_average(updates, num_examples)
+    out: dict[str, np.ndarray] = {}
+    for key in dict.fromkeys(k for u in updates for k in u):
+        holders = [(u, n) for u, n in zip(updates, num_examples) if key in u]
+        out.update(weighted_average([u for u, _ in holders], [n for _, n in holders], keys=[key]))
+    return out
 
 
 SCRATCH_BYTES = 16 * 2**20  # float64 scratch of one stacked block of models (column_blocks)

@@ -6,31 +6,44 @@ must receive, reply validation, byte accounting, the evaluation protocol and the
 per-round record. A method overrides a few hooks that say what is different about it:
 
 - :meth:`personal_groups`: layer groups that stay on the client (FedPer: the classifier);
-- :meth:`personal_keys`: single trainable keys of shared groups that stay too (FedBN: BN affine);
-- :meth:`downlink`: the tensors one client receives (default: the shared groups' global values);
-- :meth:`downlinks` / :meth:`extra_downlinks`: the same for a whole round at once (batched mixing);
+- :meth:`personal_keys`: single keys of shared groups that stay too (FedBN: BN affine);
+- :meth:`downlinks` / :meth:`extra_downlinks`: what a round's clients receive, all at once
+  (default: the global values of each client's shared groups; pFedSim mixes stored models here);
 - :meth:`uplink_groups`: the groups a client sends back (default: the shared ones);
-- :meth:`role_config`: arguments of the client role (proximal mu, fine-tune epochs...);
-- :meth:`extra_downlink` / :meth:`extra_uplink`: arrays besides model tensors in a train message
-  and its reply, as ``extra/<name>/<key>`` (FedFomo: other clients' models; FedAP: BN statistics);
-- :meth:`aggregate`: the server update (default: FedAvg of what was uploaded).
+  :meth:`uplink_sets`: the key sets a client may choose from instead (BLS's layer prefixes);
+- :meth:`role_config`: arguments of the client role (a :class:`protocol.roles.RoleArgs`);
+- :meth:`extra_uplink`: arrays besides model tensors a reply carries (FedAP: BN statistics);
+- :meth:`sample`: this round's clients (default: a seeded uniform draw; FedCPMD: per cluster);
+- :meth:`aggregate`: the server update (default: FedAvg of what was uploaded, per architecture);
+- :meth:`run_summary`: values for ``summary.json``.
+Class attributes say what the clients keep and what travels: ``client_keeps`` (``"personal"``:
+personal groups, keys and BN buffers; ``"model"``: the whole model, so a tensor a round does not
+send keeps the client's own last value), ``shared_buffers`` (float BN buffers travel with their
+group and are averaged), ``heterogeneous`` (clients may run different architectures).
+
+Architectures: the server holds a :class:`models.schema.ModelSchema` per architecture and looks
+a client's up by its client id (:meth:`schema`); a homogeneous run is the one-architecture case.
+Each architecture has its own global arrays (:attr:`arch_arrays`; :attr:`global_arrays` is the
+one model of a homogeneous run).
+
+Determinism: replies are aggregated in client-id order, never in arrival order, so a run's
+numbers depend on its seed and config, not on which client answered first.
 
 Checkpoint/resume (:meth:`state_dict` / :meth:`load_state_dict`, file format in
 :mod:`strategies.checkpoint`). The base saves the last completed round, the global arrays,
 the round history, the run token, the sampling RNG's state and torch's CPU RNG state, plus
 the method's state from :meth:`extra_state`. By default that is *every instance attribute
 the base does not own* (``vars(self)`` minus :data:`BASE_ATTRS`), so a method's server
-state (per-client stores, similarity matrices, votes, clusters, dataclasses, torch modules
-created in ``__init__``...) is checkpointed and restored with no code in the method.
-A method opts out with ``checkpoint_exclude = ("cache",)`` (attributes that a fresh
-strategy rebuilds from the config), or overrides :meth:`extra_state` /
-:meth:`load_extra_state` (call ``super()`` to keep the generic part) for objects created
-lazily or not encodable. Values that cannot be encoded are refused before round 1.
+state (per-client stores, similarity matrices, votes, clusters, dataclasses, torch modules,
+NumPy generators created in ``__init__``...) is checkpointed and restored with no code in the
+method. A method opts out with ``checkpoint_exclude = ("cache",)`` (attributes that a fresh
+strategy rebuilds from the config), or overrides :meth:`extra_state` / :meth:`load_extra_state`
+(call ``super()`` to keep the generic part) for objects created lazily or not encodable.
+Values that cannot be encoded are refused before round 1.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,27 +57,37 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from client_app.roles.base import EXTRA_PREFIX
-from models import LayeredNet, group_of, keys_by_group, trainable_keys
+from models import LayeredNet, group_of
+from models.schema import ModelSchema, Template, assign_archs, initial_arrays
+from protocol import wire
+from protocol.roles import RoleArgs
+from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .aggregation import fedavg
 from .evaluation import client_time_totals, weighted_test_metrics
+from .schedule import LRSchedule
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
 
 RoundCallback = Callable[[dict[str, Any]], None]
+EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
 
 # instance attributes the base owns: saved explicitly by state_dict() or deliberately not at all
 # (config-derived, or per-connection like ``clients``: node ids change when a SuperNode restarts)
 BASE_ATTRS = frozenset({
-    "groups", "group_keys", "global_arrays", "template", "client_spec", "num_clients", "fraction",
-    "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng",
-    "clients", "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down",
-    "_message_ttl",
+    "schemas", "default_arch", "arch_of", "arch_arrays", "client_spec", "lr_schedule", "num_clients", "fraction",
+    "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "clients",
+    "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down", "_message_ttl", "_announced",
 })
 
 # seconds a message outlives the wait for its reply: the SuperLink then drops it, so a SuperNode
 # that reconnects after its round closed is not handed training whose reply would be discarded
 TTL_MARGIN_S = 60.0
+
+# hooks that moved: a subclass defining one of these would be silently ignored
+_RETIRED_HOOKS = {
+    "downlink": "downlinks(client_ids, server_round) (a whole round at once)",
+    "extra_downlink": "extra_downlinks(client_ids, server_round) (a whole round at once)",
+}
 
 
 @dataclass
@@ -81,11 +104,22 @@ class PersonalizedStrategy(Strategy):
 
     name = "base"
     role = "sgd"
+    client_keeps = "personal"  # "personal" | "model" (wire.KEEP_MODES)
+    shared_buffers = False  # float BN buffers travel with their group and are averaged (off: they never leave)
+    heterogeneous = False  # the method supports clients of different architectures
     checkpoint_exclude: tuple[str, ...] = ()  # method attributes not checkpointed (rebuilt from the config)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for hook, instead in _RETIRED_HOOKS.items():
+            if hook in cls.__dict__:
+                raise TypeError(f"{cls.__name__} defines {hook}(); override {instead} instead")
+        if cls.client_keeps not in wire.KEEP_MODES:
+            raise TypeError(f"{cls.__name__}.client_keeps must be one of {list(wire.KEEP_MODES)}")
 
     def __init__(
         self,
-        model: LayeredNet,
+        model: LayeredNet | Mapping[str, LayeredNet],
         client_spec: Mapping[str, Any],
         *,
         num_clients: int,
@@ -99,14 +133,36 @@ class PersonalizedStrategy(Strategy):
     ) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        self.groups = model.group_names
-        self.group_keys = keys_by_group(model)
-        state = model.state_dict()
-        self.global_arrays: dict[str, np.ndarray] = {
-            k: state[k].detach().cpu().numpy().copy() for k in trainable_keys(model)
+        spec = dict(client_spec)
+        arch_specs = spec.pop("archs", None)
+        rule = spec.pop("assign", None) or "blocks"
+        self.lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
+        if isinstance(model, LayeredNet):
+            model_spec = dict(spec.get("model") or {"name": "model"})
+            models = {str(model_spec.get("name", "model")): model}
+            arch_specs = {next(iter(models)): model_spec}
+        else:
+            models = dict(model)
+            if not models:
+                raise ValueError("a federation needs at least one architecture")
+            arch_specs = dict(arch_specs or {})
+            missing = sorted(set(models) - set(arch_specs))
+            if missing:
+                raise ValueError(f"client_spec['archs'] lacks the model spec of architecture(s) {missing}")
+        if len(models) > 1 and not self.heterogeneous:
+            raise ValueError(
+                f"method {self.name!r} runs one architecture on every client, but the config names {sorted(models)}: "
+                "use a method for heterogeneous clients (fedavg averages each architecture apart, felo, velo, fedhe, local)"
+            )
+        self.schemas = {arch: ModelSchema.of(m, arch, arch_specs[arch]) for arch, m in models.items()}
+        self.default_arch = next(iter(self.schemas))
+        self.arch_of: dict[int, str] = assign_archs(rule, list(self.schemas), num_clients)
+        self._announced: dict[int, str] = {}  # client id -> the architecture its node announced
+        self.arch_arrays: dict[str, dict[str, np.ndarray]] = {
+            arch: initial_arrays(m, self.schemas[arch].keys(buffers=self.shared_buffers)) for arch, m in models.items()
         }
-        self.template = {k: (v.shape, v.dtype) for k, v in self.global_arrays.items()}
-        self.client_spec = dict(client_spec)
+        spec["model"] = dict(self.schemas[self.default_arch].spec)
+        self.client_spec = spec
         self.num_clients = num_clients
         self.fraction = fraction
         self.min_clients = min_clients
@@ -127,6 +183,50 @@ class PersonalizedStrategy(Strategy):
         self._groups_down: set[str] = set()
         self._message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
 
+    # ------------------------------------------------------------------ architectures
+    def schema(self, client_id: int | None = None) -> ModelSchema:
+        """The model schema of ``client_id`` (the default architecture's if None)."""
+        return self.schemas[self.default_arch if client_id is None else self.arch_of[client_id]]
+
+    def arrays_of(self, client_id: int) -> dict[str, np.ndarray]:
+        """The global arrays of ``client_id``'s architecture."""
+        return self.arch_arrays[self.arch_of[client_id]]
+
+    def _single_arch(self) -> str:
+        if len(self.schemas) > 1:
+            raise AttributeError(
+                f"{type(self).__name__} asked for the one global model, but this federation runs {sorted(self.schemas)}: "
+                "use arch_arrays[arch] / arrays_of(client_id)"
+            )
+        return self.default_arch
+
+    @property
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        """The global model of a homogeneous run (every travelling tensor, by key)."""
+        return self.arch_arrays[self._single_arch()]
+
+    @global_arrays.setter
+    def global_arrays(self, value: dict[str, np.ndarray]) -> None:
+        self.arch_arrays[self._single_arch()] = value
+
+    @property
+    def groups(self) -> list[str]:
+        """Layer groups of the default architecture, in forward order."""
+        return list(self.schema().groups)
+
+    @property
+    def group_keys(self) -> dict[str, list[str]]:
+        return {g: list(k) for g, k in self.schema().group_keys.items()}
+
+    @property
+    def template(self) -> Template:
+        """Shape and dtype of every tensor of the default architecture that may travel."""
+        return self.template_of(None)
+
+    def template_of(self, client_id: int | None) -> Template:
+        schema = self.schema(client_id)
+        return {k: schema.template[k] for k in schema.keys(buffers=self.shared_buffers)}
+
     # ------------------------------------------------------------------ method hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         """Layer groups that stay on the client this round (never sent either way)."""
@@ -134,10 +234,10 @@ class PersonalizedStrategy(Strategy):
 
     def shared_groups(self, client_id: int, server_round: int) -> list[str]:
         personal = set(self.personal_groups(client_id, server_round))
-        return [g for g in self.groups if g not in personal]
+        return [g for g in self.schema(client_id).groups if g not in personal]
 
     def personal_keys(self, client_id: int, server_round: int) -> list[str]:
-        """Trainable keys that stay on the client although their group is shared (default none).
+        """Keys that stay on the client although their group is shared (default none).
 
         The one key-level exception to the group split, for a personal part that cuts across
         groups (FedBN: the BN affine parameters inside the conv groups). These keys are left
@@ -146,44 +246,50 @@ class PersonalizedStrategy(Strategy):
         return []
 
     def travelling_keys(self, groups: Iterable[str], client_id: int, server_round: int) -> list[str]:
-        """Trainable keys of ``groups`` that may travel: all but :meth:`personal_keys`."""
+        """Keys of ``groups`` (in ``client_id``'s architecture) that may travel: all but :meth:`personal_keys`."""
         stay = set(self.personal_keys(client_id, server_round))
-        return [k for k in self.keys(groups) if k not in stay]
+        return [k for k in self.keys(groups, client_id) if k not in stay]
+
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """The tensors each of a round's clients receives: by default the global values of its
+        shared groups.
+
+        The one downlink hook. A method whose clients receive models mixed from stored ones
+        (pFedSim, FedAP, pFedLA) builds all of them here with one matrix product per block of
+        parameters (:func:`strategies.aggregation.mixing_average`).
+        """
+        out = {}
+        for cid in client_ids:
+            arrays = self.arrays_of(cid)
+            out[cid] = {k: arrays[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)}
+        return out
 
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        """Tensors sent to one client: by default the global values of its shared groups."""
-        shared = self.shared_groups(client_id, server_round)
-        return {k: self.global_arrays[k] for k in self.travelling_keys(shared, client_id, server_round)}
+        """:meth:`downlinks` of one client (a convenience, not a hook)."""
+        return self.downlinks([client_id], server_round)[client_id]
 
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        """Groups the client sends back after training."""
-        return self.shared_groups(client_id, server_round)
-
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        """Arguments of the client role for this client and round (JSON-serialisable)."""
-        return {}
-
-    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        """Arrays besides model tensors that a client receives with its train message (default none).
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """Arrays besides model tensors that each client receives with its train message (default none).
 
         Keys ``"<name>/<key>"`` travel as ``"extra/<name>/<key>"`` and count in ``bytes_down``;
         the client runtime does not load them into the model but hands them to the role
         (``RoleContext.received_extra``). FedFomo sends other clients' models this way.
         """
+        return {cid: {} for cid in client_ids}
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        """Groups the client sends back after training (the most it may send)."""
+        return self.shared_groups(client_id, server_round)
+
+    def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
+        """Key sets the client may choose from for its upload (None: exactly the travelling keys of
+        :meth:`uplink_groups`). The role picks one after training (``RoleContext.upload_keys``);
+        a reply holding any other set is rejected. BLS declares its layer prefixes here."""
+        return None
+
+    def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]:
+        """Arguments of the client role for this client and round (a ``protocol.roles`` dataclass)."""
         return {}
-
-    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """:meth:`downlink` of a round's clients at once: what the round's messages carry.
-
-        A method whose clients receive models mixed from stored ones (pFedSim, FedAP, pFedLA)
-        overrides this to build all of them with one matrix product per block of parameters
-        (:func:`strategies.aggregation.mixing_average`) and lets :meth:`downlink` call it for one client.
-        """
-        return {cid: self.downlink(cid, server_round) for cid in client_ids}
-
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """:meth:`extra_downlink` of a round's clients at once (FedAMP builds every u_i together)."""
-        return {cid: self.extra_downlink(cid, server_round) for cid in client_ids}
 
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape and dtype of each extra array this client's train reply must carry (default none).
@@ -194,51 +300,96 @@ class PersonalizedStrategy(Strategy):
         return {}
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        """Server update from the round's valid replies; returns method metrics to log."""
-        uploaded = [u.arrays for u in updates if u.arrays]
-        if uploaded:
-            self.global_arrays.update(fedavg(uploaded, [u.num_examples for u in updates if u.arrays]))
+        """Server update from the round's valid replies (client-id order); returns method metrics to log.
+
+        Default: FedAvg of what was uploaded, separately for each architecture (a heterogeneous
+        federation never mixes tensors of different models).
+        """
+        by_arch: dict[str, list[ClientUpdate]] = {}
+        for u in updates:
+            if u.arrays:
+                by_arch.setdefault(self.arch_of[u.client_id], []).append(u)
+        for arch, ups in by_arch.items():
+            self.arch_arrays[arch].update(fedavg([u.arrays for u in ups], [u.num_examples for u in ups]))
+        return {}
+
+    def run_summary(self) -> dict[str, Any]:
+        """Method-specific values for ``summary.json`` (FedCMD: the selected layer)."""
         return {}
 
     # ------------------------------------------------------------------ helpers
-    def keys(self, groups: Iterable[str]) -> list[str]:
-        """Trainable state-dict keys of ``groups``, in forward order."""
-        wanted = set(groups)
-        unknown = wanted - set(self.groups)
-        if unknown:
-            raise KeyError(f"unknown layer group(s) {sorted(unknown)}; model groups: {self.groups}")
-        return [k for g in self.groups if g in wanted for k in self.group_keys[g]]
+    def keys(self, groups: Iterable[str] | None = None, client_id: int | None = None) -> list[str]:
+        """Keys of ``groups`` that belong to the model on the wire (trainable tensors, and float
+        buffers with ``shared_buffers``), in forward order, in ``client_id``'s architecture."""
+        return self.schema(client_id).keys(groups, buffers=self.shared_buffers)
 
     def summary(self) -> None:
         log(INFO, "\t├── method: %s (client role %s)", self.name, self.role)
         log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", self.num_clients, self.fraction, self.seed)
+        if len(self.schemas) > 1:
+            counts = {a: sum(1 for v in self.arch_of.values() if v == a) for a in self.schemas}
+            log(INFO, "\t├── architectures: %s", ", ".join(f"{a} ({n} clients)" for a, n in counts.items()))
         log(INFO, "\t└── layer groups: %s", ", ".join(self.groups))
 
     def sample_size(self) -> int:
         return max(self.min_clients, int(self.fraction * self.num_clients))
 
+    def draw(self, population: Sequence[int], k: int) -> list[int]:
+        """``k`` distinct client ids from ``population``, uniformly, from the run's seeded stream (sorted)."""
+        pool = np.asarray(list(population), dtype=np.int64)
+        if len(pool) == 0 or k <= 0:
+            return []
+        return sorted(int(c) for c in self.rng.choice(pool, size=min(k, len(pool)), replace=False))
+
     def sample(self, server_round: int) -> list[int]:
-        """Seeded sample of client ids: the same stream for every method (fedcmd.md A13)."""
-        m = self.sample_size()
-        population = np.arange(self.num_clients)
-        chosen = self.rng.choice(population, size=min(m, len(population)), replace=False)
-        available = [int(c) for c in chosen if int(c) in self.clients]
-        missing = sorted(set(int(c) for c in chosen) - set(available))
+        """This round's client ids: a seeded uniform draw, the same stream for every method
+        (fedcmd.md A13). Override to sample differently (FedCPMD: per cluster, from :meth:`draw`)."""
+        return self.draw(range(self.num_clients), self.sample_size())
+
+    def connected(self, client_ids: Iterable[int], server_round: int) -> list[int]:
+        """The sampled clients that are connected now (sorted); the others are logged."""
+        chosen = sorted(set(int(c) for c in client_ids))
+        available = [c for c in chosen if c in self.clients]
+        missing = [c for c in chosen if c not in self.clients]
         if missing:
             log(WARNING, "round %d: sampled clients %s are not connected; training without them", server_round, missing)
-        return sorted(available)
+        return available
+
+    def train_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        """The local-training arguments of this round (the learning rate from ``lr_schedule``)."""
+        train = dict(self.client_spec.get("train", {}))
+        if "lr" in train and server_round > 0:
+            train["lr"] = self.lr_schedule.lr(float(train["lr"]), server_round)
+        return train
+
+    def task_spec(self, client_id: int, server_round: int, task: str) -> TaskSpec:
+        """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
+        schema = self.schema(client_id)
+        args = self.role_config(client_id, server_round) if task != "query" else {}
+        base = self.client_spec
+        return TaskSpec(
+            run=str(base.get("run", "")),
+            seed=int(base.get("seed", 0)),
+            model=dict(schema.spec),
+            arch=schema.arch,
+            data=dict(base.get("data", {})),
+            train=self.train_config(client_id, server_round),
+            task=task,
+            role=self.role,
+            role_args=args.to_dict() if isinstance(args, RoleArgs) else dict(args),
+            personal=list(self.personal_groups(client_id, server_round)) if task != "query" else [],
+            personal_keys=list(self.personal_keys(client_id, server_round)) if task != "query" else [],
+            upload=list(self.uplink_groups(client_id, server_round)) if task == "train" else [],
+            keep=self.client_keeps,
+            shared_buffers=self.shared_buffers,
+            device=str(base.get("device", "auto")),
+            client_state_dir=base.get("client_state_dir"),
+            state_versions=int(base.get("state_versions", 1)),
+        )
 
     def _config(self, client_id: int, server_round: int, task: str) -> ConfigRecord:
-        spec = {
-            **self.client_spec,
-            "role": self.role,
-            "role_args": self.role_config(client_id, server_round),
-            "personal": self.personal_groups(client_id, server_round),
-            "personal_keys": self.personal_keys(client_id, server_round),
-            "upload": self.uplink_groups(client_id, server_round) if task == "train" else [],
-            "task": task,
-        }
-        return ConfigRecord({"server-round": server_round, "client-id": client_id, "spec": json.dumps(spec)})
+        spec = self.task_spec(client_id, server_round, task)
+        return ConfigRecord({wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()})
 
     def _message(
         self,
@@ -246,31 +397,35 @@ class PersonalizedStrategy(Strategy):
         server_round: int,
         task: str,
         message_type: str,
-        down: Mapping[str, np.ndarray] | None = None,
-        extra: Mapping[str, np.ndarray] | None = None,
+        down: Mapping[str, np.ndarray],
+        extra: Mapping[str, np.ndarray],
     ) -> Message:
-        down = self.downlink(client_id, server_round) if down is None else down
-        if extra is None:
-            extra = self.extra_downlink(client_id, server_round) if task == "train" else {}
         arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
         for k, v in extra.items():
-            arrays[EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
+            arrays[WIRE_EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
         self._bytes_down += record_bytes(arrays)
         self._groups_down.update(group_of(k) for k in down)
-        self._groups_down.update(group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in self.template)
+        template = self.template_of(client_id)
+        self._groups_down.update(group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template)
         node = self.clients[client_id].node_id
         self._inflight[node] = client_id
-        content = RecordDict({"arrays": arrays, "config": self._config(client_id, server_round, task)})
+        content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: self._config(client_id, server_round, task)})
         message = Message(content=content, message_type=message_type, dst_node_id=node, ttl=self._message_ttl)
         self._sent[client_id] = message.metadata  # not the message: its arrays are freed once pushed
         return message
+
+    def _ordered_groups(self, groups: set[str]) -> list[str]:
+        """``groups`` in forward order (of the first architecture that has each)."""
+        order = [g for s in self.schemas.values() for g in s.groups]
+        return sorted(groups, key=order.index)
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None:
         """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id).
 
         New nodes are asked who they are with a query message; each replies with its client
-        id and the sizes of its splits. Waits until ``wait_for`` clients are known.
+        id, the sizes of its splits and, if its node config names one, the architecture it runs.
+        Waits until ``wait_for`` clients are known.
         """
         wait_for = self.min_available if wait_for is None else wait_for
         deadline = time.monotonic() + (self.discover_timeout if timeout is None else timeout)
@@ -297,10 +452,15 @@ class PersonalizedStrategy(Strategy):
             log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
 
     def _query(self, grid: Grid, node_ids: Sequence[int]) -> list[str]:
-        config = ConfigRecord({"spec": json.dumps({**self.client_spec, "task": "hello"})})
+        spec = TaskSpec(
+            run=str(self.client_spec.get("run", "")), seed=int(self.client_spec.get("seed", 0)),
+            model=dict(self.schema().spec), arch=self.default_arch, data=dict(self.client_spec.get("data", {})),
+            train=dict(self.client_spec.get("train", {})), task="query",
+        )
+        config = ConfigRecord({wire.SPEC_KEY: spec.to_json()})
         messages = [
             Message(
-                RecordDict({"config": config}), message_type=MessageType.QUERY, dst_node_id=n,
+                RecordDict({wire.CONFIG_RECORD: config}), message_type=MessageType.QUERY, dst_node_id=n,
                 ttl=self.discover_timeout + TTL_MARGIN_S,
             )
             for n in node_ids
@@ -317,24 +477,49 @@ class PersonalizedStrategy(Strategy):
                 continue
             try:
                 metrics = next(iter(reply.content.metric_records.values()))
-                cid, n_train, n_test = (int(metrics[k]) for k in ("client-id", "num-train", "num-test"))
+                cid, n_train, n_test = (int(metrics[k]) for k in (wire.CLIENT_KEY, wire.NUM_TRAIN, wire.NUM_TEST))
+                hello = reply.content.config_records.get(wire.HELLO_RECORD)
+                announced = str(hello[wire.NODE_MODEL]) if hello is not None and wire.NODE_MODEL in hello else None
             except (StopIteration, KeyError, TypeError, ValueError) as exc:
                 errors.append(f"node {node}: malformed hello ({exc!r})")
                 continue
-            if "num-partitions" in metrics and int(metrics["num-partitions"]) != self.num_clients:
+            if wire.NUM_PARTITIONS in metrics and int(metrics[wire.NUM_PARTITIONS]) != self.num_clients:
                 raise RuntimeError(
-                    f"the simulation runs {int(metrics['num-partitions'])} SuperNodes but num_clients="
+                    f"the simulation runs {int(metrics[wire.NUM_PARTITIONS])} SuperNodes but num_clients="
                     f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
-                    f"{self.num_clients}\"` (or set num_clients={int(metrics['num-partitions'])})"
+                    f"{self.num_clients}\"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})"
                 )
             if not 0 <= cid < self.num_clients:
                 errors.append(f"node {node}: client id {cid} outside 0..{self.num_clients - 1}")
                 log(WARNING, "%s: set num_clients to the number of SuperNodes", errors[-1])
                 continue
+            refusal = self._check_announced(cid, announced)
+            if refusal:
+                errors.append(f"node {node}: {refusal}")
+                log(WARNING, "node %d could not join: %s", node, refusal)
+                continue
             if cid in self.clients:
                 log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
             self.clients[cid] = ClientInfo(node, n_train, n_test)
         return errors
+
+    def _check_announced(self, client_id: int, announced: str | None) -> str | None:
+        """Take the architecture a node announced (node config ``model``); the refusal reason, if any."""
+        if announced is None:
+            return None
+        if announced not in self.schemas:
+            return (
+                f"client {client_id} runs model {announced!r} (its node config), but this run's architectures are "
+                f"{sorted(self.schemas)}: set the node's model to one of them, or add it to model.archs"
+            )
+        before = self._announced.get(client_id)
+        if before is not None and before != announced:
+            return f"client {client_id} ran {before!r} earlier in this run and now announces {announced!r}: one client, one model"
+        if self.arch_of.get(client_id) != announced:
+            log(INFO, "client %d runs %s (announced by its node; the config's rule gave %s)", client_id, announced, self.arch_of.get(client_id))
+        self._announced[client_id] = announced
+        self.arch_of[client_id] = announced
+        return None
 
     # ------------------------------------------------------------------ Flower hooks
     def configure_train(
@@ -342,12 +527,22 @@ class PersonalizedStrategy(Strategy):
     ) -> Iterable[Message]:
         self.discover(grid, wait_for=0, timeout=0)
         self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
-        ids = self.sample(server_round)
+        ids = self.connected(self.sample(server_round), server_round)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
         return [self._message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid)) for cid in ids]
 
+    def expected_uploads(self, client_id: int, server_round: int) -> list[Template]:
+        """The key sets (with shapes) a train reply of ``client_id`` may carry (model tensors and extras)."""
+        template = self.template_of(client_id)
+        sets = self.uplink_sets(client_id, server_round)
+        if sets is None:
+            sets = [self.travelling_keys(self.uplink_groups(client_id, server_round), client_id, server_round)]
+        extra = {WIRE_EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(client_id, server_round).items()}
+        return [{**{k: template[k] for k in keys}, **extra} for keys in sets]
+
     def _collect(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
+        """Valid updates in client-id order (never arrival order) and the dropped replies."""
         updates: list[ClientUpdate] = []
         dropped: list[dict[str, Any]] = []
         answered: set[int] = set()
@@ -367,10 +562,7 @@ class PersonalizedStrategy(Strategy):
             if cid is None:
                 dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
                 continue
-            keys = self.travelling_keys(self.uplink_groups(cid, server_round), cid, server_round) if task == "train" else []
-            expected = {k: self.template[k] for k in keys}
-            if task == "train":
-                expected.update({EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(cid, server_round).items()})
+            expected = self.expected_uploads(cid, server_round) if task == "train" else [{}]
             info = self.clients.get(cid)
             try:
                 update = validate_reply(
@@ -381,8 +573,8 @@ class PersonalizedStrategy(Strategy):
                     expected_train_size=info.num_train if info else None,
                     expected_test_size=info.num_test if info else None,
                 )
-                extra = [k for k in update.arrays if k.startswith(EXTRA_PREFIX)]
-                update.extra = {k[len(EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
+                extra = [k for k in update.arrays if k.startswith(WIRE_EXTRA_PREFIX)]
+                update.extra = {k[len(WIRE_EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
                 updates.append(update)
             except InvalidReply as exc:
                 # a rejected reply's arrays crossed the network all the same: they count in bytes_up
@@ -391,6 +583,8 @@ class PersonalizedStrategy(Strategy):
         for cid in self._inflight.values():
             if cid not in answered:
                 dropped.append({"client": cid, "reason": "no reply before the round timeout"})
+        updates.sort(key=lambda u: u.client_id)
+        dropped.sort(key=lambda d: (d["client"] is None, d["client"] if d["client"] is not None else 0))
         for d in dropped:
             log(WARNING, "round %d: dropped reply of client %s: %s", server_round, d["client"], d["reason"])
         return updates, dropped
@@ -402,26 +596,39 @@ class PersonalizedStrategy(Strategy):
         groups_up = {group_of(k) for u in updates for k in u.arrays}
         record: dict[str, Any] = {
             "round": server_round,
-            "clients": sorted(u.client_id for u in updates),
+            "clients": [u.client_id for u in updates],
             "dropped": dropped,
             "bytes_down": self._bytes_down,
             "bytes_up": sum(u.bytes_up for u in updates) + sum(d.get("bytes", 0) for d in dropped),  # all that arrived
-            "groups_down": [g for g in self.groups if g in self._groups_down],
-            "groups_up": [g for g in self.groups if g in groups_up],
+            "groups_down": self._ordered_groups(self._groups_down),
+            "groups_up": self._ordered_groups(groups_up),
         }
         if len(updates) < self.min_replies:
             log(WARNING, "round %d: %d valid replies < min_replies=%d; model unchanged", server_round, len(updates), self.min_replies)
             record["skipped"] = True
         else:
             record.update(weighted_test_metrics([u.metrics for u in updates]))
+            record.update(self._per_arch(updates, lambda ms: {k: v for k, v in weighted_test_metrics(ms).items() if k.startswith("test_")}))
             record.update(client_time_totals([u.metrics for u in updates]))
             record.update(self.aggregate(server_round, updates))
         self.history.append(record)
         scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return self.global_record(), MetricRecord(scalars)
 
+    def _per_arch(self, updates: Sequence[ClientUpdate], summarize: Callable[[list[dict]], dict[str, float]]) -> dict[str, float]:
+        """``summarize`` of each architecture's clients, as ``<key>@<arch>`` (heterogeneous runs only)."""
+        if len(self.schemas) == 1:
+            return {}
+        out: dict[str, float] = {}
+        for arch in self.schemas:
+            ms = [u.metrics for u in updates if self.arch_of[u.client_id] == arch]
+            if ms:
+                out.update({f"{k}@{arch}": v for k, v in summarize(ms).items()})
+        return out
+
     def global_record(self) -> ArrayRecord:
-        return ArrayRecord(array_dict={k: Array(v) for k, v in self.global_arrays.items()})
+        """The default architecture's global arrays (what Flower's ``Result.arrays`` holds)."""
+        return ArrayRecord(array_dict={k: Array(v) for k, v in self.arch_arrays[self.default_arch].items()})
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -437,12 +644,15 @@ class PersonalizedStrategy(Strategy):
         updates, dropped = self._collect(server_round, replies, "evaluate")
         if not updates:
             return None
-        total = sum(u.metrics["test_size"] for u in updates)
+        total = sum(u.metrics[wire.TEST_SIZE] for u in updates)
         metrics = {
             "final_acc": sum(u.metrics["test_correct"] for u in updates) / total,
             "final_loss": sum(u.metrics["test_loss_sum"] for u in updates) / total,
             "final_clients": float(len(updates)),
         }
+        metrics.update(self._per_arch(updates, lambda ms: {
+            "final_acc": sum(m["test_correct"] for m in ms) / sum(m[wire.TEST_SIZE] for m in ms),
+        }))
         self.final_metrics = {**metrics, "dropped": dropped}
         return MetricRecord(metrics)
 
@@ -469,18 +679,22 @@ class PersonalizedStrategy(Strategy):
             "method": self.name,
             "round": self.last_round(),
             "run_token": str(self.client_spec.get("run", "")),
-            "global_arrays": self.global_arrays,
+            "global_arrays": self.arch_arrays[self.default_arch],
             "history": self.history,
             "rng": self.rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
             "extra": self.extra_state(),
+            # heterogeneous runs: the other architectures' global arrays, and who runs which
+            "arch_arrays": {a: v for a, v in self.arch_arrays.items() if a != self.default_arch},
+            "arch_of": {str(c): a for c, a in sorted(self.arch_of.items())},
+            "announced": {str(c): a for c, a in sorted(self._announced.items())},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (a :meth:`state_dict`, e.g. decoded from a checkpoint).
 
         The strategy must be built from the same config and run token; the arrays must fit
-        the model. Clients are not restored: they are discovered again (new node ids).
+        the models. Clients are not restored: they are discovered again (new node ids).
         """
         if state["method"] != self.name:
             raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {self.name!r}")
@@ -490,19 +704,26 @@ class PersonalizedStrategy(Strategy):
                 f"the checkpoint belongs to run {state['run_token']!r}, this strategy to {token!r}: build it with "
                 "the checkpoint's run token, or the clients will not find their personal state"
             )
-        arrays = state["global_arrays"]
-        bad = sorted(set(arrays) ^ set(self.template)) + sorted(
-            k for k in set(arrays) & set(self.template)
-            if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != self.template[k]
-        )
-        if bad:
-            raise ValueError(f"the checkpoint's global arrays do not fit this model (keys {bad[:5]}): was the model changed?")
-        self.global_arrays = {k: np.array(arrays[k], copy=True) for k in self.template}
+        saved = {self.default_arch: state["global_arrays"], **dict(state.get("arch_arrays") or {})}
+        if set(saved) != set(self.schemas):
+            raise ValueError(f"the checkpoint holds architectures {sorted(saved)}, this run {sorted(self.schemas)}: was the model changed?")
+        restored = {}
+        for arch, arrays in saved.items():
+            template = {k: spec for k, spec in self.schemas[arch].template.items() if k in self.arch_arrays[arch]}
+            bad = sorted(set(arrays) ^ set(template)) + sorted(
+                k for k in set(arrays) & set(template) if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != template[k]
+            )
+            if bad:
+                raise ValueError(f"the checkpoint's global arrays do not fit the model {arch} (keys {bad[:5]}): was the model changed?")
+            restored[arch] = {k: np.array(arrays[k], copy=True) for k in template}
+        self.arch_arrays = restored
         self.history = [dict(r) for r in state["history"]]
         if self.last_round() != int(state["round"]):
             raise ValueError(f"the checkpoint says round {state['round']} but its history ends at round {self.last_round()}")
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
+        self.arch_of.update({int(c): str(a) for c, a in (state.get("arch_of") or {}).items()})
+        self._announced = {int(c): str(a) for c, a in (state.get("announced") or {}).items()}
         self.load_extra_state(state["extra"])
 
     # ------------------------------------------------------------------ the run loop
@@ -514,15 +735,18 @@ class PersonalizedStrategy(Strategy):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
         on_round: RoundCallback | None = None,
     ) -> Result:
         """Discover clients, run rounds ``last_round()+1 .. num_rounds``, then the final evaluation.
 
         A fresh strategy starts at round 1; one restored with :meth:`load_state_dict` goes on
-        after its last round. ``on_round`` receives each round's record as soon as it is
-        aggregated, with the strategy's state complete for that round (the runner appends the
-        record to metrics.jsonl, then writes the checkpoint, before the next round starts).
+        after its last round. ``evaluate_fn(round, arrays)`` (Flower's server-side evaluation)
+        is called after each round with the default architecture's global arrays; its metrics
+        join the round's record with a ``server_`` prefix. ``on_round`` receives each round's
+        record as soon as it is aggregated, with the strategy's state complete for that round
+        (the runner appends the record to metrics.jsonl, then writes the checkpoint, before the
+        next round starts).
         """
         first = self.last_round() + 1
         if first > num_rounds + 1:
@@ -535,7 +759,7 @@ class PersonalizedStrategy(Strategy):
         self._message_ttl = timeout + TTL_MARGIN_S
         if initial_arrays is not None and first == 1:
             for k, arr in initial_arrays.items():
-                self.global_arrays[k] = arr.numpy()
+                self.arch_arrays[self.default_arch][k] = arr.numpy()
         self.discover(grid)
         result = Result()
         for rnd in range(first, num_rounds + 1):
@@ -543,6 +767,11 @@ class PersonalizedStrategy(Strategy):
             replies = grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout=timeout)
             arrays, metrics = self.aggregate_train(rnd, replies)
             record = self.history[-1]
+            if evaluate_fn is not None:
+                server = evaluate_fn(rnd, self.global_record())
+                if server is not None:
+                    record.update({f"server_{k}": float(v) for k, v in server.items()})
+                    result.evaluate_metrics_serverapp[rnd] = server
             record["round_time_s"] = time.perf_counter() - t0
             result.arrays = arrays
             if metrics is not None:

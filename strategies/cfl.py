@@ -24,64 +24,19 @@ than 2 members, splits from round 20.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.common import log
 
-from .aggregation import fedavg
 from .base import PersonalizedStrategy
-from .model_distance import copy_arrays, cosine_matrix, update_statistics
+from .clustering import bipartition
+from .clusters import Clusters, cluster_fedavg
+from .model_distance import update_statistics
+from .similarity import cosine_from_gram
 from .validation import ClientUpdate
-
-
-def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
-    """Two clusters of the items of a similarity matrix: agglomerative, complete linkage.
-
-    Sattler et al.'s reference code runs scikit-learn's AgglomerativeClustering (complete
-    linkage) on -S; this is the same merge sequence in plain numpy: start from singletons and
-    repeatedly merge the two clusters whose *least* similar pair of members is the most
-    similar, until two remain. The cut therefore keeps the largest cross-cluster similarity
-    low (the paper's optimal bi-partition criterion). Ties merge the earliest pair. The
-    cluster holding item 0 comes first; each list is sorted.
-
-    A cluster lives on in the row of its first item. Each row caches its best partner among
-    the later rows; a merge only refreshes the rows whose best partner was one of the two
-    merged clusters (complete-linkage values only decrease), so a merge costs O(n) plus the
-    refreshed rows, about O(n^2) in all instead of rescanning the whole matrix each time.
-    """
-    s = np.asarray(similarity, dtype=np.float64)
-    n = len(s)
-    if n < 2 or s.shape != (n, n):
-        raise ValueError(f"bipartition needs a square similarity matrix of at least 2 items, got shape {s.shape}")
-    link = s.copy()  # link[a, b] = the smallest similarity between a member of a and one of b
-    members = {i: [i] for i in range(n)}
-    active = np.ones(n, dtype=bool)
-    best, partner = np.full(n, -np.inf), np.zeros(n, dtype=np.int64)
-
-    def refresh(i: int) -> None:  # the first most similar active row after i (row-major tie rule)
-        later = np.flatnonzero(active[i + 1 :]) + i + 1
-        if len(later):
-            j = int(np.argmax(link[i, later]))
-            best[i], partner[i] = link[i, later[j]], later[j]
-        else:
-            best[i] = -np.inf
-
-    for i in range(n):
-        refresh(i)
-    for _ in range(n - 2):
-        a = int(np.argmax(np.where(active, best, -np.inf)))  # the earliest row holding the best pair
-        b = int(partner[a])
-        members[a] += members.pop(b)
-        active[b], best[b] = False, -np.inf
-        link[a], link[:, a] = np.minimum(link[a], link[b]), np.minimum(link[:, a], link[:, b])
-        for i in np.flatnonzero(active & ((partner == a) | (partner == b))):
-            refresh(int(i))
-        refresh(a)
-    first, second = (sorted(members[i]) for i in np.flatnonzero(active))
-    return (first, second) if 0 in first else (second, first)
 
 
 class CFL(PersonalizedStrategy):
@@ -105,21 +60,13 @@ class CFL(PersonalizedStrategy):
             raise ValueError(f"CFL needs eps1, eps2 >= 0 and min_cluster_size >= 1 (got {eps1}, {eps2}, {min_cluster_size})")
         self.eps1, self.eps2 = float(eps1), float(eps2)
         self.min_cluster_size, self.start_round = int(min_cluster_size), int(start_round)
-        self.clusters: list[list[int]] = [list(range(self.num_clients))]
-        self.cluster_models: list[dict[str, np.ndarray]] = [copy_arrays(self.global_arrays)]
+        self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
         self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round
 
-    def cluster_of(self, client_id: int) -> int:
-        return next(c for c, members in enumerate(self.clusters) if client_id in members)
-
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return self.downlinks([client_id], server_round)[client_id]
-
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        cluster = {m: c for c, members in enumerate(self.clusters) for m in members}  # O(N), not O(N) per client
         out = {}
         for cid in client_ids:
-            model = self.cluster_models[cluster[cid]]
+            model = self.clusters.model_of(cid)
             out[cid] = {k: model[k] for k in self.travelling_keys(self.groups, cid, server_round)}
         return out
 
@@ -127,24 +74,20 @@ class CFL(PersonalizedStrategy):
         keys = list(self.global_arrays)
         clusters, models = [], []
         mean_norms, max_norms, splits = [], [], 0
-        cluster = {m: c for c, members in enumerate(self.clusters) for m in members}
-        by_cluster: dict[int, list[ClientUpdate]] = {}
-        for u in updates:
-            if u.arrays and u.client_id in cluster:
-                by_cluster.setdefault(cluster[u.client_id], []).append(u)
-        for c, members in enumerate(self.clusters):
+        by_cluster = self.clusters.group(updates)
+        for c, members in enumerate(self.clusters.members):
             ups = by_cluster.get(c, [])
             if not ups:
                 clusters.append(members)
-                models.append(self.cluster_models[c])
+                models.append(self.clusters.models[c])
                 continue
             halves = [(members, ups)]
             if len(ups) >= 2:
                 # Gram matrix of the updates dW_i and ||mean dW||, without building the dW_i
                 gram, mean_norm = update_statistics(
-                    [u.arrays for u in ups], self.cluster_models[c], [u.num_examples for u in ups], keys
+                    [u.arrays for u in ups], self.clusters.models[c], [u.num_examples for u in ups], keys
                 )
-                cos = cosine_matrix(gram)
+                cos = cosine_from_gram(gram)
                 ids = [u.client_id for u in ups]
                 self.sim[np.ix_(ids, ids)] = cos
                 max_norm = float(np.sqrt(np.diag(gram).max()))
@@ -161,9 +104,9 @@ class CFL(PersonalizedStrategy):
                     log(INFO, "CFL round %d: cluster %s split into %s", server_round, members, [h[0] for h in halves])
             for half_members, half_ups in halves:
                 clusters.append(half_members)
-                models.append(fedavg([u.arrays for u in half_ups], [u.num_examples for u in half_ups]))
-        self.clusters, self.cluster_models = clusters, models
-        record: dict[str, Any] = {"num_clusters": len(clusters), "clusters": clusters, "splits": splits}
+                models.append(cluster_fedavg(half_ups))
+        self.clusters = Clusters(clusters, models)
+        record: dict[str, Any] = {"num_clusters": len(clusters), "clusters": self.clusters.members, "splits": splits}
         record["log_keys"] = ["num_clusters"]
         if mean_norms:
             record.update({"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms)})
@@ -185,16 +128,4 @@ class CFL(PersonalizedStrategy):
         return [(sorted(g), side) for g, side in zip(groups, sides)]
 
     def run_summary(self) -> dict[str, Any]:
-        return {"clusters": self.clusters}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {
-            "clusters": [list(map(int, c)) for c in self.clusters],
-            "cluster_models": [copy_arrays(m) for m in self.cluster_models],
-            "sim": self.sim.copy(),
-        }
-
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.clusters = [[int(c) for c in members] for members in state["clusters"]]
-        self.cluster_models = [copy_arrays(m) for m in state["cluster_models"]]
-        self.sim = np.array(state["sim"], dtype=np.float64)
+        return {"clusters": self.clusters.members}

@@ -8,7 +8,8 @@ at any moment leaves either the old or the new checkpoint, never a torn one.
 
 :func:`encode` / :func:`decode` turn a state tree into JSON + arrays and back. They handle
 ``None``/bool/int/float/str, lists, tuples, sets, dicts (any hashable encodable keys;
-``defaultdict`` keeps its factory when the live value is one), NumPy arrays and scalars,
+``defaultdict`` keeps its factory when the live value is one), NumPy arrays and scalars, NumPy
+random generators (their bit generator's state: the stream goes on where it stopped),
 torch tensors, dataclasses (through ``to_dict``/``from_dict`` when the class has them,
 else field by field) and objects with ``state_dict``/``load_state_dict`` (torch modules,
 optimizers, schedulers: loaded *into* the live object, which must exist). Anything else is
@@ -34,9 +35,11 @@ FILENAME = "checkpoint.npz"
 FORMAT = 1
 STATE_MEMBER = "__state__"
 # classes a checkpoint may name and have rebuilt when the live object is missing
-IMPORTABLE_PREFIXES = ("strategies.", "models.")
+IMPORTABLE_PREFIXES = ("strategies.", "models.", "protocol.")
 
-_TAGS = ("__array__", "__tensor__", "__scalar__", "__tuple__", "__set__", "__dict__", "__object__", "__stateful__")
+_TAGS = (
+    "__array__", "__tensor__", "__scalar__", "__tuple__", "__set__", "__dict__", "__object__", "__stateful__", "__generator__",
+)
 
 
 class CheckpointError(RuntimeError):
@@ -54,6 +57,9 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
         return {"__scalar__": value.dtype.str, "value": value.item()}
     if isinstance(value, (int, float)):
         return value
+    if isinstance(value, np.random.Generator):  # its bit generator's state (a plain dict) restores the stream
+        bits = value.bit_generator
+        return {"__generator__": type(bits).__name__, "state": encode(bits.state, arrays, f"{path}.bit_generator.state")}
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise CheckpointError(f"cannot checkpoint {path}: NumPy array of dtype object")
@@ -125,6 +131,13 @@ def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path:
         if isinstance(dtype, torch.dtype) and t.dtype != dtype:
             t = t.to(dtype)
         return t.to(live.device) if isinstance(live, torch.Tensor) else t
+    if tag == "__generator__":
+        bits = getattr(np.random, str(value[tag]), None)
+        if not (isinstance(bits, type) and issubclass(bits, np.random.BitGenerator)):
+            raise CheckpointError(f"{path}: unknown NumPy bit generator {value[tag]!r}")
+        generator = live if isinstance(live, np.random.Generator) and type(live.bit_generator) is bits else np.random.Generator(bits())
+        generator.bit_generator.state = decode(value["state"], arrays, None, path)
+        return generator
     if tag == "__scalar__":
         return np.dtype(value[tag]).type(value["value"])
     if tag == "__tuple__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.roles import DittoArgs
+
 from .base import PersonalizedStrategy
 
 
@@ -17,12 +19,7 @@ class Ditto(PersonalizedStrategy):
 
     def __init__(self, *args: Any, lam: float = 0.1, personal_epochs: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not lam >= 0:
-            raise ValueError(f"Ditto lam must be >= 0, got {lam}")
-        if personal_epochs is not None and personal_epochs < 0:
-            raise ValueError(f"Ditto personal_epochs must be >= 0, got {personal_epochs}")
-        self.lam = float(lam)
-        self.personal_epochs = personal_epochs
+        self.args = DittoArgs(lam=float(lam), personal_epochs=personal_epochs)
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"lam": self.lam, "personal_epochs": self.personal_epochs}
+    def role_config(self, client_id: int, server_round: int) -> DittoArgs:
+        return self.args

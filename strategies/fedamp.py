@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from client_app.roles.fedamp import CLOUD
+from protocol.roles import CLOUD_PREFIX, FedAMPArgs
 
 from .aggregation import column_blocks, mixing_average
 from .base import PersonalizedStrategy
@@ -97,8 +97,8 @@ class FedAMP(PersonalizedStrategy):
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"mu": self.lam}
+    def role_config(self, client_id: int, server_round: int) -> FedAMPArgs:
+        return FedAMPArgs(mu=self.lam)
 
     def cloud_weights(self, client_id: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
         """(models, xi row): client ``client_id``'s own model first, then every other stored one."""
@@ -147,10 +147,7 @@ class FedAMP(PersonalizedStrategy):
 
     def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         clouds = self.cloud_models(client_ids)
-        return {c: {CLOUD + k: v for k, v in clouds[c].items()} for c in client_ids}
-
-    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return self.extra_downlinks([client_id], server_round)[client_id]
+        return {c: {CLOUD_PREFIX + k: v for k, v in clouds[c].items()} for c in client_ids}
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         for u in updates:

@@ -33,14 +33,12 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from client_app.roles.fedap import batchnorm_layers
-from models import LayeredNet
+from protocol.roles import FedAPArgs
 
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
-from .fedbn import batchnorm_keys
 from .model_distance import store_from_state, store_state
-from .pfedsim import warmup_rounds
+from .phases import phase_rounds
 from .validation import ClientUpdate
 
 Stats = Mapping[str, np.ndarray]  # "bn_mean/<i>", "bn_var/<i>" for each BN layer i
@@ -102,7 +100,6 @@ class FedAP(PersonalizedStrategy):
 
     def __init__(
         self,
-        model: LayeredNet,
         *args: Any,
         momentum: float = 0.5,
         warmup_ratio: float = 0.5,
@@ -111,17 +108,17 @@ class FedAP(PersonalizedStrategy):
         warmup_epochs: int | None = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(model, *args, **kwargs)
+        super().__init__(*args, **kwargs)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"FedAP momentum must be in [0, 1], got {momentum}")
         if warmup_epochs is not None and warmup_epochs < 0:
             raise ValueError(f"FedAP warmup_epochs must be >= 0, got {warmup_epochs}")
-        self.bn_keys = batchnorm_keys(model)
-        self.bn_channels = [m.num_features for m in batchnorm_layers(model)]
+        self.bn_keys = list(self.schema().bn_params)
+        self.bn_channels = list(self.schema().bn_channels)
         if not self.bn_channels:
             raise ValueError("FedAP weighs clients by BatchNorm statistics: this model has no BatchNorm layer")
         self.momentum = float(momentum)
-        self.warmup = warmup_rounds(warmup_ratio, total_rounds, warmup)
+        self.warmup = phase_rounds("FedAP warmup", warmup, warmup_ratio, total_rounds, "floor", "warmup_ratio")
         self.warmup_epochs = warmup_epochs
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained non-BN parameters of each client
         self.stats: dict[int, dict[str, np.ndarray]] = {}  # BN input statistics of each client
@@ -135,9 +132,9 @@ class FedAP(PersonalizedStrategy):
     def needs_stats(self, client_id: int, server_round: int) -> bool:
         return self.personalizing(server_round) and client_id not in self.stats
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+    def role_config(self, client_id: int, server_round: int) -> FedAPArgs:
         epochs = None if self.personalizing(server_round) else self.warmup_epochs
-        return {"bn_stats": self.needs_stats(client_id, server_round), "epochs": epochs}
+        return FedAPArgs(bn_stats=self.needs_stats(client_id, server_round), epochs=epochs)
 
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         if not self.needs_stats(client_id, server_round):
@@ -174,15 +171,11 @@ class FedAP(PersonalizedStrategy):
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values
-            shared = super().downlink
-            return {c: shared(c, server_round) for c in client_ids}
+            return super().downlinks(client_ids, server_round)
         keys = self.travelling_keys(self.groups, client_ids[0], server_round) if client_ids else []
         columns, w = self.weight_rows(client_ids)
         models = [self.models.get(j, self.global_arrays) for j in columns]  # the warm-up model until trained
         return dict(zip(client_ids, mixing_average(models, w, keys=keys)))
-
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.roles import SGDArgs
+
 from .base import PersonalizedStrategy
 
 
@@ -16,11 +18,11 @@ class FedAvg(PersonalizedStrategy):
 
     name = "fedavg"
 
+    heterogeneous = True  # each architecture is averaged apart (the base's aggregate)
+
     def __init__(self, *args: Any, finetune_epochs: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if finetune_epochs < 0:
-            raise ValueError(f"finetune_epochs must be >= 0, got {finetune_epochs}")
-        self.finetune_epochs = finetune_epochs
+        self.args = SGDArgs(finetune_epochs=finetune_epochs)
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"finetune_epochs": self.finetune_epochs}
+    def role_config(self, client_id: int, server_round: int) -> SGDArgs:
+        return self.args

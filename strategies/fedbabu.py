@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client_app.roles.fedbabu import FINETUNE_PARTS
+from protocol.roles import FedBabuArgs
 
 from .fedper import FedPer
 
@@ -19,16 +19,13 @@ class FedBabu(FedPer):
 
     def __init__(self, *args: Any, finetune_epochs: int = 5, finetune_part: str = "all", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if finetune_epochs < 0:
-            raise ValueError(f"FedBabu finetune_epochs must be >= 0, got {finetune_epochs}")
-        if finetune_part not in FINETUNE_PARTS:
-            raise ValueError(f"FedBabu finetune_part must be one of {list(FINETUNE_PARTS)}, got {finetune_part!r}")
         self.finetune_epochs = int(finetune_epochs)
         self.finetune_part = finetune_part
+        self.role_config(0, 1)  # a bad option fails here, before round 1
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {
-            "head": self.personal_groups(client_id, server_round),
-            "finetune_epochs": self.finetune_epochs,
-            "finetune_part": self.finetune_part,
-        }
+    def role_config(self, client_id: int, server_round: int) -> FedBabuArgs:
+        return FedBabuArgs(
+            head=self.personal_groups(client_id, server_round),
+            finetune_epochs=self.finetune_epochs,
+            finetune_part=self.finetune_part,
+        )

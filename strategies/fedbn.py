@@ -12,30 +12,16 @@ from logging import WARNING
 from typing import Any
 
 from flwr.common import log
-from torch import nn
-
-from models import LayeredNet
 
 from .base import PersonalizedStrategy
-
-
-def batchnorm_keys(model: LayeredNet) -> list[str]:
-    """State-dict keys of the trainable parameters of every BatchNorm layer, in forward order."""
-    return [
-        f"{name}.{pname}"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.modules.batchnorm._BatchNorm)
-        for pname, p in module.named_parameters(recurse=False)
-        if p.requires_grad
-    ]
 
 
 class FedBN(PersonalizedStrategy):
     name = "fedbn"
 
-    def __init__(self, model: LayeredNet, *args: Any, **kwargs: Any) -> None:
-        super().__init__(model, *args, **kwargs)
-        self.bn_keys = batchnorm_keys(model)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bn_keys = list(self.schema().bn_params)
         if not self.bn_keys:
             log(WARNING, "FedBN: the model has no BatchNorm layer; FedBN is FedAvg here")
 

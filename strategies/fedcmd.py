@@ -19,16 +19,14 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .base import PersonalizedStrategy
-from .fedcmd_math import personal_layer_index, personalized_posts, round_winner, similarity_from_gram
-from .model_distance import gram_matrix
-from .validation import ClientUpdate
+from protocol.roles import FedCMDArgs
 
-# the client role checks the same values (client_app/roles/fedcmd.py); a unit test keeps them equal
-SCORE_MODES = ("paper", "code")
-W2_MODES = ("gaussian", "mean_only")
-SELECTION_TIMINGS = ("during_training", "after_training")
-GRANULARITIES = ("batch", "dataset")
+from .base import PersonalizedStrategy
+from .fedcmd_math import personal_layer_index, personalized_posts, round_winner
+from .model_distance import gram_matrix
+from .phases import phase_rounds
+from .similarity import EQ8_EPS, cosine_from_gram
+from .validation import ClientUpdate
 
 
 def default_candidates(groups: Sequence[str]) -> list[str]:
@@ -130,13 +128,7 @@ class FedCMD(PersonalizedStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if rho is not None:
-            if total_rounds is None or not 0.0 <= rho <= 1.0:
-                raise ValueError(f"FedCMD rho={rho} needs 0 <= rho <= 1 and total_rounds (K) set")
-            kp = int(round(rho * total_rounds))
-        if kp < 0:
-            raise ValueError(f"FedCMD kp must be >= 0, got {kp}")
-        self.kp = int(kp)
+        self.kp = phase_rounds("FedCMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
         self.weighted_aggregation = bool(weighted_aggregation)
         cands = list(candidates) if candidates else default_candidates(self.groups)
         unknown = [c for c in cands if c not in self.groups]
@@ -147,14 +139,6 @@ class FedCMD(PersonalizedStrategy):
             raise ValueError(f"FedCMD force_layer={force_layer!r} is not a candidate; candidates: {cands}")
         if self.kp == 0 and force_layer is None:
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
-        for option, value, allowed in (
-            ("score_mode", score_mode, SCORE_MODES),
-            ("w2_mode", w2_mode, W2_MODES),
-            ("selection_timing", selection_timing, SELECTION_TIMINGS),
-            ("granularity", granularity, GRANULARITIES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"FedCMD {option} must be one of {list(allowed)}, got {value!r}")
         self.force_layer = force_layer
         self.scoring = {
             "score_mode": score_mode,
@@ -162,6 +146,7 @@ class FedCMD(PersonalizedStrategy):
             "selection_timing": selection_timing,
             "granularity": granularity,
         }
+        FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # a bad option fails here, before round 1
         self.state = FedCMDState(candidates=cands)
 
     # ------------------------------------------------------------------ phases and groups
@@ -198,15 +183,16 @@ class FedCMD(PersonalizedStrategy):
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return [] if self.phase(server_round) == 1 else [self.personal_layer()]
 
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         """Phase 1: everything. Phase 2: global pre(l*), the client's own post(l*), φ_init once."""
-        down = super().downlink(client_id, server_round)
+        out = super().downlinks(client_ids, server_round)
         if self.phase(server_round) == 2:
-            if self.weighted_aggregation:
-                down.update(self.state.post_store.get(client_id, self.state.post_init))
-            if client_id not in self.state.phi_seen:
-                down.update(self.state.phi_init)
-        return down
+            for cid, down in out.items():
+                if self.weighted_aggregation:
+                    down.update(self.state.post_store.get(cid, self.state.post_init))
+                if cid not in self.state.phi_seen:
+                    down.update(self.state.phi_init)
+        return out
 
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         """Phase 2 with Eq. 7: all groups, since the server needs each client's φ for Eq. 8."""
@@ -214,14 +200,10 @@ class FedCMD(PersonalizedStrategy):
             return list(self.groups)
         return super().uplink_groups(client_id, server_round)
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+    def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
         if self.phase(server_round) == 1:
-            return {"phase": 1, "candidates": list(self.state.candidates), **self.scoring}
-        return {
-            "phase": 2,
-            "personal_layer": self.personal_layer(),
-            "has_phi_init": client_id not in self.state.phi_seen,
-        }
+            return FedCMDArgs(phase=1, candidates=list(self.state.candidates), **self.scoring)
+        return FedCMDArgs(phase=2, personal_layer=self.personal_layer(), has_phi_init=client_id not in self.state.phi_seen)
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         record: dict[str, Any] = {"phase": self.phase(server_round)}
@@ -268,7 +250,7 @@ class FedCMD(PersonalizedStrategy):
     def _weighted_posts(self, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Eq. 8 on the uploaded l* parameters, Eq. 7 for each participant's post(l*)."""
         phi_keys = self.keys([self.personal_layer()])
-        phi = similarity_from_gram(gram_matrix([u.arrays for u in updates], phi_keys))  # Eq. 8, one product per block
+        phi = cosine_from_gram(gram_matrix([u.arrays for u in updates], phi_keys), EQ8_EPS, lo=0.0)  # Eq. 8, blockwise
         m = len(updates)
         out = {"phi_offdiag_mean": float((phi.sum() - np.trace(phi)) / (m * (m - 1)))} if m > 1 else {}
         post_keys = self.keys(self.post_groups())

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .aggregation import mixing_average
+from .similarity import EQ8_EPS, cosine_of_vectors
 
 Arrays = Mapping[str, np.ndarray]
 
-EPS = 1e-8  # Eq. 8
+EPS = EQ8_EPS  # Eq. 8
 
 
 def round_winner(client_votes: Sequence[int], batch_votes: Sequence[float], num_candidates: int) -> int | None:
@@ -48,26 +49,8 @@ def flat_vector(arrays: Arrays, keys: Sequence[str]) -> np.ndarray:
 
 
 def similarity_matrix(vectors: Sequence[np.ndarray], eps: float = EPS) -> np.ndarray:
-    """Phi_ij = max(0, <v_i, v_j> / (||v_i|| ||v_j|| + eps)) (Eq. 8), in [0, 1].
-
-    The eps keeps a zero vector finite (its row and column are 0). Phi_ii is included
-    (about 1 for any non-zero v_i).
-    """
-    v = np.stack([np.asarray(x, dtype=np.float64).reshape(-1) for x in vectors])
-    norms = np.linalg.norm(v, axis=1)
-    cos = (v @ v.T) / (np.outer(norms, norms) + eps)
-    return np.clip(cos, 0.0, 1.0)
-
-
-def similarity_from_gram(gram: np.ndarray, eps: float = EPS) -> np.ndarray:
-    """:func:`similarity_matrix` from the Gram matrix G_ij = <v_i, v_j> (||v_i|| = sqrt(G_ii)).
-
-    With :func:`strategies.model_distance.gram_matrix` the v_i are never built: the server
-    needs O(m^2) memory for Phi instead of two float64 copies of every client's l*.
-    """
-    gram = np.asarray(gram, dtype=np.float64)
-    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-    return np.clip(gram / (np.outer(norms, norms) + eps), 0.0, 1.0)
+    """Phi_ij = max(0, <v_i, v_j> / (||v_i|| ||v_j|| + eps)) (Eq. 8), in [0, 1] (a zero vector: 0)."""
+    return cosine_of_vectors(vectors, eps, lo=0.0)
 
 
 def eq7_weights(phi: np.ndarray) -> np.ndarray:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from .aggregation import weighted_average
+from protocol.roles import FedDynArgs
+
 from .base import PersonalizedStrategy
 from .model_distance import copy_arrays
 from .validation import ClientUpdate
@@ -46,8 +48,8 @@ class FedDyn(PersonalizedStrategy):
         self.alpha = float(alpha)
         self.h = {k: np.zeros(v.shape) for k, v in self.global_arrays.items()}
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"alpha": self.alpha}
+    def role_config(self, client_id: int, server_round: int) -> FedDynArgs:
+        return FedDynArgs(alpha=self.alpha)
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = [u.arrays for u in updates if u.arrays]

@@ -13,15 +13,14 @@ reports the raw weights, which are added to P[i, j]. fedcmd.md §3: M = 5, valid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from client_app.roles.fedfomo import WEIGHT_METRIC
+from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
 from .base import PersonalizedStrategy
-from .model_distance import store_from_state, store_state
 from .validation import ClientUpdate
 
 POOLS = ("latest", "all")
@@ -56,8 +55,8 @@ class FedFomo(PersonalizedStrategy):
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"val_ratio": self.val_ratio}
+    def role_config(self, client_id: int, server_round: int) -> FedFomoArgs:
+        return FedFomoArgs(val_ratio=self.val_ratio)
 
     def choose(self, client_id: int) -> list[int]:
         """The clients whose models client ``client_id`` downloads this round (vectorized: O(N log N) in numpy)."""
@@ -74,17 +73,21 @@ class FedFomo(PersonalizedStrategy):
         ranked = np.lexsort((pool, -pool_rounds, -self.affinity[client_id, pool]))  # affinity, then recency, then id
         return sorted(pool[ranked[: self.m]].tolist())
 
-    def extra_downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        self.offered[client_id] = self.choose(client_id)
-        return {f"{j}/{k}": v for j in self.offered[client_id] for k, v in self.models[j].items()}
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """The chosen peers' models, as extra arrays ``<peer id>/<key>``."""
+        out = {}
+        for cid in client_ids:
+            self.offered[cid] = self.choose(cid)
+            out[cid] = {f"{j}/{k}": v for j in self.offered[cid] for k, v in self.models[j].items()}
+        return out
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         helpful = []
         for u in updates:
             for j in self.offered.get(u.client_id, []):
-                if f"{WEIGHT_METRIC}{j}" in u.metrics:
-                    self.affinity[u.client_id, j] += u.metrics[f"{WEIGHT_METRIC}{j}"]
-                    helpful.append(u.metrics[f"{WEIGHT_METRIC}{j}"] > 0)
+                if f"{FOMO_WEIGHT_METRIC}{j}" in u.metrics:
+                    self.affinity[u.client_id, j] += u.metrics[f"{FOMO_WEIGHT_METRIC}{j}"]
+                    helpful.append(u.metrics[f"{FOMO_WEIGHT_METRIC}{j}"] > 0)
         for u in updates:  # stored after the affinity update: the round's models are next round's pool
             self.models[u.client_id] = u.arrays
             self.model_round[u.client_id] = server_round
@@ -93,17 +96,3 @@ class FedFomo(PersonalizedStrategy):
         if helpful:
             record["helpful_share"] = float(np.mean(helpful))
         return record
-
-    def extra_state(self) -> dict[str, Any]:
-        return {
-            "models": store_state(self.models),
-            "model_round": {str(c): int(r) for c, r in sorted(self.model_round.items())},
-            "affinity": self.affinity.copy(),
-            "explore": self.explore.bit_generator.state,
-        }
-
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.models = store_from_state(state["models"])
-        self.model_round = {int(c): int(r) for c, r in state["model_round"].items()}
-        self.affinity = np.array(state["affinity"], dtype=np.float64)
-        self.explore.bit_generator.state = state["explore"]

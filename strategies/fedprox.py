@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.roles import ProximalArgs
+
 from .base import PersonalizedStrategy
 
 
@@ -15,9 +17,7 @@ class FedProx(PersonalizedStrategy):
 
     def __init__(self, *args: Any, mu: float = 1.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not mu >= 0:
-            raise ValueError(f"FedProx mu must be >= 0, got {mu}")
-        self.mu = float(mu)
+        self.args = ProximalArgs(mu=float(mu))
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"mu": self.mu}
+    def role_config(self, client_id: int, server_round: int) -> ProximalArgs:
+        return self.args

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.roles import FedRepArgs
+
 from .fedper import FedPer
 
 
@@ -15,9 +17,8 @@ class FedRep(FedPer):
 
     def __init__(self, *args: Any, body_epochs: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if body_epochs < 0:
-            raise ValueError(f"FedRep body_epochs must be >= 0, got {body_epochs}")
         self.body_epochs = int(body_epochs)
+        self.role_config(0, 1)  # a bad option fails here, before round 1
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"head": self.personal_groups(client_id, server_round), "body_epochs": self.body_epochs}
+    def role_config(self, client_id: int, server_round: int) -> FedRepArgs:
+        return FedRepArgs(head=self.personal_groups(client_id, server_round), body_epochs=self.body_epochs)

@@ -7,6 +7,7 @@ from .base import PersonalizedStrategy
 
 class Local(PersonalizedStrategy):
     name = "local"
+    heterogeneous = True  # nothing travels: any architecture on any client
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
+        return list(self.schema(client_id).groups)

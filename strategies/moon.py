@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.roles import MOONArgs
+
 from .base import PersonalizedStrategy
 
 
@@ -20,12 +22,10 @@ class MOON(PersonalizedStrategy):
 
     def __init__(self, *args: Any, mu: float = 1.0, tau: float = 0.5, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not mu >= 0 or not tau > 0:
-            raise ValueError(f"MOON needs mu >= 0 and tau > 0, got mu={mu}, tau={tau}")
-        self.mu, self.tau = float(mu), float(tau)
+        self.args = MOONArgs(mu=float(mu), tau=float(tau))
 
-    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
-        return {"mu": self.mu, "tau": self.tau}
+    def role_config(self, client_id: int, server_round: int) -> MOONArgs:
+        return self.args
 
     def extra_state(self) -> dict[str, Any]:
         return {}  # the server is FedAvg: its state is the base's global model

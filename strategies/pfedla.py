@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .aggregation import column_blocks, distinct_columns, mixing_average, normalized_weights, weighted_average
+from .aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights
 from .base import PersonalizedStrategy
 from .model_distance import store_from_state, store_state
 from .validation import ClientUpdate
@@ -48,21 +48,13 @@ class HyperNetwork(nn.Module):
         return torch.softmax(logits, dim=1)
 
 
-def personalize(models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
-    """w~^l = sum_j alpha[l, j] w_j^l for every layer group l (its keys in ``layer_keys[l]``)."""
-    out: dict[str, np.ndarray] = {}
-    for weights, keys in zip(np.asarray(alpha, dtype=np.float64), layer_keys):
-        out.update(weighted_average(models, weights, keys=list(keys)))
-    return out
-
-
 def hypernet_coefficients(
     models: Sequence[Arrays], trained: Sequence[Arrays], alphas: np.ndarray, layer_keys: Sequence[Sequence[str]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """What the hypernetwork steps of k clients need, without building their w~:
     ``coef[c, l, j] = <w~_c^l - w_new_c^l, w_j^l>`` (k x L x N) and ``||w~_c - w_new_c||^2``.
 
-    Client c trained w~_c = personalize(models, alphas[c]) (float32, as :func:`personalize`
+    Client c trained w~_c = layerwise_mix(models, alphas[c]) (float32, as :func:`~strategies.aggregation.layerwise_mix`
     returns it) into ``trained[c]``. One matrix product per block of parameters for all k
     clients together: O(k x N x params) in BLAS, bounded scratch.
     """
@@ -110,7 +102,7 @@ def hypernet_step(
         alpha = hypernet().numpy()
     coef, _ = hypernet_coefficients(models, [trained], alpha[None], layer_keys)
     hypernet_update(hypernet, coef[0], lr)
-    return personalize(models, alpha, layer_keys)
+    return layerwise_mix(models, alpha, layer_keys)
 
 
 class PFedLA(PersonalizedStrategy):
@@ -159,9 +151,6 @@ class PFedLA(PersonalizedStrategy):
                 for c, mixed in zip(client_ids, mixing_average(models, alphas[:, layer], keys=keys)):
                     out[c].update(mixed)
         return {c: {k: out[c][k] for k in self.travelling_keys(self.groups, c, server_round)} for c in client_ids}
-
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = self.all_models()  # what the round's clients were personalized from

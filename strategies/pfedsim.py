@@ -22,7 +22,8 @@ from flwr.common import log
 
 from .aggregation import mixing_average, normalized_weights
 from .base import PersonalizedStrategy
-from .fedcmd_math import similarity_matrix
+from .phases import phase_rounds
+from .similarity import EQ8_EPS, cosine_of_vectors
 from .validation import ClientUpdate
 
 WEIGHTINGS = ("pfedsim", "linear")
@@ -46,7 +47,7 @@ def row_normalized(arrays: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.
 
 def classifier_similarity(classifiers: Sequence[Mapping[str, np.ndarray]], keys: Sequence[str]) -> np.ndarray:
     """S_ij = max(0, mean row-wise cosine of the clients' classifier weights), in [0, 1]."""
-    return similarity_matrix([row_normalized(c, keys) for c in classifiers])
+    return cosine_of_vectors([row_normalized(c, keys) for c in classifiers], EQ8_EPS, lo=0.0)
 
 
 def pfedsim_weights(sim_row: np.ndarray, own: int, weighting: str = "pfedsim") -> np.ndarray:
@@ -60,17 +61,6 @@ def pfedsim_weights(sim_row: np.ndarray, own: int, weighting: str = "pfedsim") -
         s[own] = SELF_SIM
         return normalized_weights(-np.log1p(-s))
     raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
-
-
-def warmup_rounds(rho_general: float, total_rounds: int | None, warmup: int | None) -> int:
-    """W: ``warmup`` if given, else int(rho_general * total_rounds) (FL-bench)."""
-    if warmup is not None:
-        if warmup < 0:
-            raise ValueError(f"pFedSim warmup must be >= 0, got {warmup}")
-        return int(warmup)
-    if total_rounds is None or not 0.0 <= rho_general <= 1.0:
-        raise ValueError(f"pFedSim rho_general={rho_general} needs 0 <= rho_general <= 1 and total_rounds set")
-    return int(rho_general * total_rounds)
 
 
 class PFedSim(PersonalizedStrategy):
@@ -92,7 +82,7 @@ class PFedSim(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
-        self.warmup = warmup_rounds(rho_general, total_rounds, warmup)
+        self.warmup = phase_rounds("pFedSim warmup", warmup, rho_general, total_rounds, "floor", "rho_general")
         self.weighting = weighting
         self.head = [self.groups[-1]]
         self.body = self.groups[:-1]
@@ -128,17 +118,13 @@ class PFedSim(PersonalizedStrategy):
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values
-            shared = super().downlink
-            return {c: shared(c, server_round) for c in client_ids}
+            return super().downlinks(client_ids, server_round)
         bodies = self.personal_bodies(client_ids)
         head = {k: self.global_arrays[k] for k in self.keys(self.head)}
         for c in client_ids:
             if c not in self.head_seen:  # the warm-up classifier, once
                 bodies[c].update(head)
         return bodies
-
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        return self.downlinks([client_id], server_round)[client_id]
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):

@@ -8,7 +8,7 @@ are testable without a Flower runtime.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +46,16 @@ def validate_reply(
     *,
     node_id: int,
     expected_client: int | None,
-    expected_arrays: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+    expected_arrays: Mapping[str, tuple[tuple[int, ...], np.dtype]] | Sequence[Mapping[str, tuple[tuple[int, ...], np.dtype]]],
     expected_train_size: int | None = None,
     expected_test_size: int | None = None,
 ) -> ClientUpdate:
-    """Check keys, shapes, dtypes, finite values and plausible counts; return the parsed update."""
+    """Check keys, shapes, dtypes, finite values and plausible counts; return the parsed update.
+
+    ``expected_arrays`` is the one key set (with shapes and dtypes) the reply must hold, or a list
+    of alternatives (a client that chooses what it uploads, as BLS's layer prefixes): the reply's
+    keys must equal one of them exactly.
+    """
     metrics = _single(content.metric_records, "MetricRecord", node_id)
     for key in REQUIRED_METRICS:
         if key not in metrics:
@@ -77,13 +82,21 @@ def validate_reply(
 
     arrays: dict[str, np.ndarray] = {}
     nbytes = 0
-    if expected_arrays or content.array_records:
+    options = [expected_arrays] if isinstance(expected_arrays, Mapping) else list(expected_arrays) or [{}]
+    if any(options) or content.array_records:
         record = _single(content.array_records, "ArrayRecord", node_id) if content.array_records else ArrayRecord()
-        got, want = set(record.keys()), set(expected_arrays)
-        if got != want:
+        got = set(record.keys())
+        chosen = next((o for o in options if set(o) == got), None)
+        if chosen is None:
+            want = set(options[0]) if len(options) == 1 else set().union(*options)
             missing, extra = sorted(want - got), sorted(got - want)
-            raise InvalidReply(f"{who}: array keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
-        for key, (shape, dtype) in expected_arrays.items():
+            if len(options) == 1:
+                raise InvalidReply(f"{who}: array keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
+            raise InvalidReply(
+                f"{who}: its {len(got)} arrays are none of the {len(options)} upload sets the server allows "
+                f"(unexpected {extra[:5]}, sizes allowed {sorted({len(o) for o in options})})"
+            )
+        for key, (shape, dtype) in chosen.items():
             arr = record[key].numpy()
             if tuple(arr.shape) != tuple(shape):
                 raise InvalidReply(f"{who}: {key} has shape {tuple(arr.shape)}, expected {tuple(shape)}")

@@ -1,7 +1,8 @@
 """Datasets, partitioners and per-client tensors (cached once per process)."""
 
-from .client_data import ClientData, DataSpec, load_client_data, load_public_data, partition_sizes
-from .sources import DATASETS, DatasetInfo, DatasetNotFoundError, dataset_info
+from .client_data import DataSpec, load_client_data, load_public_data, partition_sizes
+from .catalog import DATASETS, DatasetInfo, DatasetNotFoundError, dataset_info
+from .tensors import ClientData
 
 __all__ = [
     "DATASETS",

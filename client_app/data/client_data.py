@@ -6,15 +6,17 @@ frozen :class:`DataSpec`), so a simulated client costs no decoding after its fir
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 
+from .catalog import DatasetInfo, dataset_info
+from .local import load_local_data
 from .partition import PartitionError, partition, train_test_split
-from .sources import DatasetInfo, dataset_info
+from .tensors import ClientData, normalize, to_unit
 
 PUBLIC_MODES = ("none", "test", "holdout")
 
@@ -60,32 +62,12 @@ class DataSpec:
         return cls(options=tuple(sorted(dict(options).items())), **values)
 
 
-@dataclass
-class ClientData:
-    """One client's normalized tensors (on CPU; the training loop moves batches)."""
-
-    client_id: int
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_train(self) -> int:
-        return len(self.y_train)
-
-    @property
-    def num_test(self) -> int:
-        return len(self.y_test)
-
-
 @dataclass(frozen=True)
 class _Pool:
     images: np.ndarray  # [N, C, H, W], uint8 or float32 in [0, 1]
     labels: np.ndarray
     public_images: np.ndarray | None
+    public_labels: np.ndarray | None
     mean: np.ndarray
     std: np.ndarray
 
@@ -103,14 +85,15 @@ def _pool(spec_key: DataSpec) -> _Pool:
     _validate(spec)
     info = spec.info
     splits = info.reader(spec.root, **dict(spec.options))
-    public = None
+    public = public_labels = None
     if spec.public == "test":
         if "test" not in splits:
             raise ValueError(
                 f"dataset {spec.dataset!r} has no official test split for data.public=test; "
                 "use data.public=holdout"
             )
-        public = splits.pop("test")[0]
+        public, public_labels = splits.pop("test")
+        public_labels = np.asarray(public_labels).astype(np.int64)
     if spec.pool_splits or "train" not in splits:
         images = np.concatenate([s[0] for s in splits.values()])
         labels = np.concatenate([s[1] for s in splits.values()])
@@ -120,14 +103,15 @@ def _pool(spec_key: DataSpec) -> _Pool:
     if spec.public == "holdout":
         order = np.random.default_rng(spec.seed + 7919).permutation(len(labels))
         n_pub = int(len(labels) * spec.public_fraction)
-        public, images, labels = images[order[:n_pub]], images[order[n_pub:]], labels[order[n_pub:]]
+        public, public_labels = images[order[:n_pub]], labels[order[:n_pub]]
+        images, labels = images[order[n_pub:]], labels[order[n_pub:]]
     if info.mean is not None and info.std is not None:
         mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
     else:
-        as_float = _to_unit(images)
+        as_float = to_unit(images)
         mean = as_float.mean(axis=(0, 2, 3)).astype(np.float32)
         std = (as_float.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
-    return _Pool(images, labels, public, mean, std)
+    return _Pool(images, labels, public, public_labels, mean, std)
 
 
 @lru_cache(maxsize=4)
@@ -147,17 +131,8 @@ def _partition(spec: DataSpec) -> tuple[np.ndarray, ...]:
     )
 
 
-def _to_unit(images: np.ndarray) -> np.ndarray:
-    if images.dtype == np.uint8:
-        return images.astype(np.float32) / 255.0
-    return images.astype(np.float32, copy=False)
-
-
 def _normalize(images: np.ndarray, pool: _Pool) -> torch.Tensor:
-    x = torch.from_numpy(_to_unit(images))
-    mean = torch.from_numpy(pool.mean).view(1, -1, 1, 1)
-    std = torch.from_numpy(pool.std).view(1, -1, 1, 1)
-    return ((x - mean) / std).contiguous()
+    return normalize(images, pool.mean, pool.std)
 
 
 def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,8 +155,6 @@ def load_client_data(spec: DataSpec, client_id: int) -> ClientData:
     directory (``spec.root``, the node config's ``data-dir``) instead of a partition.
     """
     if spec.info.node_local:
-        from .local import load_local_data
-
         return load_local_data(spec, client_id)
     pool = _pool(spec)
     train_idx, test_idx = client_indices(spec, client_id)
@@ -195,12 +168,16 @@ def load_client_data(spec: DataSpec, client_id: int) -> ClientData:
     )
 
 
-def load_public_data(spec: DataSpec) -> torch.Tensor:
-    """The server's unlabelled public images (data.public=test|holdout), normalized."""
+def load_public_data(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's public split (dataset.public=test|holdout): normalized images and their labels.
+
+    FedTSDP uses the images only (unlabelled public data); Felo/Velo evaluate group models on
+    the labelled global test set (``dataset.public=test``).
+    """
     pool = _pool(spec)
     if pool.public_images is None:
-        raise ValueError("this data spec has no public split: set data.public=test or holdout")
-    return _normalize(pool.public_images, pool)
+        raise ValueError("this data spec has no public split: set dataset.public=test or holdout")
+    return _normalize(pool.public_images, pool), torch.from_numpy(pool.public_labels)
 
 
 def partition_sizes(spec: DataSpec) -> list[int]:

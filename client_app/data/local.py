@@ -12,7 +12,7 @@ In a real deployment every device holds its own data. The server's config says
 
 Images are normalized with meta.json's mean/std when given (the exporter writes the pooled
 dataset's, so tensors equal the simulation's), else with the node's own training split's.
-:func:`export_partitions` writes each client's partition of a supported dataset in this
+:func:`client_app.data.export.export_partitions` writes each client's partition of a supported dataset in this
 format (``scripts/export_partitions.py``), for demos and tests.
 """
 
@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .tensors import ClientData, normalize, to_unit
 
 LOCAL = "local"
 DATA_DIR_KEY = "data-dir"  # the node config key naming a SuperNode's data directory
@@ -95,46 +97,6 @@ def _atomic_npz(path: Path, **arrays: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def export_partitions(spec: Any, out: str | Path, clients: list[int] | None = None) -> list[Path]:
-    """Write each client's train/test split of ``spec`` (a partitioned DataSpec) to ``out/client_<id>``.
-
-    The images are the raw pooled images (before normalization) at exactly the indices the
-    simulation gives that client, and meta.json carries the pool's mean/std, so a SuperNode
-    reading the directory gets the same tensors as simulated client ``id``.
-    """
-    from .client_data import _pool, client_indices
-
-    if spec.info.node_local:
-        raise LocalDataError("export_partitions needs a partitioned dataset, not dataset=local")
-    pool = _pool(spec)
-    out = Path(out)
-    paths = []
-    for cid in range(spec.num_clients) if clients is None else clients:
-        train_idx, test_idx = client_indices(spec, cid)
-        paths.append(
-            write_local_dir(
-                out / f"client_{cid}",
-                (pool.images[train_idx], pool.labels[train_idx]),
-                (pool.images[test_idx], pool.labels[test_idx]),
-                name=spec.dataset,
-                num_classes=spec.info.num_classes,
-                mean=pool.mean,
-                std=pool.std,
-                client_id=cid,
-                exported_from={
-                    "dataset": spec.dataset,
-                    "partitioner": spec.partitioner,
-                    "num_clients": spec.num_clients,
-                    "alpha": spec.alpha,
-                    "min_size": spec.min_size,
-                    "test_fraction": spec.test_fraction,
-                    "seed": spec.seed,
-                },
-            )
-        )
-    return paths
-
-
 # ----------------------------------------------------------------------------- reading
 
 
@@ -176,7 +138,6 @@ def _read_split(path: Path, in_shape: tuple[int, ...], num_classes: int) -> tupl
 
 def load_local_data(spec: Any, client_id: int) -> Any:
     """One node's normalized tensors from its directory (``spec.root``), checked against the spec."""
-    from .client_data import ClientData, _to_unit
 
     if spec.root is None:
         raise LocalDataError("dataset=local needs the node's data directory (node config data-dir)")
@@ -209,19 +170,15 @@ def load_local_data(spec: Any, client_id: int) -> Any:
         if mean.shape != (info.in_shape[0],) or std.shape != mean.shape or not np.all(std > 0):
             raise LocalDataError(f"{root / META}: mean/std must hold one value per channel (std > 0)")
     else:
-        unit = _to_unit(x_train)
+        unit = to_unit(x_train)
         mean = unit.mean(axis=(0, 2, 3)).astype(np.float32)
         std = (unit.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
 
-    def norm(images: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(_to_unit(images))
-        return ((x - torch.from_numpy(mean).view(1, -1, 1, 1)) / torch.from_numpy(std).view(1, -1, 1, 1)).contiguous()
-
     return ClientData(
         client_id=client_id,
-        x_train=norm(x_train),
+        x_train=normalize(x_train, mean, std),
         y_train=torch.from_numpy(y_train),
-        x_test=norm(x_test),
+        x_test=normalize(x_test, mean, std),
         y_test=torch.from_numpy(y_test),
         num_classes=info.num_classes,
         extra={"data_dir": str(root), "meta": meta},
@@ -232,7 +189,6 @@ __all__ = [
     "DATA_DIR_KEY",
     "LOCAL",
     "LocalDataError",
-    "export_partitions",
     "load_local_data",
     "read_meta",
     "with_node_data_dir",

@@ -185,10 +185,9 @@ def register(info: DatasetInfo) -> None:
     DATASETS[info.name] = info
 
 
-def dataset_info(name: str, **options: Any) -> DatasetInfo:
-    """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape."""
-    from . import hf_sources, medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
-
+def lookup(name: str, **options: Any) -> DatasetInfo:
+    """Look a registered dataset up by name; ``options`` (synthetic's size, classes...) may change its
+    shape. Use :func:`client_app.data.catalog.dataset_info`, which registers every reader first."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from protocol.roles import RoleArgs, SGDArgs
+
 from ..data import ClientData
 from ..training import TrainArgs, train
-
-
-EXTRA_PREFIX = "extra/"  # message arrays under this prefix are not model tensors (RoleContext.*_extra)
 
 
 @dataclass
@@ -29,15 +29,23 @@ class RoleContext:
     # arrays besides model tensors, keyed "<name>/<key>" (on the wire "extra/<name>/<key>"):
     received_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent by the server (FedFomo: others' models)
     upload_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent back; the server validates them (FedAP)
+    # the model keys this reply uploads: the most the server asked for; a role may choose fewer, as
+    # long as the set is one the strategy declared (uplink_sets: BLS's layer prefixes)
+    upload_keys: list[str] = field(default_factory=list)
 
 
 class Role:
-    """A method's client side. Subclasses override only what differs from plain SGD."""
+    """A method's client side. Subclasses override only what differs from plain SGD.
+
+    ``args_type``: the role's arguments (a :mod:`protocol.roles` dataclass, shared with its
+    strategy); ``self.args`` is an instance, parsed and checked from the message.
+    """
 
     name = "base"
+    args_type: type[RoleArgs] = SGDArgs
 
-    def __init__(self, args: dict[str, Any]) -> None:
-        self.args = dict(args)
+    def __init__(self, args: Mapping[str, Any] | RoleArgs | None = None) -> None:
+        self.args: Any = args if isinstance(args, self.args_type) else self.args_type.from_dict(dict(args or {}))
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         """Local training; returns scalar metrics (at least ``train_loss``)."""
@@ -62,12 +70,12 @@ class SGDRole(Role):
         return {"train_loss": loss}
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
-        epochs = int(self.args.get("finetune_epochs", 0))
+        epochs = int(self.args.finetune_epochs)
         if epochs <= 0:
             return model
         tuned = copy.deepcopy(model)
         train(
-            tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs),
+            tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs, steps=None),
             params=self.finetune_params(tuned, ctx), generator=ctx.generator, device=ctx.device,
         )
         return tuned

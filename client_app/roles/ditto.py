@@ -15,10 +15,12 @@ from dataclasses import replace
 
 from torch import nn
 
+from protocol.roles import DittoArgs
+
 from ..data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
-from .proximal import mu_of, proximal_loss, snapshot
+from .proximal import proximal_loss, snapshot
 
 PREFIX = "ditto."
 
@@ -34,11 +36,12 @@ def personal_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
 
 class DittoRole(Role):
     name = "ditto"
+    args_type = DittoArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        lam = mu_of(self.args, "lam", 0.1)
-        epochs = self.args.get("personal_epochs")
-        personal_args = replace(train_args, epochs=train_args.epochs if epochs is None else int(epochs))
+        lam = self.args.lam
+        epochs = self.args.personal_epochs
+        personal_args = train_args if epochs is None else replace(train_args, epochs=int(epochs), steps=None)
         v = personal_model(model, ctx)
         reference = snapshot(model)  # the received global w^t
         personal_loss = train(

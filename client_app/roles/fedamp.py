@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from protocol.roles import CLOUD_PREFIX, FedAMPArgs
+
 from .base import RoleContext
 from .proximal import ProximalRole, snapshot
-
-CLOUD = "u/"  # extra-array prefix of the cloud model (strategies.fedamp sends it)
 
 
 class FedAMPRole(ProximalRole):
     name = "fedamp"
+    args_type = FedAMPArgs
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
-        cloud = {k[len(CLOUD):]: t.to(ctx.device) for k, t in ctx.received_extra.items() if k.startswith(CLOUD)}
+        cloud = {k[len(CLOUD_PREFIX):]: t.to(ctx.device) for k, t in ctx.received_extra.items() if k.startswith(CLOUD_PREFIX)}
         return cloud or snapshot(model)  # no cloud model sent: no pull

@@ -15,13 +15,12 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from models.schema import batchnorm_layers
+from protocol.roles import FedAPArgs
+
 from ..data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext, SGDRole
-
-
-def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 @torch.no_grad()
@@ -61,10 +60,11 @@ def bn_input_stats(model: nn.Module, x: torch.Tensor, device: torch.device, batc
 
 class FedAPRole(SGDRole):
     name = "fedap"
+    args_type = FedAPArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        if self.args.get("bn_stats"):
+        if self.args.bn_stats:
             ctx.upload_extra.update(bn_input_stats(model, data.x_train, ctx.device))
-        if self.args.get("epochs") is not None:
-            train_args = replace(train_args, epochs=int(self.args["epochs"]))
+        if self.args.epochs is not None:
+            train_args = replace(train_args, epochs=int(self.args.epochs), steps=None)
         return super().fit(model, data, train_args, ctx)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from protocol.roles import FedBabuArgs
+
 from ..data import ClientData
 from ..training import TrainArgs, train
 from .base import RoleContext, SGDRole
 from .fedrep import head_groups, split_parameters
 
-FINETUNE_PARTS = ("all", "head")
-
-
 class FedBabuRole(SGDRole):
     name = "fedbabu"
+    args_type = FedBabuArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         body, _ = split_parameters(model, head_groups(self.args, ctx))
@@ -27,7 +27,4 @@ class FedBabuRole(SGDRole):
         return {"train_loss": loss}
 
     def finetune_params(self, model: nn.Module, ctx: RoleContext) -> list[nn.Parameter] | None:
-        part = self.args.get("finetune_part", "all")
-        if part not in FINETUNE_PARTS:
-            raise ValueError(f"finetune_part must be one of {list(FINETUNE_PARTS)}, got {part!r}")
-        return None if part == "all" else split_parameters(model, head_groups(self.args, ctx))[1]
+        return None if self.args.finetune_part == "all" else split_parameters(model, head_groups(self.args, ctx))[1]

@@ -20,14 +20,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from protocol.roles import GRANULARITIES, SCORE_MODES, W2_MODES, FedCMDArgs, check_choice
+
 from ..data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
-
-SCORE_MODES = ("paper", "code")
-W2_MODES = ("gaussian", "mean_only")
-SELECTION_TIMINGS = ("during_training", "after_training")
-GRANULARITIES = ("batch", "dataset")
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -225,9 +222,8 @@ class LayerScorer:
         return out
 
 
-def _check(option: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"FedCMD {option} must be one of {list(allowed)}, got {value!r}")
+def _check(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    check_choice("FedCMD", option, value, allowed)
 
 
 @torch.no_grad()
@@ -252,18 +248,18 @@ class FedCMDRole(Role):
     """
 
     name = "fedcmd"
+    args_type = FedCMDArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        if int(self.args.get("phase", 2)) != 1:
+        if self.args.phase != 1:
             return {"train_loss": train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)}
-        timing = str(self.args.get("selection_timing", "during_training"))
-        _check("selection_timing", timing, SELECTION_TIMINGS)
+        timing = self.args.selection_timing
         scorer = LayerScorer(
             model.group_names,
-            list(self.args["candidates"]),
-            score_mode=str(self.args.get("score_mode", "paper")),
-            w2_mode=str(self.args.get("w2_mode", "gaussian")),
-            granularity=str(self.args.get("granularity", "batch")),
+            list(self.args.candidates),
+            score_mode=self.args.score_mode,
+            w2_mode=self.args.w2_mode,
+            granularity=self.args.granularity,
         )
         if timing == "during_training":
             loss = train(

@@ -13,10 +13,12 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from protocol.roles import FedDynArgs
+
 from ..data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import Role, RoleContext
-from .proximal import mu_of, proximal_loss, snapshot
+from .proximal import proximal_loss, snapshot
 
 PREFIX = "feddyn.g."
 
@@ -46,9 +48,10 @@ def updated_state(
 
 class FedDynRole(Role):
     name = "feddyn"
+    args_type = FedDynArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        alpha = mu_of(self.args, "alpha", 0.01)
+        alpha = self.args.alpha
         reference = snapshot(model)  # the received global model
         g = {k: ctx.extra_state.get(PREFIX + k, torch.zeros_like(ref)).to(ref.device) for k, ref in reference.items()}
         loss = train(

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
+
 from ..data import ClientData
 from ..training import TrainArgs, evaluate, train
 from .base import Role, RoleContext
 from .proximal import snapshot
 
 EPS = 1e-5  # keeps w_n finite for a downloaded model equal to the own one (FL-bench)
-WEIGHT_METRIC = "fomo_w_"
 
 
 def fomo_weights(own_loss: float, losses: Sequence[float], distances: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +57,10 @@ def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> fl
 
 class FedFomoRole(Role):
     name = "fedfomo"
+    args_type = FedFomoArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        n_val = int(float(self.args.get("val_ratio", 0.2)) * data.num_train)
+        n_val = int(float(self.args.val_ratio) * data.num_train)
         x_val, y_val = data.x_train[:n_val], data.y_train[:n_val]
         metrics: dict[str, float] = {}
         others = downloaded_models(ctx)
@@ -73,7 +75,7 @@ class FedFomoRole(Role):
             raw, weights = fomo_weights(own_loss, losses, [distance(theta, own) for theta in others.values()])
             if weights.sum() > 0:
                 model.load_state_dict(fomo_combine(own, [{k: t[k] for k in own} for t in others.values()], weights), strict=False)
-            metrics.update({f"{WEIGHT_METRIC}{cid}": float(w) for cid, w in zip(others, raw)})
+            metrics.update({f"{FOMO_WEIGHT_METRIC}{cid}": float(w) for cid, w in zip(others, raw)})
             metrics["fomo_helpful"] = float((raw > 0).sum())
         loss = train(model, data.x_train[n_val:], data.y_train[n_val:], train_args, generator=ctx.generator, device=ctx.device)
         return {"train_loss": loss, **metrics}

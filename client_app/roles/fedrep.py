@@ -14,6 +14,8 @@ from dataclasses import replace
 
 from torch import nn
 
+from protocol.roles import FedRepArgs
+
 from ..data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
@@ -29,20 +31,22 @@ def split_parameters(model: nn.Module, head: Sequence[str]) -> tuple[list[nn.Par
     return body, [p for g in head for p in groups[g].parameters()]
 
 
-def head_groups(args: dict, ctx: RoleContext) -> list[str]:
-    return list(args.get("head") or ctx.personal)
+def head_groups(args: FedRepArgs, ctx: RoleContext) -> list[str]:
+    """The head: the groups the server named (``args.head``), else the message's personal groups."""
+    return list(args.head or ctx.personal)
 
 
 class FedRepRole(Role):
     name = "fedrep"
+    args_type = FedRepArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        body_epochs = min(int(self.args.get("body_epochs", 1)), train_args.epochs)
+        body_epochs = min(int(self.args.body_epochs), train_args.epochs)
         body, head = split_parameters(model, head_groups(self.args, ctx))
         metrics: dict[str, float] = {}
         for part, params, epochs in (("head", head, train_args.epochs - body_epochs), ("body", body, body_epochs)):
             loss = train(
-                model, data.x_train, data.y_train, replace(train_args, epochs=epochs),
+                model, data.x_train, data.y_train, replace(train_args, epochs=epochs, steps=None),
                 params=params, generator=ctx.generator, device=ctx.device,
             )
             if math.isfinite(loss):  # a part trained for 0 epochs reports nothing

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from protocol.roles import MOONArgs
+
 from ..data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
-from .proximal import mu_of
 
 PREFIX = "moon.prev."
 
@@ -63,9 +64,10 @@ def previous_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
 
 class MOONRole(Role):
     name = "moon"
+    args_type = MOONArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        mu, tau = mu_of(self.args, "mu", 1.0), float(self.args.get("tau", 0.5))
+        mu, tau = self.args.mu, self.args.tau
         loss_fn = moon_loss(frozen(copy.deepcopy(model)), previous_model(model, ctx), mu, tau)
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})

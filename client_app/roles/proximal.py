@@ -9,10 +9,11 @@ into the ``loss_fn`` of :func:`client_app.training.train`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
+
+from protocol.roles import ProximalArgs
 
 from ..data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
@@ -42,20 +43,14 @@ def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float, base: LossFn
     return loss
 
 
-def mu_of(args: Mapping[str, Any], key: str, default: float) -> float:
-    value = float(args.get(key, default))
-    if not value >= 0:
-        raise ValueError(f"{key} must be >= 0, got {value}")
-    return value
-
-
 class ProximalRole(SGDRole):
     """FedProx (Li et al., 2020): local SGD on F(w) + mu/2 ||w - w_global||^2."""
 
     name = "proximal"
+    args_type = ProximalArgs
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        loss_fn = proximal_loss(self.reference(model, ctx), mu_of(self.args, "mu", 1.0))
+        loss_fn = proximal_loss(self.reference(model, ctx), self.args.mu)
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         return {"train_loss": loss}
 

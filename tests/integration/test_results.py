@@ -2,7 +2,7 @@
 
 import pytest
 
-from local_grid import LocalGrid
+from server_app.inprocess import InProcessGrid
 from server_app.runner import run_experiment
 
 pytestmark = pytest.mark.slow
@@ -12,7 +12,7 @@ def test_fedper_beats_fedavg_on_digits_alpha_0_1(compose):
     common = ["dataset=digits", "alpha=0.1", "num_clients=20", "rounds=20", "fraction=0.5", "local_epochs=5"]
     headline = {}
     for method in ("fedavg", "fedper"):
-        summary = run_experiment(LocalGrid(20), compose(*common, f"method={method}"))
+        summary = run_experiment(InProcessGrid(20), compose(*common, f"method={method}"))
         headline[method] = summary["headline_test_before_acc"]
     print(headline)
     assert headline["fedper"] > headline["fedavg"] + 0.05, headline

@@ -53,6 +53,21 @@ def test_pflower_sim_sweep_runs_local_fedavg_fedper(tmp_path):
     assert all(p["bytes_down"] < a["bytes_down"] for p, a in zip(fedper, fedavg))
 
 
+def test_pflower_sim_runs_a_federation_of_three_architectures(tmp_path):
+    """model=mixed under Flower's simulation engine: each client trains its own architecture and
+    FedAvg averages only clients of the same one (metrics per architecture in every record)."""
+    out = tmp_path / "outputs"
+    cmd = [str(BIN / "pflower"), "sim", "method=fedavg", "model=mixed", "num_clients=6", "fraction=1.0",
+           f"output_dir={out}", *[o for o in SMALL if not o.startswith(("num_clients", "fraction"))]]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = check_run_dir(run_dirs(out)["fedavg-digits"], 2)
+    archs = ("lenet5_1fc", "lenet5_3fc", "cnn_kapc")
+    assert all(f"test_before_acc@{a}" in r for r in lines for a in archs)
+    summary = json.loads((run_dirs(out)["fedavg-digits"] / "summary.json").read_text())
+    assert all(0.0 <= summary[f"final_acc@{a}"] <= 1.0 for a in archs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

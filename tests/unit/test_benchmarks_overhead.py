@@ -12,14 +12,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
 
 from benchmarks.overhead import _max_diff, floor_run  # noqa: E402
-from local_grid import LocalGrid  # noqa: E402
+from server_app.inprocess import InProcessGrid  # noqa: E402
 from server_app.runner import run_experiment  # noqa: E402
 from strategies.checkpoint import load_checkpoint  # noqa: E402
 
 
 def test_floor_repeats_pflowers_fedavg_rounds(compose, tiny_overrides):
     cfg = compose(*tiny_overrides, "method=fedavg", "final_eval=false", "rounds=2")
-    summary = run_experiment(LocalGrid(4), cfg)
+    summary = run_experiment(InProcessGrid(4), cfg)
     run_dir = Path(summary["run_dir"])
     clients = [json.loads(line)["clients"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     pflower_final = load_checkpoint(run_dir).decode()["global_arrays"]

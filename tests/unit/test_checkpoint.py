@@ -7,6 +7,7 @@ state), as SuperNodes with a state dir do.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections import defaultdict
@@ -15,15 +16,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_strategy_base import make, run
 
-from local_grid import LocalGrid
 from server_app.config import ConfigError
+from server_app.inprocess import InProcessGrid
 from server_app.results import read_metrics
 from server_app.runner import build, run_experiment
 from strategies import STRATEGIES
-from strategies.fedper import FedPer
 from strategies import checkpoint as ckpt_mod
-from strategies.checkpoint import CheckpointError, decode, encode, load_checkpoint, save_checkpoint
+from strategies.checkpoint import (
+    CheckpointError,
+    decode,
+    encode,
+    load_checkpoint,
+    save_checkpoint,
+)
+from strategies.fedper import FedPer
 
 ROUND_KEYS = ("clients", "test_before_acc", "test_before_loss", "test_after_acc", "train_loss", "bytes_down", "bytes_up")
 
@@ -32,7 +40,7 @@ class Crash(RuntimeError):
     pass
 
 
-class CrashingGrid(LocalGrid):
+class CrashingGrid(InProcessGrid):
     """Raises when the train messages of round ``crash_at`` are sent (the server process dies).
 
     With ``after_replies`` the clients train and save their state first, and the server dies
@@ -94,13 +102,14 @@ CASES = {
     "fedper": ["method=fedper"],
     "fedcmd": ["method=fedcmd", "method.kp=3"],  # votes of rounds 1-2 restored, l* fixed after the resume
     "pfedsim": ["method=pfedsim", "method.warmup=1"],  # bodies and S restored mid personal phase
+    "mixed": ["method=fedavg", "model=mixed"],  # three architectures, each with its own global model
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
     overrides = [*tiny_overrides, *CASES[case], "rounds=4"]
-    full = run_experiment(LocalGrid(4), compose(*overrides))
+    full = run_experiment(InProcessGrid(4), compose(*overrides))
     run_dir, grid = crashed_run(compose, overrides)
     assert [r["round"] for r in read_metrics(run_dir)] == [1, 2]
     assert load_checkpoint(run_dir).round == 2
@@ -118,8 +127,10 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
     ca, cb = load_checkpoint(full["run_dir"]), load_checkpoint(run_dir)
     assert cb.round == 4 and cb.run_token == token  # the clients' personal state stays found
     sa, sb = ca.decode(), cb.decode()
-    for key in ("global_arrays", "rng", "extra"):
+    for key in ("global_arrays", "rng", "extra", "arch_arrays", "arch_of"):
         assert_same(sa[key], sb[key], key)
+    if case == "mixed":
+        assert set(sb["arch_arrays"]) == {"lenet5_3fc", "cnn_kapc"}  # besides the default lenet5_1fc
     if case == "fedcmd":
         assert sb["extra"]["state"].personal_layer is not None and len(sb["extra"]["state"].round_winners) == 3
     if case == "pfedsim":
@@ -129,7 +140,7 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
 def test_fedcmd_resume_right_after_the_phase_switch(compose, tiny_overrides):
     """kp=2: the checkpoint of round 2 holds l*, phi_init and post_init; phase 2 runs after the resume."""
     overrides = [*tiny_overrides, "method=fedcmd", "method.kp=2", "rounds=3"]
-    full = run_experiment(LocalGrid(4), compose(*overrides))
+    full = run_experiment(InProcessGrid(4), compose(*overrides))
     run_dir, grid = crashed_run(compose, overrides)
     state = load_checkpoint(run_dir).decode()["extra"]["state"]
     assert state.personal_layer is not None and state.phi_init
@@ -269,12 +280,12 @@ def test_unencodable_state_fails_before_round_one_naming_the_attribute(compose, 
             self.handle = open(__file__)  # noqa: SIM115
 
     monkeypatch.setitem(STRATEGIES, "fedper", Bad)
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     with pytest.raises(CheckpointError, match=r"state\.extra\.handle .*checkpoint_exclude"):
         run_experiment(grid, compose(*tiny_overrides, "method=fedper"))
     assert not grid.sent  # nothing was trained
     Bad.checkpoint_exclude = ("handle",)
-    run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=1"))
+    run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=1"))
 
 
 def test_lazily_created_module_needs_extra_state_and_says_so(compose, tiny_overrides, tmp_path, monkeypatch):
@@ -338,10 +349,10 @@ def test_codec_round_trip_and_refusals():
 def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_overrides):
     """A new Ray simulation starts with empty client contexts: client_state_dir=auto keeps FedPer's heads."""
     overrides = [*tiny_overrides, "method=fedper", "rounds=4", "client_state_dir=auto", "fraction=1.0"]
-    full = run_experiment(LocalGrid(4), compose(*overrides))
+    full = run_experiment(InProcessGrid(4), compose(*overrides))
     run_dir, _ = crashed_run(compose, overrides)
     assert sorted(p.name for p in (run_dir / "client_state").rglob("*.pt")) == [f"client_{i}.pt" for i in range(4)]
-    resumed = run_experiment(LocalGrid(4), compose(*overrides, f"resume={run_dir}"))  # fresh contexts
+    resumed = run_experiment(InProcessGrid(4), compose(*overrides, f"resume={run_dir}"))  # fresh contexts
     for ra, rb in zip(read_metrics(full["run_dir"]), read_metrics(run_dir)):
         assert_same(ra["test_before_acc"], rb["test_before_acc"], f"round {ra['round']}")
     assert_same(full["final_acc"], resumed["final_acc"], "final_acc")
@@ -357,11 +368,55 @@ def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_ove
 def test_crash_after_the_clients_saved_a_round_resumes_exactly(compose, tiny_overrides, extra, crash_at, same_nodes):
     """The clients already saved the lost round(s); the replay starts each from the state before it."""
     overrides = [*tiny_overrides, "method=fedper", "rounds=4", "fraction=1.0", *extra]
-    full = run_experiment(LocalGrid(4), compose(*overrides))
+    full = run_experiment(InProcessGrid(4), compose(*overrides))
     run_dir, grid = crashed_run(compose, overrides, crash_at=crash_at, after_replies=True)
     assert load_checkpoint(run_dir).round == 2
-    resumed = run_experiment(grid if same_nodes else LocalGrid(4), compose(*overrides, f"resume={run_dir}"))
+    resumed = run_experiment(grid if same_nodes else InProcessGrid(4), compose(*overrides, f"resume={run_dir}"))
     for ra, rb in zip(read_metrics(full["run_dir"]), read_metrics(run_dir), strict=True):
         for key in ROUND_KEYS:
             assert_same(ra[key], rb[key], f"round {ra['round']} {key}")
     assert_same(full["final_acc"], resumed["final_acc"], "final_acc")
+
+
+# ----------------------------------------------------------------------------- every method's own server state
+NEW = ("fedamp", "cfl", "feddyn", "fedfomo", "fedap", "moon", "pfedla")
+
+
+# ----------------------------------------------------------------------------- server state
+@pytest.mark.parametrize("method", NEW)
+def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overrides, method):
+    extra = {"fedap": ["method.warmup=1"], "cfl": ["method.start_round=1", "method.eps1=100", "method.eps2=0"]}.get(method, [])
+    args = (compose, tiny_overrides, f"method={method}", "fraction=1.0", *extra)
+    _, strategy = make(*args)
+    grid = InProcessGrid(4)
+    run(strategy, grid, rounds=2)
+    arrays: dict[str, np.ndarray] = {}
+    encoded = encode(strategy.extra_state(), arrays)  # checkpointable: plain values and arrays only
+    _, fresh = make(*args)
+    fresh.global_arrays = copy.deepcopy(strategy.global_arrays)
+    fresh.load_extra_state(decode(encoded, arrays))
+    for cid in range(4):
+        if method == "fedfomo":
+            assert fresh.choose(cid) == strategy.choose(cid)
+            continue
+        down, again = strategy.downlink(cid, 3), fresh.downlink(cid, 3)
+        extra_down, extra_again = strategy.extra_downlinks([cid], 3)[cid], fresh.extra_downlinks([cid], 3)[cid]
+        assert set(down) == set(again) and all(np.array_equal(down[k], again[k]) for k in down)
+        assert set(extra_down) == set(extra_again) and all(np.array_equal(extra_down[k], extra_again[k]) for k in extra_down)
+
+
+
+def test_numpy_generators_are_checkpointed_by_their_state():
+    rng = np.random.default_rng(7)
+    rng.random(5)
+    arrays: dict = {}
+    tree = encode({"g": rng, "nested": [np.random.Generator(np.random.MT19937(3))]}, arrays)
+    expected = rng.random(3)
+    fresh = decode(tree, arrays)  # no live generator: rebuilt from the state
+    np.testing.assert_array_equal(fresh["g"].random(3), expected)
+    assert isinstance(fresh["nested"][0].bit_generator, np.random.MT19937)
+    live = np.random.default_rng(0)
+    assert decode(tree, arrays, {"g": live, "nested": [None]})["g"] is live  # loaded into the live one
+    tree["g"]["__generator__"] = "Nope"
+    with pytest.raises(CheckpointError, match="bit generator"):
+        decode(tree, arrays)

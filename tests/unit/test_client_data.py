@@ -29,8 +29,8 @@ def test_partition_sizes_add_up_and_clients_outside_range_are_refused():
 
 def test_holdout_public_split_is_kept_out_of_the_clients():
     spec = DataSpec(**{**SPEC.to_dict(), "options": SPEC.options, "public": "holdout", "public_fraction": 0.25})
-    public = load_public_data(spec)
-    assert public.shape[0] == 200 and sum(partition_sizes(spec)) == 600
+    images, labels = load_public_data(spec)
+    assert images.shape[0] == 200 and labels.shape == (200,) and sum(partition_sizes(spec)) == 600
     with pytest.raises(ValueError, match="public"):
         load_public_data(SPEC)
 

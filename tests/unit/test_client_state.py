@@ -5,7 +5,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client_app.state import ClientState
-from local_grid import LocalGrid
+from server_app.inprocess import InProcessGrid
 from server_app.runner import build
 
 
@@ -29,7 +29,7 @@ def test_state_round_trip_in_context_and_directory(tmp_path):
 def test_restarted_supernode_keeps_its_personal_head(compose, tiny_overrides, tmp_path):
     cfg = compose(*tiny_overrides, "method=fedper", "fraction=1.0")
     strategy = build(cfg, run_token="restart")
-    grid = LocalGrid(4, node_config={"state-dir": str(tmp_path / "state")})
+    grid = InProcessGrid(4, node_config={"state-dir": str(tmp_path / "state")})
     strategy.start(grid, num_rounds=1)
     old_ctx = grid.contexts[grid.node_of_client[0]]
     head_before = ClientState(old_ctx, 0, "restart").load()["groups.classifier.weight"].numpy()

@@ -23,7 +23,6 @@ from client_app.roles.fedcmd import (
 )
 from client_app.training import TrainArgs
 from models import build_model
-from strategies import fedcmd as strategy
 from strategies.fedcmd import FedCMDState, default_candidates
 from strategies.fedcmd_math import (
     eq7_weights,
@@ -218,9 +217,13 @@ def test_default_candidates_are_the_fc_groups():
     assert default_candidates(["block1", "block2", "head"]) == ["head"]
 
 
-def test_strategy_and_role_accept_the_same_option_values():
-    assert strategy.SCORE_MODES == role.SCORE_MODES and strategy.W2_MODES == role.W2_MODES
-    assert strategy.SELECTION_TIMINGS == role.SELECTION_TIMINGS and strategy.GRANULARITIES == role.GRANULARITIES
+def test_strategy_and_role_check_options_with_the_one_protocol_definition():
+    from protocol.roles import FedCMDArgs, RoleArgsError
+
+    with pytest.raises(RoleArgsError, match="w2_mode"):
+        FedCMDArgs(phase=1, candidates=["fc1"], w2_mode="exact")
+    with pytest.raises(RoleArgsError, match="w2_mode"):  # the role parses the message with the same class
+        role.FedCMDRole({"phase": 1, "candidates": ["fc1"], "w2_mode": "exact"})
 
 
 # ----------------------------------------------------------------------------- Eq. 7-8

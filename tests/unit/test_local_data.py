@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from client_app.data import DataSpec, load_client_data, partition_sizes
-from client_app.data.local import LocalDataError, export_partitions, load_local_data, with_node_data_dir, write_local_dir
+from client_app.data.export import export_partitions
+from client_app.data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
 from client_app.runtime import client_data
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -140,14 +140,14 @@ def test_sweep_job_reads_hydras_job_number(monkeypatch):
 
 @pytest.mark.parametrize("progress", [True, False])
 def test_runner_logs_a_progress_line_per_round(compose, tiny_overrides, monkeypatch, progress):
-    from local_grid import LocalGrid
+    from server_app.inprocess import InProcessGrid
 
     from server_app import runner
 
     lines: list[str] = []
     real_log = runner.log
     monkeypatch.setattr(runner, "log", lambda level, msg, *args: (lines.append(msg % args), real_log(level, msg, *args)))
-    runner.run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedavg", f"progress={str(progress).lower()}"))
+    runner.run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", f"progress={str(progress).lower()}"))
     shown = [x for x in lines if x.startswith("progress: ")]
     if progress:
         assert [x.split(" [")[0] for x in shown] == ["progress: round 1/2", "progress: round 2/2"]

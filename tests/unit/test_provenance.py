@@ -4,7 +4,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from local_grid import LocalGrid
+from server_app.inprocess import InProcessGrid
 from server_app import provenance as prov
 from server_app.report import write_report
 from server_app.runner import run_experiment
@@ -35,7 +35,7 @@ def test_no_checkout_records_none(tmp_path):
 
 def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, monkeypatch):
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "a" * 40, "git_dirty": False})
-    summary = run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=2"))
+    summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=2"))
     run_dir = Path(summary["run_dir"])
     data = json.loads((run_dir / "provenance.json").read_text())
     assert data["git_commit"] == "a" * 40 and data["resumes"] == []
@@ -43,7 +43,7 @@ def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, m
     assert prov.short_commit(run_dir) == "aaaaaaa"
 
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "b" * 40, "git_dirty": True})
-    run_experiment(LocalGrid(4), compose(f"resume={run_dir}", "rounds=3"))
+    run_experiment(InProcessGrid(4), compose(f"resume={run_dir}", "rounds=3"))
     data = json.loads((run_dir / "provenance.json").read_text())
     assert data["git_commit"] == "a" * 40  # where the run started
     assert [(r["git_commit"], r["after_round"]) for r in data["resumes"]] == [("b" * 40, 2)]
@@ -51,7 +51,7 @@ def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, m
 
 def test_report_lists_each_runs_commit(compose, tiny_overrides, monkeypatch, tmp_path):
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "c" * 40, "git_dirty": True})
-    run = Path(run_experiment(LocalGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))["run_dir"])
+    run = Path(run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))["run_dir"])
     old = run.parent / "older-run"  # a run from before provenance.json: no commit, no error
     subprocess.run(["cp", "-r", str(run), str(old)], check=True)
     (old / "provenance.json").unlink()
@@ -70,7 +70,7 @@ def test_flower_run_fab_is_recorded():
 
     Grid.run.fab_id, Grid.run.fab_version, Grid.run.fab_hash = "pflower/pflower", "0.1.0", "f" * 64
     assert prov.flwr_run(Grid()) == {"run_id": 7, "fab_id": "pflower/pflower", "fab_version": "0.1.0", "fab_hash": "f" * 64}
-    assert prov.flwr_run(LocalGrid(2)) is None and prov.flwr_run(None) is None
+    assert prov.flwr_run(InProcessGrid(2)) is None and prov.flwr_run(None) is None
 
 
 def test_unreadable_provenance_is_treated_as_not_recorded(tmp_path):

@@ -6,9 +6,10 @@ import pytest
 from models import build_model
 from strategies import aggregation, build_strategy
 from strategies.aggregation import column_blocks, distinct_columns, mixing_average, weighted_average
-from strategies.cfl import bipartition
+from strategies.clustering import bipartition
 from strategies.model_distance import difference, gram_matrix, inner_products, spread, squared_norms, update_statistics
-from strategies.pfedla import hypernet_coefficients, personalize
+from strategies.aggregation import layerwise_mix as personalize
+from strategies.pfedla import hypernet_coefficients
 
 RNG = np.random.default_rng(0)
 SHAPES = {"a": (3, 5), "b": (7,), "c": (2, 2, 3)}
@@ -164,3 +165,47 @@ def test_fedfomo_choice_keeps_its_tie_rules(lenet):
     assert strategy.choose(0) == [1, 4, 5]
     strategy.pool = "latest"  # only the round-3 models: 1, 4, 7 (0 is the client itself)
     assert strategy.choose(0) == [1, 4, 7]
+
+
+# ----------------------------------------------------------------------------- clusters, similarity, phases
+def _update(cid, value, n=1, keys=("w",)):
+    from strategies.validation import ClientUpdate
+
+    return ClientUpdate(cid, 100 + cid, {k: np.full(2, value, np.float32) for k in keys}, n, {})
+
+
+def test_clusters_group_average_inside_and_place_new_clients():
+    from strategies.clusters import Clusters, cluster_fedavg
+
+    clusters = Clusters([[3, 0], [1, 2]], [{"w": np.zeros(2)}, {"w": np.ones(2)}])
+    assert clusters.members == [[0, 3], [1, 2]] and clusters.of(3) == 0 and clusters.model_of(2)["w"][0] == 1
+    grouped = clusters.group([_update(2, 4.0, 3), _update(0, 1.0), _update(1, 2.0, 1), _update(9, 5.0)])
+    assert {c: [u.client_id for u in ups] for c, ups in grouped.items()} == {0: [0], 1: [1, 2]}  # 9: in no cluster
+    np.testing.assert_allclose(cluster_fedavg(grouped[1])["w"], [3.5, 3.5])  # (2*1 + 4*3) / 4
+    clusters.add(7, clusters.largest())
+    assert clusters.members[0] == [0, 3, 7] and clusters.sizes() == [3, 2]
+    with pytest.raises(ValueError, match="two clusters"):
+        Clusters([[0, 1], [1]], [{}, {}])
+    again = Clusters.from_dict(clusters.to_dict())
+    assert again.members == clusters.members and again.of(7) == 0
+
+
+def test_cosine_from_gram_and_from_vectors_agree_and_clip():
+    from strategies.similarity import cosine_from_gram, cosine_of_vectors
+
+    v = [np.array([1.0, 0.0]), np.array([-1.0, 0.0]), np.array([1.0, 1.0]), np.zeros(2)]
+    gram = np.stack(v) @ np.stack(v).T
+    np.testing.assert_allclose(cosine_from_gram(gram), cosine_of_vectors(v), atol=1e-12)
+    signed, eq8 = cosine_of_vectors(v), cosine_of_vectors(v, 1e-8, lo=0.0)
+    assert signed[0, 1] == pytest.approx(-1) and eq8[0, 1] == 0 and eq8[0, 2] == pytest.approx(2**-0.5)
+    assert signed[3].tolist() == [0, 0, 0, 0]  # a zero vector is similar to nothing
+
+
+def test_phase_rounds_explicit_or_share_of_the_run():
+    from strategies.phases import phase_rounds
+
+    assert phase_rounds("kp", 20, None, None) == 20
+    assert phase_rounds("kp", None, 0.1, 200, "round") == 20 and phase_rounds("w", None, 0.5, 15) == 7
+    assert phase_rounds("warm-up", None, 0.05, 30, "ceil") == 2  # Felo/Velo: ceil(0.05 T)
+    with pytest.raises(ValueError, match="rho"):
+        phase_rounds("kp", None, 1.5, 100, ratio_name="rho")

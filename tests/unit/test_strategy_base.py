@@ -4,9 +4,13 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from local_grid import LocalGrid, personal_state
+from client_app.roles import ROLES, SGDRole
+from protocol.wire import WIRE_EXTRA_PREFIX
+from server_app.inprocess import InProcessGrid, personal_state
 from server_app.runner import build
+from strategies import STRATEGIES
 from strategies.base import PersonalizedStrategy
+from strategies.fedavg import FedAvg
 
 
 def make(compose, tiny_overrides, *extra):
@@ -14,7 +18,7 @@ def make(compose, tiny_overrides, *extra):
     return cfg, build(cfg, run_token="test-run")
 
 
-def run(strategy: PersonalizedStrategy, grid: LocalGrid, rounds: int = 2):
+def run(strategy: PersonalizedStrategy, grid: InProcessGrid, rounds: int = 2):
     records = []
     strategy.start(grid, num_rounds=rounds, on_round=records.append)
     return records
@@ -26,7 +30,7 @@ def sent_keys(grid, message_type="train"):
 
 def test_fedper_never_sends_the_classifier(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=fedper")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     records = run(strategy, grid)
     classifier = set(strategy.keys(["classifier"]))
     body = set(strategy.keys(strategy.groups[:-1]))
@@ -45,7 +49,7 @@ def test_fedper_never_sends_the_classifier(compose, tiny_overrides):
 
 def test_fedavg_sends_everything_but_bn_buffers(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     run(strategy, grid, rounds=1)
     keys = sent_keys(grid)
     assert keys and all(k == set(strategy.global_arrays) for k in keys)
@@ -55,7 +59,7 @@ def test_fedavg_sends_everything_but_bn_buffers(compose, tiny_overrides):
 def test_local_communicates_nothing(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=local")
     before = {k: v.copy() for k, v in strategy.global_arrays.items()}
-    records = run(strategy, LocalGrid(4))
+    records = run(strategy, InProcessGrid(4))
     assert all(r["bytes_down"] == 0 and r["bytes_up"] == 0 for r in records)
     assert all(np.array_equal(before[k], strategy.global_arrays[k]) for k in before)
     assert records[-1]["test_after_acc"] > 0.2  # they do learn locally
@@ -65,7 +69,7 @@ def test_sampling_is_seeded_and_identical_across_methods(compose, tiny_overrides
     picks = []
     for method in ("fedavg", "fedper", "fedavg"):
         _, strategy = make(compose, tiny_overrides, f"method={method}")
-        grid = LocalGrid(4)
+        grid = InProcessGrid(4)
         picks.append([r["clients"] for r in run(strategy, grid, rounds=3)])
     assert picks[0] == picks[1] == picks[2]
     assert all(len(c) == 2 for c in picks[0])
@@ -73,7 +77,7 @@ def test_sampling_is_seeded_and_identical_across_methods(compose, tiny_overrides
 
 def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
 
     def nan_weights(reply):
         rec = reply.content.array_records["arrays"]
@@ -102,7 +106,7 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
 def test_superlink_node_unavailable_reply_drops_that_client_once(compose, tiny_overrides):
     """The SuperLink answers for an offline node from node 0: the reply is matched by message id."""
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     strategy.discover(grid)
     grid.unavailable = {2}  # it joined, then stopped sending heartbeats
     records = run(strategy, grid, rounds=1)
@@ -113,7 +117,7 @@ def test_superlink_node_unavailable_reply_drops_that_client_once(compose, tiny_o
 
 def test_node_the_superlink_reports_unavailable_at_discovery_is_named(compose, tiny_overrides, caplog):
     _, strategy = make(compose, tiny_overrides, "method=fedavg")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     grid.unavailable = {2}
     strategy.discover(grid, timeout=0)
     assert sorted(strategy.clients) == [0, 1, 3]
@@ -122,7 +126,7 @@ def test_node_the_superlink_reports_unavailable_at_discovery_is_named(compose, t
 
 def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     strategy.discover(grid)
     grid.remove_node(grid.node_of_client[1])
     # configure_train re-discovers: client 1 is gone and is not sampled
@@ -136,12 +140,12 @@ def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, t
 def test_wrong_number_of_simulated_nodes_is_a_clear_error(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides)
     with pytest.raises(RuntimeError, match="num-supernodes=4"):
-        strategy.discover(LocalGrid(3))
+        strategy.discover(InProcessGrid(3))
 
 
 def test_evaluation_protocol_metrics_are_sample_weighted(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=1)
     replies = [r for r in grid.replies if r.metadata.message_type == "train"]
     ms = [r.content.metric_records["metrics"] for r in replies]
@@ -154,7 +158,7 @@ def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_ove
     import time
 
     _, strategy = make(compose, tiny_overrides)
-    grid = LocalGrid(4, node_config={"client-id": 99})  # ids outside 0..3: every hello fails
+    grid = InProcessGrid(4, node_config={"client-id": 99})  # ids outside 0..3: every hello fails
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="no client could join the run: .*outside"):
         strategy.discover(grid)
@@ -167,7 +171,7 @@ def test_messages_expire_once_their_reply_could_no_longer_count(compose, tiny_ov
     from strategies.base import TTL_MARGIN_S
 
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0", "final_eval=true")
-    grid = LocalGrid(4)
+    grid = InProcessGrid(4)
     strategy.start(grid, num_rounds=1, timeout=120.0)
     ttls = {}
     for m in grid.sent:
@@ -179,3 +183,55 @@ def test_messages_expire_once_their_reply_could_no_longer_count(compose, tiny_ov
     }
     train_replies = [r for r in grid.replies if r.metadata.message_type == "train"]
     assert train_replies and all(r.metadata.ttl <= 120.0 + TTL_MARGIN_S for r in train_replies)  # nor do replies
+
+
+# ----------------------------------------------------------------------------- extra arrays (base)
+class EchoRole(SGDRole):
+    """Sends back twice the extra array it received, untrained."""
+
+    name = "echo"
+
+    def fit(self, model, data, train_args, ctx):
+        ctx.upload_extra["echo/x"] = 2 * ctx.received_extra["probe/x"]
+        return {"train_loss": 0.0}
+
+
+class Echo(FedAvg):
+    role = "echo"
+
+    def extra_downlinks(self, client_ids, server_round):
+        return {c: {"probe/x": np.full(3, float(c), np.float32)} for c in client_ids}
+
+    def extra_uplink(self, client_id, server_round):
+        return {"echo/x": ((3,), np.dtype(np.float32))}
+
+    def aggregate(self, server_round, updates):
+        self.echoed = {u.client_id: u.extra for u in updates}
+        assert all(not any(k.startswith(WIRE_EXTRA_PREFIX) for k in u.arrays) for u in updates)
+        return super().aggregate(server_round, updates)
+
+
+def test_extra_arrays_reach_the_role_come_back_validated_and_count_as_bytes(compose, tiny_overrides, monkeypatch):
+    monkeypatch.setitem(ROLES, "echo", EchoRole)
+    monkeypatch.setitem(STRATEGIES, "fedavg", Echo)
+    _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
+    grid = InProcessGrid(4)
+
+    def nan_extra(reply):  # a non-finite extra array is dropped like a non-finite weight
+        arrays = reply.content.array_records["arrays"]
+        arrays["extra/echo/x"] = Array(np.full(3, np.nan, np.float32))
+        return reply
+
+    def no_extra(reply):
+        del reply.content.array_records["arrays"]["extra/echo/x"]
+        return reply
+
+    grid.tamper = {2: nan_extra, 3: no_extra}
+    records = run(strategy, grid, rounds=1)
+    assert {c: u["echo/x"].tolist() for c, u in strategy.echoed.items()} == {0: [0.0] * 3, 1: [2.0] * 3}
+    reasons = {d["client"]: d["reason"] for d in records[0]["dropped"]}
+    assert "NaN" in reasons[2] and "missing ['extra/echo/x']" in reasons[3]
+    model_bytes = sum(v.nbytes for v in strategy.global_arrays.values())
+    assert records[0]["bytes_down"] > 4 * (model_bytes + 12)  # the extras count
+    assert all(keys == set(strategy.global_arrays) | {"extra/probe/x"} for keys in sent_keys(grid))
+

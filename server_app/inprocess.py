@@ -1,8 +1,10 @@
-"""An in-process Grid for tests: messages go straight to the ClientApp handlers, no Ray.
+"""An in-process Grid: messages go straight to the ClientApp handlers, in this process, no Ray.
 
-Each node keeps its own Context (node config + state) across rounds, like a SuperNode.
-Nodes can be removed, made to fail or have their replies tampered with, to test how the
-strategy base copes.
+Each node keeps its own Context (node config + state) across rounds, like a SuperNode. The
+strategy's messages are handled one after the other in the order they are sent (client-id
+order), so a run is deterministic and a debugger sees both sides. The tests and the
+communication benchmark run on it. For tests, nodes can be removed, made to fail, answered for
+by the "SuperLink" ("Node Unavailable"), or have their replies tampered with.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_eva
 Tamper = Callable[[Message], Message]
 
 
-class LocalGrid(Grid):
+class InProcessGrid(Grid):
+    """A Grid whose nodes are ClientApp handlers in this process (one Context per node)."""
+
     def __init__(self, num_nodes: int, node_config: dict | None = None, first_node_id: int = 1000) -> None:
         TaskIdentity.run_id = 1  # what a ServerApp process has set when a strategy builds Messages
         TaskIdentity.node_id = 0
@@ -66,10 +70,10 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("LocalGrid only supports send_and_receive")
+        raise NotImplementedError("InProcessGrid only supports send_and_receive")
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("LocalGrid only supports send_and_receive")
+        raise NotImplementedError("InProcessGrid only supports send_and_receive")
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         replies = []

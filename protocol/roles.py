@@ -1,0 +1,225 @@
+"""The arguments of each client role, as dataclasses both sides share.
+
+A strategy's ``role_config`` returns one of these; its constructor builds the values once, so a
+bad option fails before round 1 with the option's name. The message carries them as a JSON
+object, and the client role reads them back with :meth:`RoleArgs.from_dict`, which rejects
+unknown keys and re-checks the values (a client does not trust a message blindly). Constants a
+role and its strategy must agree on (extra-array prefixes, metric names, allowed values) live
+here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from .wire import unknown_fields
+
+# ---------------------------------------------------------------------------- shared constants
+CLOUD_PREFIX = "u/"  # FedAMP: the cloud model u_i travels as extra arrays "u/<key>"
+FOMO_WEIGHT_METRIC = "fomo_w_"  # FedFomo: a client's raw weight of peer j is metric "fomo_w_<j>"
+FINETUNE_PARTS = ("all", "head")  # FedBABU: what the pre-evaluation fine-tuning updates
+SCORE_MODES = ("paper", "code")  # FedCMD layer score (fedcmd.md §2.3)
+W2_MODES = ("gaussian", "mean_only")
+SELECTION_TIMINGS = ("during_training", "after_training")
+GRANULARITIES = ("batch", "dataset")
+
+
+class RoleArgsError(ValueError):
+    """Role arguments that cannot work; the message names the option."""
+
+
+def check_choice(owner: str, option: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise RoleArgsError(f"{owner} {option} must be one of {list(allowed)}, got {value!r}")
+
+
+def check_min(owner: str, option: str, value: float | None, low: float, strict: bool = False) -> None:
+    if value is None:
+        return
+    ok = value > low if strict else value >= low
+    if not ok:
+        raise RoleArgsError(f"{owner} {option} must be {'>' if strict else '>='} {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class RoleArgs:
+    """Base of every role's arguments. ``role`` names the client role they are for."""
+
+    role: ClassVar[str] = "sgd"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> RoleArgs:
+        values = dict(values or {})
+        unknown, known = unknown_fields(cls, values)
+        if unknown:
+            raise RoleArgsError(
+                f"role {cls.role!r} got unknown argument(s) {unknown} (valid: {known}); the SuperNode "
+                "runs another pflower version than the ServerApp"
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SGDArgs(RoleArgs):
+    """Plain SGD (FedAvg, FedPer, Local...). ``finetune_epochs > 0``: a copy is fine-tuned before
+    every evaluation (FedAvg-FT)."""
+
+    role: ClassVar[str] = "sgd"
+    finetune_epochs: int = 0
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "finetune_epochs", self.finetune_epochs, 0)
+
+
+@dataclass(frozen=True)
+class ProximalArgs(SGDArgs):
+    """FedProx: F(w) + mu/2 ||w - w_received||^2."""
+
+    role: ClassVar[str] = "proximal"
+    mu: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_min(self.role, "mu", self.mu, 0)
+
+
+@dataclass(frozen=True)
+class FedAMPArgs(ProximalArgs):
+    """FedAMP: the proximal pull toward the cloud model u_i (``mu`` = FedAMP's lam)."""
+
+    role: ClassVar[str] = "fedamp"
+
+
+@dataclass(frozen=True)
+class FedRepArgs(RoleArgs):
+    """FedRep: E - body_epochs head epochs, then body_epochs body epochs. ``head``: its groups
+    (empty: the message's personal groups)."""
+
+    role: ClassVar[str] = "fedrep"
+    head: list[str] = field(default_factory=list)
+    body_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "body_epochs", self.body_epochs, 0)
+
+
+@dataclass(frozen=True)
+class FedBabuArgs(RoleArgs):
+    """FedBABU: only the body trains; a copy is fine-tuned before each evaluation."""
+
+    role: ClassVar[str] = "fedbabu"
+    head: list[str] = field(default_factory=list)
+    finetune_epochs: int = 5
+    finetune_part: str = "all"
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "finetune_epochs", self.finetune_epochs, 0)
+        check_choice("FedBabu", "finetune_part", self.finetune_part, FINETUNE_PARTS)
+
+
+@dataclass(frozen=True)
+class DittoArgs(RoleArgs):
+    """Ditto: a personal model v trained on F(v) + lam/2 ||v - w_global||^2 (``personal_epochs``:
+    None = the run's local epochs)."""
+
+    role: ClassVar[str] = "ditto"
+    lam: float = 0.1
+    personal_epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "lam", self.lam, 0)
+        check_min(self.role, "personal_epochs", self.personal_epochs, 0)
+
+
+@dataclass(frozen=True)
+class FedDynArgs(RoleArgs):
+    """FedDyn: CE - <g_i, w> + alpha/2 ||w - w_global||^2."""
+
+    role: ClassVar[str] = "feddyn"
+    alpha: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "alpha", self.alpha, 0, strict=True)
+
+
+@dataclass(frozen=True)
+class FedFomoArgs(RoleArgs):
+    """FedFomo: the first ``val_ratio`` of the training split scores the downloaded models."""
+
+    role: ClassVar[str] = "fedfomo"
+    val_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_ratio < 1.0:
+            raise RoleArgsError(f"FedFomo val_ratio must be in [0, 1), got {self.val_ratio}")
+
+
+@dataclass(frozen=True)
+class MOONArgs(RoleArgs):
+    """MOON: CE + mu * contrastive term at temperature tau."""
+
+    role: ClassVar[str] = "moon"
+    mu: float = 1.0
+    tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "mu", self.mu, 0)
+        check_min(self.role, "tau", self.tau, 0, strict=True)
+
+
+@dataclass(frozen=True)
+class FedAPArgs(SGDArgs):
+    """FedAP: ``bn_stats`` asks for the BN input statistics; ``epochs`` overrides the local epochs."""
+
+    role: ClassVar[str] = "fedap"
+    bn_stats: bool = False
+    epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_min(self.role, "epochs", self.epochs, 0)
+
+
+@dataclass(frozen=True)
+class FedCMDArgs(RoleArgs):
+    """FedCMD: phase 1 scores candidate layers and votes (fedcmd.md §2.2-2.4); phase 2 is SGD."""
+
+    role: ClassVar[str] = "fedcmd"
+    phase: int = 2
+    candidates: list[str] = field(default_factory=list)
+    score_mode: str = "paper"
+    w2_mode: str = "gaussian"
+    selection_timing: str = "during_training"
+    granularity: str = "batch"
+    personal_layer: str | None = None
+    has_phi_init: bool = False
+
+    def __post_init__(self) -> None:
+        if self.phase not in (1, 2):
+            raise RoleArgsError(f"FedCMD phase must be 1 or 2, got {self.phase}")
+        if self.phase == 1 and not self.candidates:
+            raise RoleArgsError("FedCMD phase 1 needs candidate layers")
+        check_choice("FedCMD", "score_mode", self.score_mode, SCORE_MODES)
+        check_choice("FedCMD", "w2_mode", self.w2_mode, W2_MODES)
+        check_choice("FedCMD", "selection_timing", self.selection_timing, SELECTION_TIMINGS)
+        check_choice("FedCMD", "granularity", self.granularity, GRANULARITIES)
+
+
+ROLE_ARGS: dict[str, type[RoleArgs]] = {
+    cls.role: cls
+    for cls in (
+        SGDArgs, ProximalArgs, FedAMPArgs, FedRepArgs, FedBabuArgs, DittoArgs, FedDynArgs, FedFomoArgs, MOONArgs,
+        FedAPArgs, FedCMDArgs,
+    )
+}
+
+
+def role_args(role: str, values: dict[str, Any] | None) -> RoleArgs:
+    """The arguments of ``role`` from a message (validated)."""
+    if role not in ROLE_ARGS:
+        raise RoleArgsError(f"unknown client role {role!r}; this pflower knows {sorted(ROLE_ARGS)} (update pflower on the node)")
+    return ROLE_ARGS[role].from_dict(values)

@@ -1,0 +1,18 @@
+"""Fixtures of the unit tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from client_app.runtime import client_data, fresh_model
+from client_app.training import TrainArgs
+from server_app.config import client_spec
+
+
+@pytest.fixture
+def client(compose, tiny_overrides):
+    """(model, data, args) of client 0 of the tiny synthetic setup, as a ClientApp builds them."""
+    spec = client_spec(compose(*tiny_overrides), "test-run")
+    return fresh_model(spec), client_data(spec, 0), replace(TrainArgs(**spec["train"]), epochs=2)

@@ -1,0 +1,108 @@
+"""What crosses the wire, defined once: the task spec, role arguments, and who imports whom."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from protocol import ROLE_ARGS, RoleArgsError, SpecError, TaskSpec, role_args
+from protocol.roles import FedBabuArgs, ProximalArgs, SGDArgs
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = dict(run="r", seed=1, model={"name": "lenet5"}, data={"dataset": "digits"}, train={"epochs": 1})
+
+
+def test_task_spec_round_trips_and_names_what_is_wrong():
+    spec = TaskSpec(**SPEC, personal=["classifier"], keep="model")
+    assert TaskSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(SpecError, match="older pflower"):
+        TaskSpec.from_dict({**SPEC, "brand_new_field": 1})
+    with pytest.raises(SpecError, match="keep"):
+        TaskSpec(**SPEC, keep="everything")
+    with pytest.raises(SpecError, match="not JSON"):
+        TaskSpec.from_json("{oops")
+    with pytest.raises(SpecError, match="malformed"):
+        TaskSpec.from_dict({"run": "r"})
+
+
+def test_role_arguments_are_checked_where_they_are_built_and_where_they_are_read():
+    with pytest.raises(RoleArgsError, match="mu"):
+        ProximalArgs(mu=-1)
+    with pytest.raises(RoleArgsError, match="finetune_part"):
+        FedBabuArgs(finetune_part="tail")
+    with pytest.raises(RoleArgsError, match="unknown argument"):
+        role_args("proximal", {"mu": 1.0, "nu": 2.0})
+    with pytest.raises(RoleArgsError, match="unknown client role"):
+        role_args("nosuch", {})
+    assert role_args("proximal", ProximalArgs(mu=0.5).to_dict()) == ProximalArgs(mu=0.5)
+    assert issubclass(ROLE_ARGS["fedap"], SGDArgs)  # roles built on SGDRole may fine-tune before evaluating
+
+
+def test_every_client_role_reads_the_protocols_arguments():
+    from client_app.roles import ROLES
+
+    assert set(ROLES) == set(ROLE_ARGS)
+    assert all(ROLES[name].args_type is ROLE_ARGS[name] for name in ROLES)
+
+
+def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides):
+    from server_app.runner import build
+    from strategies import STRATEGIES
+
+    for method in STRATEGIES:
+        extra = ["method.kp=2"] if method == "fedcmd" else []
+        strategy = build(compose(*tiny_overrides, f"method={method}", *extra), run_token="t")
+        for rnd in (1, 3):
+            spec = strategy.task_spec(0, rnd, "train")
+            role_args(spec.role, spec.role_args)  # raises if the role would refuse them
+
+
+def imports_of(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize(
+    "side, forbidden",
+    [("strategies", "client_app"), ("protocol", "client_app"), ("models", "client_app"), ("client_app", "strategies"),
+     ("protocol", "strategies"), ("models", "strategies")],
+)
+def test_the_server_never_imports_client_code_and_the_client_never_imports_strategies(side, forbidden):
+    bad = {
+        str(p.relative_to(ROOT)): sorted(m for m in imports_of(p) if m == forbidden or m.startswith(forbidden + "."))
+        for p in (ROOT / side).rglob("*.py")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_client_app_data_has_no_import_cycle():
+    """Module-level and function-level imports alike (a lazy import inside a function is still a cycle)."""
+    package = ROOT / "client_app" / "data"
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                deps |= {n.split(".")[0] for n in names}
+        graph[path.stem] = deps & {p.stem for p in package.glob("*.py")}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for dep in graph[node]:
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*trail, node, dep])}"
+            if dep not in state:
+                visit(dep, [*trail, node])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])

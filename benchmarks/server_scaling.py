@@ -42,6 +42,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,12 @@ MODELS: dict[str, tuple[str, tuple[int, int, int], int]] = {
     "lenet5": ("lenet5", (1, 28, 28), 10),
     "resnet18": ("resnet18", (3, 32, 32), 10),
 }
+# the per-client store measurement (--store): FedCPMD's stored bodies with VGG11
+STORE_MODELS: dict[str, dict[str, Any]] = {
+    "vgg11": {"pool_size": 7, "fc_dim": 4096},  # the paper's layout: fc1 25088 -> 4096, 128.8 M parameters
+    "vgg11_small": {"pool_size": 1, "fc_dim": 512},  # the CIFAR-style head, 9.8 M parameters
+}
+STORE_RESULT = "benchmarks/results/server_store.md"
 SIZES = (10, 100, 1000)
 RESULT = "benchmarks/results/server_scaling.md"
 
@@ -126,6 +133,28 @@ def fedap_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
     }
 
 
+def fedcpmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedCPMD in phase 2: the candidate layers dealt round-robin to the clients (LeNet-5: three
+    clusters on fc1, fc2, classifier), every client holding a stored body from an earlier round."""
+    fill_fedcpmd_phase2(strategy, [u.client_id for u in updates], rnd, {u.client_id: u.arrays for u in updates})
+
+
+def fill_fedcpmd_phase2(strategy: Any, ids: Sequence[int], rnd: int, arrays: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+    from strategies.clustering import groups_by_label
+    from strategies.clusters import Clusters
+
+    strategy.phase1_end = rnd - 1
+    strategy.layer_of = {c: strategy.candidates[i % len(strategy.candidates)] for i, c in enumerate(ids)}
+    strategy.votes = {c: [(1, layer)] for c, layer in strategy.layer_of.items()}
+    members = groups_by_label(strategy.layer_of)
+    strategy.cluster_layers = [strategy.layer_of[m[0]] for m in members]
+    strategy.clusters = Clusters(members, [strategy._cluster_start(m, l) for m, l in zip(members, strategy.cluster_layers)])
+    for c in ids:
+        body = strategy.keys(strategy.cluster_groups(strategy.layer_of[c]))
+        copy = not getattr(strategy.bodies, "on_disk", False)  # in memory every client holds its own arrays
+        strategy.bodies[c] = {k: np.array(arrays[c][k], copy=True) if copy else arrays[c][k] for k in body}
+
+
 @dataclass(frozen=True)
 class Case:
     """One benchmarked strategy: registry name, options, the round timed and the state it finds."""
@@ -152,6 +181,7 @@ CASES: dict[str, Case] = {
     "pfedla": case("pfedla", pfedla_steady),
     "fedfomo": case("fedfomo", fedfomo_offered, pool="all"),
     "fedap": case("fedap", fedap_personal, warmup=0),
+    "fedcpmd": case("fedcpmd", fedcpmd_phase2, round=62, kp=60),
 }
 
 
@@ -371,6 +401,109 @@ def measure(
     return result
 
 
+# ----------------------------------------------------------------------------- FedCPMD's store of bodies
+def run_store(model_name: str, clients: int, participants: int, mode: str, directory: str) -> dict[str, Any]:
+    """FedCPMD with ``clients`` stored bodies of a VGG11 (``mode`` memory or disk): the memory the
+    store takes and one phase-2 round of ``participants`` updates (aggregate + downlinks)."""
+    import logging
+    import shutil
+
+    from threadpoolctl import threadpool_limits
+
+    from models import build_model
+    from strategies import build_strategy
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    threadpool_limits(1)
+    model = build_model("vgg11", (3, 32, 32), 10, seed=0, **STORE_MODELS[model_name])
+    spec = {"server_store": {"mode": mode, "dir": directory}}
+    strategy = build_strategy("fedcpmd", model, spec, num_clients=clients, fraction=participants / clients, seed=0, method_args={"kp": 60})
+    del model
+    rnd = 62
+    before = _status("VmRSS")
+    template = {k: v for k, v in strategy.global_arrays.items()}
+    t0 = time.perf_counter()
+    fill_fedcpmd_phase2(strategy, list(range(clients)), rnd, {c: template for c in range(clients)})
+    fill_s = time.perf_counter() - t0
+    _trim()
+    store_rss = max(0, _status("VmRSS") - before)
+    stored = strategy.bodies.nbytes()
+    disk = sum(f.stat().st_size for f in Path(directory).rglob("*.npy")) if mode == "disk" else 0
+    updates = make_updates(strategy, participants, rnd)
+    for i, u in enumerate(updates):  # participants spread over the clusters, as the per-cluster sampling does
+        u.client_id = i * (clients // participants)
+    measured = reset_peak()
+    base = _status("VmRSS")
+    a, d = server_round(strategy, updates, rnd)
+    peak = max(0, _status("VmHWM") - base) if measured else None
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"status": "ok", "stored_bytes": stored, "store_rss": store_rss, "disk_bytes": disk, "fill_s": fill_s,
+            "round_s": a + d, "round_peak": peak, "params": sum(int(np.prod(t[0])) for t in strategy.template.values())}
+
+
+def _trim() -> None:
+    """Return freed heap to the OS (glibc), so RSS shows what is held, not what was freed."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _store_child(conn: Any, args: tuple) -> None:
+    try:
+        conn.send(run_store(*args))
+    except BaseException as exc:  # noqa: BLE001
+        conn.send({"status": "error", "reason": f"{type(exc).__name__}: {exc}"})
+    finally:
+        conn.close()
+
+
+def store_benchmark(clients: int, participants: int, budget: float, timeout: float) -> str:
+    """The table of ``--store``: memory against disk for FedCPMD's bodies of ``clients`` VGG11 clients."""
+    import tempfile
+
+    from models import build_model
+
+    rows = []
+    for name, options in STORE_MODELS.items():
+        params = sum(p.numel() for p in build_model("vgg11", (3, 32, 32), 10, seed=0, **options).parameters())
+        # layers dealt round-robin over fc1, fc2, classifier: a body is everything but its layer
+        need = clients * params * 4  # an upper bound (the classifier's clusters keep almost everything)
+        for mode in ("memory", "disk"):
+            row = {"model": name, "parameters": f"{params / 1e6:.1f} M", "clients": clients, "store": mode}
+            if mode == "memory" and need > budget:
+                row["stored GiB"] = f"skipped: up to {_gb(need)} > budget {_gb(budget)}"
+                rows.append(row)
+                continue
+            ctx = mp.get_context("fork")
+            parent, child = ctx.Pipe(duplex=False)
+            directory = tempfile.mkdtemp(prefix="pflower-store-")
+            proc = ctx.Process(target=_store_child, args=(child, (name, clients, participants, mode, directory)))
+            proc.start()
+            child.close()
+            res = parent.recv() if parent.poll(timeout) else {"status": "timeout"}
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+            if res.get("status") != "ok":
+                row["stored GiB"] = f"{res.get('status')}: {res.get('reason', '')}"
+            else:
+                row.update({
+                    "stored GiB": f"{res['stored_bytes'] / 2**30:.2f}",
+                    "RSS of the state GiB": f"{res['store_rss'] / 2**30:.2f}",
+                    "on disk GiB": f"{res['disk_bytes'] / 2**30:.2f}" if mode == "disk" else "",
+                    "writing it": _s(res["fill_s"]),
+                    f"round of {participants}": _s(res["round_s"]),
+                    "round peak MiB": _mb(res["round_peak"]),
+                })
+            rows.append(row)
+            print(f"  store {name} {mode}: {row.get('stored GiB')}", file=sys.stderr, flush=True)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    return markdown_table(rows, cols)
+
+
 # ----------------------------------------------------------------------------- the table
 def _gb(b: float) -> str:
     return f"{b / 2**30:.1f} GiB"
@@ -531,7 +664,26 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--budget-gb", type=float, default=total_bytes() / 4 / 2**30, help="skip cases whose inputs exceed this (default RAM/4)")
     parser.add_argument("--quick", action="store_true", help="smoke run: LeNet-5, n = 2 and 4, one round each, nothing written")
     parser.add_argument("--output", default=RESULT, help=f"where the report goes (default {RESULT}; '-' = nowhere)")
+    parser.add_argument("--store", type=int, default=0, metavar="N",
+                        help=f"instead: FedCPMD's stored bodies of N VGG11 clients, in memory and on disk (writes {STORE_RESULT})")
     args = parser.parse_args(argv)
+    if args.store:
+        started = time.perf_counter()
+        table = store_benchmark(args.store, max(1, args.store // 10), args.budget_gb * 2**30, args.timeout)
+        command = "python -m benchmarks.server_scaling " + " ".join(argv if argv is not None else sys.argv[1:])
+        text = "\n\n".join([
+            "# FedCPMD's per-client bodies: memory against disk (server_store)", run_header(command),
+            f"{args.store} clients, the candidate layers dealt round-robin (fc1, fc2, classifier clusters); every "
+            f"client holds a stored body (all but its layer). `RSS of the state`: resident memory the filled state adds (the "
+            f"stored bodies, and in both modes the clusters' bodies, one per cluster); "
+            f"`round`: one phase-2 round of {max(1, args.store // 10)} updates (aggregate + downlinks), with its peak RSS above the "
+            "store. On disk the bodies are memory-mapped: the round reads only its clients'.",
+            table, f"Total wall time: {time.perf_counter() - started:.0f} s.",
+        ])
+        print(text)
+        if args.output != "-":
+            print(f"\nwritten to {write_result(STORE_RESULT if args.output == RESULT else args.output, text)}", file=sys.stderr)
+        return []
     if args.quick:
         args.models, args.sizes, args.repeats, args.output = "lenet5", "2,4", 1, "-"
     names = list(CASES) if args.strategies == "all" else args.strategies.split(",")

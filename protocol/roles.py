@@ -23,6 +23,9 @@ SCORE_MODES = ("paper", "code")  # FedCMD layer score (fedcmd.md §2.3)
 W2_MODES = ("gaussian", "mean_only")
 SELECTION_TIMINGS = ("during_training", "after_training")
 GRANULARITIES = ("batch", "dataset")
+SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (fedcpmd.md §2.1, A3)
+DISTANCES = ("js", "w2", "hellinger", "bhattacharyya", "w2_mean")  # d between two 1-D Gaussians
+LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD A4)
 
 
 class RoleArgsError(ValueError):
@@ -40,6 +43,14 @@ def check_min(owner: str, option: str, value: float | None, low: float, strict: 
     ok = value > low if strict else value >= low
     if not ok:
         raise RoleArgsError(f"{owner} {option} must be {'>' if strict else '>='} {low}, got {value}")
+
+
+def check_phase(owner: str, phase: int, phases: tuple[int, ...], voting: tuple[int, ...], candidates: list[str]) -> None:
+    """A layer-voting role's phase is one of ``phases``; the ``voting`` ones need candidate layers."""
+    if phase not in phases:
+        raise RoleArgsError(f"{owner} phase must be one of {list(phases)}, got {phase}")
+    if phase in voting and not candidates:
+        raise RoleArgsError(f"{owner} phase {phase} votes for a layer: it needs candidate layers")
 
 
 @dataclass(frozen=True)
@@ -199,21 +210,47 @@ class FedCMDArgs(RoleArgs):
     has_phi_init: bool = False
 
     def __post_init__(self) -> None:
-        if self.phase not in (1, 2):
-            raise RoleArgsError(f"FedCMD phase must be 1 or 2, got {self.phase}")
-        if self.phase == 1 and not self.candidates:
-            raise RoleArgsError("FedCMD phase 1 needs candidate layers")
+        check_phase("FedCMD", self.phase, (1, 2), (1,), self.candidates)
         check_choice("FedCMD", "score_mode", self.score_mode, SCORE_MODES)
         check_choice("FedCMD", "w2_mode", self.w2_mode, W2_MODES)
         check_choice("FedCMD", "selection_timing", self.selection_timing, SELECTION_TIMINGS)
         check_choice("FedCMD", "granularity", self.granularity, GRANULARITIES)
 
 
+@dataclass(frozen=True)
+class FedCPMDArgs(RoleArgs):
+    """FedCPMD (fedcpmd.md §2.1-2.2): ``phase`` 1 trains and votes for a candidate layer, 2 trains,
+    0 is a vote-only probe (a no-grad scoring pass over the training split, no update; C4). The
+    score: ``distance`` between 1-D Gaussian fits, ``selector`` (Eq. 7, FedCMD's code form, or
+    Eq. 6), labels fitted as y / (C - 1) (``label_fit``), sigma floored, exact ties at the minimum
+    to ``tie_prior``."""
+
+    role: ClassVar[str] = "fedcpmd"
+    phase: int = 2
+    candidates: list[str] = field(default_factory=list)
+    distance: str = "js"
+    selector: str = "eq7"
+    label_fit: str = "scaled"
+    sigma_floor: float = 1e-3
+    tie_prior: str | None = "fc2"
+    granularity: str = "batch"
+    selection_timing: str = "during_training"
+
+    def __post_init__(self) -> None:
+        check_phase("FedCPMD", self.phase, (0, 1, 2), (0, 1), self.candidates)
+        check_choice("FedCPMD", "distance", self.distance, DISTANCES)
+        check_choice("FedCPMD", "selector", self.selector, SELECTORS)
+        check_choice("FedCPMD", "label_fit", self.label_fit, LABEL_FITS)
+        check_choice("FedCPMD", "granularity", self.granularity, GRANULARITIES)
+        check_choice("FedCPMD", "selection_timing", self.selection_timing, SELECTION_TIMINGS)
+        check_min("FedCPMD", "sigma_floor", self.sigma_floor, 0)
+
+
 ROLE_ARGS: dict[str, type[RoleArgs]] = {
     cls.role: cls
     for cls in (
         SGDArgs, ProximalArgs, FedAMPArgs, FedRepArgs, FedBabuArgs, DittoArgs, FedDynArgs, FedFomoArgs, MOONArgs,
-        FedAPArgs, FedCMDArgs,
+        FedAPArgs, FedCMDArgs, FedCPMDArgs,
     )
 }
 

@@ -277,7 +277,9 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = None) -> dict[str, Any]:
+def client_spec(
+    cfg: DictConfig, run_token: str, client_state_dir: str | None = None, server_store_dir: str | None = None
+) -> dict[str, Any]:
     """Everything a client needs, sent in every message's config (a SuperNode knows only its id).
 
     ``client_state_dir`` is where clients without a node ``state-dir`` persist their personal
@@ -303,6 +305,7 @@ def client_spec(cfg: DictConfig, run_token: str, client_state_dir: str | None = 
         # server-side only (the strategy takes them out): the per-round learning rate, and for a
         # heterogeneous federation the architectures and who runs which
         "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},
+        "server_store": {"mode": str(cfg.get("server_store", "auto")), "dir": server_store_dir},
         **_model_entries(cfg),
     }
 

@@ -65,7 +65,7 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     return build_strategy(
         cfg.method.name,
         build_models(cfg),
-        client_spec(cfg, run_token, client_state_dir(cfg, run_dir)),
+        client_spec(cfg, run_token, client_state_dir(cfg, run_dir), None if run_dir is None else str(run_dir / "server_store")),
         method_args=method_args(cfg),
         num_clients=int(cfg.num_clients),
         fraction=float(cfg.fraction),

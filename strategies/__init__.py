@@ -14,6 +14,7 @@ from .fedavg import FedAvg
 from .fedbabu import FedBabu
 from .fedbn import FedBN
 from .fedcmd import FedCMD
+from .fedcpmd import FedCPMD
 from .feddyn import FedDyn
 from .fedfomo import FedFomo
 from .fedper import FedPer
@@ -28,7 +29,7 @@ from .pfedsim import PFedSim
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
     cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
-STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA)})
+STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD)})
 
 
 def method_options(name: str) -> list[str]:

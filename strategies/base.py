@@ -66,6 +66,7 @@ from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 from .aggregation import fedavg
 from .evaluation import client_time_totals, weighted_test_metrics
 from .schedule import LRSchedule
+from .store import ClientStore
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -77,7 +78,11 @@ BASE_ATTRS = frozenset({
     "schemas", "default_arch", "arch_of", "arch_arrays", "client_spec", "lr_schedule", "num_clients", "fraction",
     "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "clients",
     "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down", "_message_ttl", "_announced",
+    "_round_timeout", "_store_mode", "_store_dir",
 })
+
+STORE_MODES = ("memory", "disk", "auto")
+AUTO_DISK_BYTES = 2 * 2**30  # server_store=auto keeps a store on disk above this
 
 # seconds a message outlives the wait for its reply: the SuperLink then drops it, so a SuperNode
 # that reconnects after its round closed is not handed training whose reply would be discarded
@@ -137,6 +142,10 @@ class PersonalizedStrategy(Strategy):
         arch_specs = spec.pop("archs", None)
         rule = spec.pop("assign", None) or "blocks"
         self.lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
+        store = spec.pop("server_store", None) or {}
+        self._store_mode, self._store_dir = str(store.get("mode", "memory")), store.get("dir")
+        if self._store_mode not in STORE_MODES:
+            raise ValueError(f"server_store must be one of {list(STORE_MODES)}, got {self._store_mode!r}")
         if isinstance(model, LayeredNet):
             model_spec = dict(spec.get("model") or {"name": "model"})
             models = {str(model_spec.get("name", "model")): model}
@@ -182,6 +191,7 @@ class PersonalizedStrategy(Strategy):
         self._bytes_down = 0
         self._groups_down: set[str] = set()
         self._message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
+        self._round_timeout: float | None = None  # set by start(): the wait for a round's replies
 
     # ------------------------------------------------------------------ architectures
     def schema(self, client_id: int | None = None) -> ModelSchema:
@@ -191,6 +201,22 @@ class PersonalizedStrategy(Strategy):
     def arrays_of(self, client_id: int) -> dict[str, np.ndarray]:
         """The global arrays of ``client_id``'s architecture."""
         return self.arch_arrays[self.arch_of[client_id]]
+
+    def client_store(self, name: str, bytes_per_client: int = 0) -> ClientStore:
+        """A per-client array store for the method's server state (stored bodies, models).
+
+        ``server_store``: ``memory``, ``disk`` (``<run dir>/server_store/<name>``, memory-mapped) or
+        ``auto``: on disk when ``bytes_per_client`` for every client would exceed
+        :data:`AUTO_DISK_BYTES` (100 VGG11 bodies are about 50 GiB)."""
+        disk = self._store_mode == "disk" or (
+            self._store_mode == "auto" and bytes_per_client * self.num_clients > AUTO_DISK_BYTES
+        )
+        if disk and not self._store_dir:
+            log(WARNING, "%s: no run directory for an on-disk server store; %s stays in memory", self.name, name)
+            disk = False
+        if disk:
+            log(INFO, "%s keeps %s on disk under %s", self.name, name, self._store_dir)
+        return ClientStore(f"{self._store_dir}/{name}" if disk else None)
 
     def _single_arch(self) -> str:
         if len(self.schemas) > 1:
@@ -756,7 +782,7 @@ class PersonalizedStrategy(Strategy):
         else:
             log(INFO, "Starting %s (%d rounds)", self.name, num_rounds)
         self.summary()
-        self._message_ttl = timeout + TTL_MARGIN_S
+        self._message_ttl, self._round_timeout = timeout + TTL_MARGIN_S, timeout
         if initial_arrays is not None and first == 1:
             for k, arr in initial_arrays.items():
                 self.arch_arrays[self.default_arch][k] = arr.numpy()

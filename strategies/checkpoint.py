@@ -86,6 +86,9 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
         except TypeError:
             pass
         return {"__set__": [encode(v, arrays, f"{path}{{}}") for v in items], "frozen": isinstance(value, frozenset)}
+    if callable(getattr(value, "to_dict", None)) and callable(getattr(type(value), "from_dict", None)):
+        # before Mapping: a mapping that says how it is saved (a disk-backed ClientStore) is not copied item by item
+        return {"__object__": _class_path(type(value)), "to_dict": encode(value.to_dict(), arrays, path)}
     if isinstance(value, Mapping):
         if all(isinstance(k, str) and not k.startswith("__") for k in value):
             return {k: encode(v, arrays, f"{path}.{k}") for k, v in value.items()}
@@ -96,8 +99,6 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
         }
     if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
         return {"__stateful__": _class_path(type(value)), "state": encode(value.state_dict(), arrays, f"{path}.state_dict()")}
-    if callable(getattr(value, "to_dict", None)) and callable(getattr(type(value), "from_dict", None)):
-        return {"__object__": _class_path(type(value)), "to_dict": encode(value.to_dict(), arrays, path)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: encode(getattr(value, f.name), arrays, f"{path}.{f.name}") for f in dataclasses.fields(value)}
         return {"__object__": _class_path(type(value)), "fields": fields}

@@ -10,6 +10,7 @@ from .fedamp import FedAMPRole
 from .fedap import FedAPRole
 from .fedbabu import FedBabuRole
 from .fedcmd import FedCMDRole
+from .fedcpmd import FedCPMDRole
 from .feddyn import FedDynRole
 from .fedfomo import FedFomoRole
 from .fedrep import FedRepRole
@@ -17,7 +18,7 @@ from .moon import MOONRole
 from .proximal import ProximalRole
 
 ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
-ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole)})
+ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole)})
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -27,4 +28,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
 
 
 __all__ = ["ROLES", "DittoRole", "FedBabuRole", "FedCMDRole", "FedRepRole", "ProximalRole", "Role", "RoleContext", "SGDRole", "build_role"]
-__all__ += ["FedAMPRole", "FedAPRole", "FedDynRole", "FedFomoRole", "MOONRole"]
+__all__ += ["FedAMPRole", "FedAPRole", "FedCPMDRole", "FedDynRole", "FedFomoRole", "MOONRole"]

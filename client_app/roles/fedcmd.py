@@ -6,8 +6,10 @@ lowest score. Phase 2: plain SGD on all parameters (Alg. 1); which group stays p
 handled by the runtime through the message's ``personal`` list.
 
 The statistics are plain functions of tensors (no Flower) so they are unit-tested on
-hand-built activations: a min-max normalised Gaussian fit of a tensor, the closed-form W2
-of two 1-D Gaussians, the layer score and the vote rules.
+hand-built activations: a min-max normalised Gaussian fit of a tensor, the distances between
+two 1-D Gaussians (W2 in closed form; FedCPMD's Jensen-Shannon, Hellinger and Bhattacharyya,
+fedcpmd.md §2.1), the layer score and the vote rules. FedCPMD's role scores with the same
+:class:`LayerScorer` under its own :class:`ScoreRule` (label fit, sigma floor, tie prior).
 """
 
 from __future__ import annotations
@@ -17,15 +19,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
-from protocol.roles import GRANULARITIES, SCORE_MODES, W2_MODES, FedCMDArgs, check_choice
+from protocol.roles import (
+    DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTION_TIMINGS, SELECTORS, W2_MODES, FedCMDArgs, check_choice,
+)
 
 from ..data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
 
+
+_SELECTOR_ALIASES = {"paper": "eq7", "code": "fedcmd_code", "eq7": "eq7", "fedcmd_code": "fedcmd_code", "eq6": "eq6"}
+_DISTANCE_ALIASES = {"gaussian": "w2", "mean_only": "w2_mean"}
 
 # ----------------------------------------------------------------------------- statistics
 class GaussianFit(NamedTuple):
@@ -77,18 +85,35 @@ def tensor_moments(tensors: Sequence[torch.Tensor]) -> list[Moments]:
     return [Moments(t.numel(), *row) for t, row in zip(tensors, values)]
 
 
-def gaussian_fit(m: Moments) -> GaussianFit:
+def gaussian_fit(m: Moments, sigma_floor: float = 0.0) -> GaussianFit:
     """Min-max normalise, then fit mean and std (unbiased, as torch.std in the official code [C]).
 
     Normalisation is affine, so mu = (mean - min) / range and sigma = std / range exactly:
     no normalised copy is materialised, and an affine rescaling of ``u`` leaves the fit
     unchanged (which is why min-max makes the score scale-free).
+
+    A constant tensor (max = min): with ``sigma_floor = 0`` (FedCMD) it is marked ``constant``
+    and every distance to it is 0 [C]; with a floor (FedCPMD, fedcpmd.md §2.1: "set the values
+    to 0") it is N(0, floor^2). The floor also bounds sigma from below for every other tensor.
     """
     span = m.hi - m.lo
     if m.n < 1 or not math.isfinite(span) or span <= 0.0:
-        return GaussianFit(0.0, 0.0, True)
+        return GaussianFit(0.0, sigma_floor, False) if sigma_floor > 0 else GaussianFit(0.0, 0.0, True)
     std = math.sqrt(max(m.m2, 0.0) / (m.n - 1)) if m.n > 1 else 0.0
-    return GaussianFit((m.mean - m.lo) / span, std / span, False)
+    return GaussianFit((m.mean - m.lo) / span, max(std / span, sigma_floor), False)
+
+
+def label_fit(m: Moments, mode: str = "minmax", num_classes: int = 2, sigma_floor: float = 0.0) -> GaussianFit:
+    """z^y of a batch's labels. ``minmax``: like any tensor (FedCMD; a one-class batch is
+    constant). ``scaled``: (mean, std) of y / (C - 1) with no per-batch min-max, std floored
+    (fedcpmd.md A4: the official code's per-batch min-max makes one-class batches NaN)."""
+    if mode == "minmax":
+        return gaussian_fit(m, sigma_floor)
+    if mode != "scaled":
+        raise ValueError(f"label_fit must be one of {list(LABEL_FITS)}, got {mode!r}")
+    scale = max(num_classes - 1, 1)
+    std = math.sqrt(max(m.m2, 0.0) / (m.n - 1)) if m.n > 1 else 0.0
+    return GaussianFit(m.mean / scale, max(std / scale, sigma_floor), False)
 
 
 def fit_tensor(u: torch.Tensor) -> GaussianFit:
@@ -112,20 +137,76 @@ def w2(a: GaussianFit, b: GaussianFit, mode: str = "gaussian") -> float:
     raise ValueError(f"w2_mode must be one of {W2_MODES}, got {mode!r}")
 
 
+def bhattacharyya_coefficient(a: GaussianFit, b: GaussianFit) -> float:
+    """BC = sqrt(2 s1 s2 / (s1^2 + s2^2)) exp(-(m1 - m2)^2 / (4 (s1^2 + s2^2))) (fedcpmd.md §2.1)."""
+    var = a.sigma**2 + b.sigma**2
+    if var <= 0.0:
+        return 1.0 if a.mu == b.mu else 0.0
+    return math.sqrt(2.0 * a.sigma * b.sigma / var) * math.exp(-((a.mu - b.mu) ** 2) / (4.0 * var))
+
+
+JS_POINTS = 2001  # fedcpmd.md §2.1: trapezoid rule on 2001 points
+
+
+def jensen_shannon(a: GaussianFit, b: GaussianFit, points: int = JS_POINTS) -> float:
+    """JS(P, Q) = KL(P||M)/2 + KL(Q||M)/2, M = (P + Q)/2, natural log, in [0, ln 2]: no closed form,
+    so the trapezoid rule on [min mu - 8 max sigma, max mu + 8 max sigma] (fedcpmd.md §2.1)."""
+    if a.sigma <= 0.0 or b.sigma <= 0.0:
+        return 0.0 if (a.mu, a.sigma) == (b.mu, b.sigma) else math.log(2.0)
+    spread = 8.0 * max(a.sigma, b.sigma)
+    grid = np.linspace(min(a.mu, b.mu) - spread, max(a.mu, b.mu) + spread, points)
+    p = np.exp(-0.5 * ((grid - a.mu) / a.sigma) ** 2) / (a.sigma * math.sqrt(2 * math.pi))
+    q = np.exp(-0.5 * ((grid - b.mu) / b.sigma) ** 2) / (b.sigma * math.sqrt(2 * math.pi))
+    m = 0.5 * (p + q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        integrand = 0.5 * np.where(p > 0, p * np.log(p / m), 0.0) + 0.5 * np.where(q > 0, q * np.log(q / m), 0.0)
+    return float(min(max(np.trapezoid(integrand, grid), 0.0), math.log(2.0)))
+
+
+def distance(a: GaussianFit, b: GaussianFit, name: str = "w2") -> float:
+    """d(P, Q) between two 1-D Gaussian fits: ``w2`` (alias ``gaussian``), ``w2_mean`` (alias
+    ``mean_only``), ``js``, ``hellinger`` (sqrt(1 - BC), in [0, 1]) or ``bhattacharyya`` (-ln BC).
+    Every distance to a ``constant`` fit is 0 (FedCMD's NaN guard; FedCPMD floors sigma instead)."""
+    name = _DISTANCE_ALIASES.get(name, name)
+    if name == "w2":
+        return w2(a, b, "gaussian")
+    if name == "w2_mean":
+        return w2(a, b, "mean_only")
+    if a.constant or b.constant:
+        return 0.0
+    if name == "js":
+        return jensen_shannon(a, b)
+    if name == "hellinger":
+        return math.sqrt(max(1.0 - bhattacharyya_coefficient(a, b), 0.0))
+    if name == "bhattacharyya":
+        return -math.log(max(bhattacharyya_coefficient(a, b), 1e-300))
+    raise ValueError(f"distance must be one of {list(DISTANCES)}, got {name!r}")
+
+
 def layer_score(
     out: GaussianFit, prev: GaussianFit, x: GaussianFit, y: GaussianFit, score_mode: str = "paper", w2_mode: str = "gaussian"
 ) -> float:
     """s_l of a candidate with output fit ``out`` and previous-output fit ``prev`` (§2.3).
 
-    paper (Eq. 6): | [W2(o_l,y) - W2(o_l,x)] - [W2(o_{l-1},y) - W2(o_{l-1},x)] |.
-    code:          | |W2(o_l,y) - W2(o_{l-1},y)| - |W2(o_l,x) - W2(o_{l-1},x)| |.
+    ``score_mode`` (the selector; FedCPMD names them ``eq7``, ``fedcmd_code``, ``eq6``) and
+    ``w2_mode`` (the distance d, :func:`distance`; FedCMD's ``gaussian``/``mean_only`` are W2's):
+    paper / eq7 (FedCMD Eq. 6, FedCPMD Eq. 7): | [d(o_l,y) - d(o_l,x)] - [d(o_{l-1},y) - d(o_{l-1},x)] |.
+    code / fedcmd_code: | |d(o_l,y) - d(o_{l-1},y)| - |d(o_l,x) - d(o_{l-1},x)| |.
+    eq6 (FedCPMD's reference code): d(N(mu_l - mu_{l-1}, s_l^2 + s_{l-1}^2), N(mu_y - mu_x, s_y^2 + s_x^2)).
     """
-    oy, ox, py, px = (w2(a, b, w2_mode) for a, b in ((out, y), (out, x), (prev, y), (prev, x)))
-    if score_mode == "paper":
+    selector = _SELECTOR_ALIASES.get(score_mode, score_mode)
+    if selector == "eq6":
+        if out.constant or prev.constant or x.constant or y.constant:
+            return 0.0
+        layer = GaussianFit(out.mu - prev.mu, math.hypot(out.sigma, prev.sigma))
+        data = GaussianFit(y.mu - x.mu, math.hypot(y.sigma, x.sigma))
+        return distance(layer, data, w2_mode)
+    oy, ox, py, px = (distance(a, b, w2_mode) for a, b in ((out, y), (out, x), (prev, y), (prev, x)))
+    if selector == "eq7":
         return abs((oy - ox) - (py - px))
-    if score_mode == "code":
+    if selector == "fedcmd_code":
         return abs(abs(oy - py) - abs(ox - px))
-    raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
+    raise ValueError(f"score_mode must be one of {SCORE_MODES} (FedCPMD selector: {list(SELECTORS)}), got {score_mode!r}")
 
 
 def candidate_scores(
@@ -147,14 +228,37 @@ def candidate_scores(
     ]
 
 
-def batch_vote(scores: Sequence[float]) -> int:
-    """argmin over candidates; an exact tie goes to the earlier candidate (no fc2 prior, §2.3)."""
+def batch_vote(scores: Sequence[float], prior: int | None = None) -> int:
+    """argmin over candidates. An exact tie at the minimum goes to ``prior`` if it is among the
+    tied (FedCPMD: fc2, its reference code's preference), else to the earlier candidate (FedCMD:
+    no prior, §2.3)."""
+    best = min(scores)
+    if prior is not None and 0 <= prior < len(scores) and scores[prior] == best:
+        return prior
     return min(range(len(scores)), key=lambda c: (scores[c], c))
 
 
 def client_vote(counts: Sequence[int], mean_scores: Sequence[float]) -> int:
     """The most frequent batch vote; ties: lower mean s_l, then earlier candidate (§2.4 [R])."""
     return min(range(len(counts)), key=lambda c: (-counts[c], mean_scores[c], c))
+
+
+@dataclass(frozen=True)
+class ScoreRule:
+    """How a client scores its candidate layers: FedCMD's defaults, or FedCPMD's (fedcpmd.md §2.1-2.2)."""
+
+    selector: str = "eq7"  # eq7 (paper) | fedcmd_code (code) | eq6
+    distance: str = "w2"  # w2 | w2_mean | js | hellinger | bhattacharyya
+    label_fit: str = "minmax"  # minmax (FedCMD) | scaled (y / (C - 1), FedCPMD)
+    sigma_floor: float = 0.0  # FedCPMD: 1e-3
+    tie_prior: str | None = None  # a candidate preferred on exact ties at the minimum (FedCPMD: fc2)
+    num_classes: int = 2  # C, for label_fit="scaled"
+
+    @classmethod
+    def fedcmd(cls, score_mode: str = "paper", w2_mode: str = "gaussian") -> ScoreRule:
+        _check("score_mode", score_mode, SCORE_MODES)
+        _check("w2_mode", w2_mode, W2_MODES)
+        return cls(selector=_SELECTOR_ALIASES[score_mode], distance=_DISTANCE_ALIASES[w2_mode])
 
 
 class LayerScorer:
@@ -172,18 +276,19 @@ class LayerScorer:
         score_mode: str = "paper",
         w2_mode: str = "gaussian",
         granularity: str = "batch",
+        rule: ScoreRule | None = None,
     ) -> None:
         unknown = [c for c in candidates if c not in group_names]
         if not candidates or unknown:
-            raise ValueError(f"FedCMD candidates {list(candidates)} must be groups of the model {list(group_names)}")
-        _check("score_mode", score_mode, SCORE_MODES)
-        _check("w2_mode", w2_mode, W2_MODES)
+            raise ValueError(f"candidate layers {list(candidates)} must be groups of the model {list(group_names)}")
         _check("granularity", granularity, GRANULARITIES)
+        self.rule = rule if rule is not None else ScoreRule.fedcmd(score_mode, w2_mode)
         self.candidates = list(candidates)
         self.index = [list(group_names).index(c) for c in candidates]
+        self.prior = self.candidates.index(self.rule.tie_prior) if self.rule.tie_prior in self.candidates else None
         # group outputs the scores need: each candidate and the one before it
         self.needed = sorted({g for i in self.index for g in (i, i - 1) if g >= 0})
-        self.score_mode, self.w2_mode, self.granularity = score_mode, w2_mode, granularity
+        self.granularity = granularity
         self.counts = [0] * len(candidates)
         self.score_sums = [0.0] * len(candidates)
         self.batches = 0
@@ -197,13 +302,15 @@ class LayerScorer:
             self.pooled = [a.merge(b) for a, b in zip(self.pooled, moments)]
             return
         scores = self._scores(moments)
-        self.counts[batch_vote(scores)] += 1
+        self.counts[batch_vote(scores, self.prior)] += 1
         self.score_sums = [s + t for s, t in zip(self.score_sums, scores)]
 
     def _scores(self, moments: Sequence[Moments]) -> list[float]:
-        fx, fy, *outs = (gaussian_fit(m) for m in moments)
+        rule = self.rule
+        fx, *outs = (gaussian_fit(m, rule.sigma_floor) for m in (moments[0], *moments[2:]))
+        fy = label_fit(moments[1], rule.label_fit, rule.num_classes, rule.sigma_floor)
         fits: dict[int, GaussianFit] = dict(zip(self.needed, outs))
-        return candidate_scores(fits, fx, fy, self.index, self.score_mode, self.w2_mode)
+        return candidate_scores(fits, fx, fy, self.index, rule.selector, rule.distance)
 
     def metrics(self) -> dict[str, float]:
         """``vote`` (candidate index, -1 if nothing was scored), ``votes_<l>``, ``s_mean_<l>``."""
@@ -212,7 +319,7 @@ class LayerScorer:
         if self.granularity == "dataset":
             means = self._scores(self.pooled)
             counts = [0] * len(self.candidates)
-            counts[batch_vote(means)] = 1
+            counts[batch_vote(means, self.prior)] = 1
         else:
             counts, means = self.counts, [s / self.batches for s in self.score_sums]
         out: dict[str, float] = {"vote": float(client_vote(counts, means)), "scored_batches": float(self.batches)}
@@ -253,23 +360,30 @@ class FedCMDRole(Role):
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         if self.args.phase != 1:
             return {"train_loss": train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)}
-        timing = self.args.selection_timing
-        scorer = LayerScorer(
-            model.group_names,
-            list(self.args.candidates),
-            score_mode=self.args.score_mode,
-            w2_mode=self.args.w2_mode,
-            granularity=self.args.granularity,
+        return train_and_vote(model, data, train_args, ctx, self.scorer(model, data), self.args.selection_timing)
+
+    def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
+        """This client's layer scorer (FedCMD's rule: W2, min-max labels, no floor, no tie prior)."""
+        return LayerScorer(
+            model.group_names, list(self.args.candidates), self.args.score_mode, self.args.w2_mode, self.args.granularity
         )
-        if timing == "during_training":
-            loss = train(
-                model, data.x_train, data.y_train, train_args,
-                loss_fn=_scoring_loss(scorer), generator=ctx.generator, device=ctx.device,
-            )
-        else:
-            loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
-            score_pass(model, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
-        return {"train_loss": loss, **scorer.metrics()}
+
+
+def train_and_vote(
+    model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext, scorer: LayerScorer, timing: str
+) -> dict[str, float]:
+    """Local training that also scores the candidate layers, on the training batches' own forward
+    passes (``during_training``) or in one no-grad pass afterwards; returns the loss and the vote."""
+    _check("selection_timing", timing, SELECTION_TIMINGS)
+    if timing == "during_training":
+        loss = train(
+            model, data.x_train, data.y_train, train_args,
+            loss_fn=_scoring_loss(scorer), generator=ctx.generator, device=ctx.device,
+        )
+    else:
+        loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
+        score_pass(model, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
+    return {"train_loss": loss, **scorer.metrics()}
 
 
 def _scoring_loss(scorer: LayerScorer) -> LossFn:

@@ -1,0 +1,36 @@
+"""FedCPMD's client side (fedcpmd.md §2.2, C4): FedCMD's layer scoring under FedCPMD's rule.
+
+Phase 1: SGD on the whole model while every candidate layer is scored on each training batch
+(the distance of the spec's choice, labels fitted as y / (C - 1), sigma floored, ties to fc2);
+the client's round vote is its most frequent batch vote. Phase 2: plain SGD; the runtime keeps
+the client's own layer (the message's personal group). Phase 0: a vote-only probe for a client
+that never voted (a no-grad pass over its training split with the model it received).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from protocol.roles import FedCPMDArgs
+
+from ..data import ClientData
+from ..training import TrainArgs
+from .base import RoleContext
+from .fedcmd import FedCMDRole, LayerScorer, ScoreRule, score_pass
+
+
+class FedCPMDRole(FedCMDRole):
+    name = "fedcpmd"
+    args_type = FedCPMDArgs
+
+    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+        if self.args.phase == 0:
+            scorer = self.scorer(model, data)
+            score_pass(model, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
+            return {"train_loss": 0.0, "probe": 1.0, **scorer.metrics()}
+        return super().fit(model, data, train_args, ctx)
+
+    def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
+        a = self.args
+        rule = ScoreRule(a.selector, a.distance, a.label_fit, a.sigma_floor, a.tie_prior, data.num_classes)
+        return LayerScorer(model.group_names, list(a.candidates), granularity=a.granularity, rule=rule)

@@ -42,8 +42,8 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -182,6 +182,8 @@ CASES: dict[str, Case] = {
     "fedfomo": case("fedfomo", fedfomo_offered, pool="all"),
     "fedap": case("fedap", fedap_personal, warmup=0),
     "fedcpmd": case("fedcpmd", fedcpmd_phase2, round=62, kp=60),
+    "kapc": case("kapc", stored_models),  # the cube step's Gram matrices over the participants, s_i for each
+    "kapc_bls": case("kapc_bls", stored_models),
 }
 
 
@@ -282,7 +284,7 @@ def _status(field_name: str) -> int:
     """A VmXXX line of /proc/self/status, in bytes (0 where there is no /proc)."""
     try:
         with open("/proc/self/status") as f:
-            m = re.search(rf"^{field_name}:\s+(\d+) kB", f.read(), re.M)
+            m = re.search(rf"^{field_name}:\s+(\d+) kB", f.read(), re.MULTILINE)
         return int(m.group(1)) * 1024 if m else 0
     except OSError:
         return 0
@@ -301,7 +303,7 @@ def reset_peak() -> bool:
 def available_bytes() -> int:
     try:
         with open("/proc/meminfo") as f:
-            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
         return int(m.group(1)) * 1024 if m else 0
     except OSError:
         return 0

@@ -41,6 +41,37 @@ def batchnorm_keys(model: nn.Module) -> list[str]:
     ]
 
 
+WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def parameter_layers(model: nn.Module) -> list[list[str]]:
+    """The model's weight layers (KAPC's "layers", kapc_bls.md §2.1): each Conv/Linear in
+    registration (forward) order with its bias and the affine parameters of the BatchNorm that
+    follows it. ResNet18 has 21, the KAPC CNN 5, LeNet-5 (3 FC) 5. Any other parameter joins the
+    layer before it, so the layers cover every trainable key exactly once."""
+    layers: list[list[str]] = []
+    for name, module in model.named_modules():
+        own = [f"{name}.{p}" if name else p for p, _ in module.named_parameters(recurse=False)]
+        if not own:
+            continue
+        if isinstance(module, WEIGHT_LAYERS) or not layers:
+            layers.append(own)
+        else:
+            layers[-1].extend(own)
+    return layers
+
+
+def layer_dims(model: nn.Module, layers: list[list[str]]) -> list[tuple[int, int]]:
+    """(d, n) of each layer's weight as a matrix: d = out features/channels, n = in x kernel
+    (kapc_bls.md §2.1, the dimensions BLS's generalization bound uses)."""
+    params = dict(model.named_parameters())
+    out = []
+    for keys in layers:
+        weight = params[keys[0]]
+        out.append((int(weight.shape[0]), int(weight[0].numel()) if weight.dim() > 1 else 1))
+    return out
+
+
 def float_buffer_keys(model: nn.Module) -> list[str]:
     """State-dict keys of floating-point buffers (BN running mean/var), not counters such as
     ``num_batches_tracked``: the buffers that can be averaged (``shared_buffers``)."""
@@ -67,6 +98,8 @@ class ModelSchema:
     state_order: tuple[str, ...] = field(default=())
     bn_params: tuple[str, ...] = field(default=())  # BatchNorm gamma/beta keys, forward order
     bn_channels: tuple[int, ...] = field(default=())  # features of every BatchNorm layer, forward order
+    layers: tuple[tuple[str, ...], ...] = field(default=())  # weight layers (parameter_layers), forward order
+    layer_dims: tuple[tuple[int, int], ...] = field(default=())  # (d, n) of each layer's weight matrix
 
     @classmethod
     def of(cls, model: LayeredNet, arch: str, spec: Mapping[str, Any]) -> ModelSchema:
@@ -79,7 +112,9 @@ class ModelSchema:
         template = {k: (tuple(v.shape), v.detach().cpu().numpy().dtype) for k, v in state.items() if k in params | buffers}
         order = tuple(k for k in state if k in params | buffers)
         bn = (tuple(batchnorm_keys(model)), tuple(m.num_features for m in batchnorm_layers(model)))
-        return cls(arch, dict(spec), groups, group_keys, group_buffers, template, order, *bn)
+        layers = parameter_layers(model)
+        weight_layers = (tuple(tuple(keys) for keys in layers), tuple(layer_dims(model, layers)))
+        return cls(arch, dict(spec), groups, group_keys, group_buffers, template, order, *bn, *weight_layers)
 
     def keys(self, groups: Iterable[str] | None = None, buffers: bool = False) -> list[str]:
         """Trainable keys of ``groups`` (all if None), and their float buffers too when ``buffers``,

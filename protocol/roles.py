@@ -18,6 +18,7 @@ from .wire import unknown_fields
 # ---------------------------------------------------------------------------- shared constants
 CLOUD_PREFIX = "u/"  # FedAMP: the cloud model u_i travels as extra arrays "u/<key>"
 FOMO_WEIGHT_METRIC = "fomo_w_"  # FedFomo: a client's raw weight of peer j is metric "fomo_w_<j>"
+REGULARIZER_PREFIX = "s/"  # KAPC: the regularizer s_i travels as extra arrays "s/<key>" (never loaded into the model)
 FINETUNE_PARTS = ("all", "head")  # FedBABU: what the pre-evaluation fine-tuning updates
 SCORE_MODES = ("paper", "code")  # FedCMD layer score (fedcmd.md §2.3)
 W2_MODES = ("gaussian", "mean_only")
@@ -246,11 +247,32 @@ class FedCPMDArgs(RoleArgs):
         check_min("FedCPMD", "sigma_floor", self.sigma_floor, 0)
 
 
+@dataclass(frozen=True)
+class KAPCArgs(RoleArgs):
+    """KAPC (kapc_bls.md §2.4-2.7): train the own model on CE + lam * sum_l ||w^l - target^l||^2, the
+    target being the server's s_i^l where ``mask[l]`` is 1 (all layers when empty) and the client's
+    own round-start layer elsewhere. ``bls``: choose the upload prefix Omega by the generalization-bound
+    rule (ALG4), at least ``omega_min`` layers; ``first``: the client's first participation."""
+
+    role: ClassVar[str] = "kapc"
+    lam: float = 1.0
+    mask: list[int] = field(default_factory=list)
+    bls: bool = False
+    omega_min: int = 1
+    first: bool = False
+
+    def __post_init__(self) -> None:
+        check_min("KAPC", "lam", self.lam, 0)
+        check_min("KAPC", "omega_min", self.omega_min, 1)
+        if any(m not in (0, 1) for m in self.mask):
+            raise RoleArgsError(f"KAPC mask must hold 0/1 per layer, got {self.mask}")
+
+
 ROLE_ARGS: dict[str, type[RoleArgs]] = {
     cls.role: cls
     for cls in (
         SGDArgs, ProximalArgs, FedAMPArgs, FedRepArgs, FedBabuArgs, DittoArgs, FedDynArgs, FedFomoArgs, MOONArgs,
-        FedAPArgs, FedCMDArgs, FedCPMDArgs,
+        FedAPArgs, FedCMDArgs, FedCPMDArgs, KAPCArgs,
     )
 }
 

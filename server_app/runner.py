@@ -134,6 +134,9 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
     }
     if checkpoint is not None:
         summary["resumed_after_round"] = checkpoint.round  # wall_time_s is this part's only
+    artifacts = strategy.write_artifacts(run_dir)
+    if artifacts:
+        summary["artifacts"] = [str(Path(a).name) for a in artifacts]
     writer.write_summary(summary)
     writer.plot(f"{cfg.method.name} on {cfg.dataset.name}")
     for line in summary_table(summary).splitlines():
@@ -199,8 +202,7 @@ def restore_metrics(run_dir: Path, history: list[dict[str, Any]]) -> list[dict[s
 
 def strategy_summary(strategy: PersonalizedStrategy) -> dict[str, Any]:
     """Method-specific values for the summary (e.g. FedCMD's selected layer)."""
-    hook = getattr(strategy, "run_summary", None)
-    return dict(hook()) if callable(hook) else {}
+    return dict(strategy.run_summary())
 
 
 def summary_table(summary: dict[str, Any]) -> str:

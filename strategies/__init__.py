@@ -20,6 +20,7 @@ from .fedfomo import FedFomo
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
+from .kapc import KAPC, KAPCBLS
 from .lgfedavg import LGFedAvg
 from .local import Local
 from .moon import MOON
@@ -29,7 +30,7 @@ from .pfedsim import PFedSim
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
     cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
-STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD)})
+STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD, KAPC, KAPCBLS)})
 
 
 def method_options(name: str) -> list[str]:

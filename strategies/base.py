@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -342,6 +343,10 @@ class PersonalizedStrategy(Strategy):
     def run_summary(self) -> dict[str, Any]:
         """Method-specific values for ``summary.json`` (FedCMD: the selected layer)."""
         return {}
+
+    def write_artifacts(self, run_dir: Path) -> list[Path]:
+        """Files beside metrics.jsonl at the end of a run (KAPC: its cube as .npy and a picture)."""
+        return []
 
     # ------------------------------------------------------------------ helpers
     def keys(self, groups: Iterable[str] | None = None, client_id: int | None = None) -> list[str]:

@@ -38,6 +38,7 @@ class DataSpec:
     pool_splits: bool = True  # merge the official train and test splits before partitioning
     public: str = "none"  # server-side public data: none | test (official test split) | holdout
     public_fraction: float = 0.1
+    subsample: float = 1.0  # keep this random fraction of the pooled data (KAPC's Scenario A: 0.1)
     seed: int = 42
 
     @property
@@ -50,7 +51,7 @@ class DataSpec:
         return out
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DataSpec":
+    def from_dict(cls, values: dict[str, Any]) -> DataSpec:
         values = dict(values)
         options = values.pop("options", {}) or {}
         if values.get("root") in ("", None):
@@ -77,6 +78,8 @@ def _validate(spec: DataSpec) -> None:
         raise ValueError(f"data.public must be one of {list(PUBLIC_MODES)}, got {spec.public!r}")
     if spec.public == "holdout" and not 0 < spec.public_fraction < 1:
         raise ValueError(f"data.public_fraction must be in (0, 1), got {spec.public_fraction}")
+    if not 0 < spec.subsample <= 1:
+        raise ValueError(f"dataset.subsample must be in (0, 1] (the fraction of the data kept), got {spec.subsample}")
 
 
 @lru_cache(maxsize=4)
@@ -100,6 +103,9 @@ def _pool(spec_key: DataSpec) -> _Pool:
     else:
         images, labels = splits["train"]
     labels = labels.astype(np.int64)
+    if spec.subsample < 1:  # a fixed random subset, drawn before the public holdout and the partition
+        keep = np.sort(np.random.default_rng(spec.seed + 104_729).permutation(len(labels))[: max(1, round(len(labels) * spec.subsample))])
+        images, labels = images[keep], labels[keep]
     if spec.public == "holdout":
         order = np.random.default_rng(spec.seed + 7919).permutation(len(labels))
         n_pub = int(len(labels) * spec.public_fraction)

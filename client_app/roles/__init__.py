@@ -14,11 +14,12 @@ from .fedcpmd import FedCPMDRole
 from .feddyn import FedDynRole
 from .fedfomo import FedFomoRole
 from .fedrep import FedRepRole
+from .kapc import KAPCRole
 from .moon import MOONRole
 from .proximal import ProximalRole
 
 ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
-ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole)})
+ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole, KAPCRole)})
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -28,4 +29,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
 
 
 __all__ = ["ROLES", "DittoRole", "FedBabuRole", "FedCMDRole", "FedRepRole", "ProximalRole", "Role", "RoleContext", "SGDRole", "build_role"]
-__all__ += ["FedAMPRole", "FedAPRole", "FedCPMDRole", "FedDynRole", "FedFomoRole", "MOONRole"]
+__all__ += ["FedAMPRole", "FedAPRole", "FedCPMDRole", "FedDynRole", "FedFomoRole", "KAPCRole", "MOONRole"]

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,10 @@ def assert_same(a, b, path="state"):
     if dataclasses.is_dataclass(a):
         assert type(a) is type(b), path
         assert_same(vars(a), vars(b), path)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), (path, set(a) ^ set(b) if isinstance(b, dict) else b)
+    elif isinstance(a, np.random.Generator):
+        assert isinstance(b, np.random.Generator) and a.bit_generator.state == b.bit_generator.state, path
+    elif isinstance(a, Mapping):  # dicts and the server's client stores
+        assert isinstance(b, Mapping) and set(a) == set(b), (path, set(a) ^ set(b) if isinstance(b, Mapping) else b)
         for k in a:
             assert_same(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, (list, tuple)):
@@ -103,6 +106,8 @@ CASES = {
     "fedcmd": ["method=fedcmd", "method.kp=3"],  # votes of rounds 1-2 restored, l* fixed after the resume
     "pfedsim": ["method=pfedsim", "method.warmup=1"],  # bodies and S restored mid personal phase
     "mixed": ["method=fedavg", "model=mixed"],  # three architectures, each with its own global model
+    "fedcpmd": ["method=fedcpmd", "method.kp=1"],  # votes, clusters and stored bodies restored in phase 2
+    "kapc_bls": ["method=kapc_bls", "model=cnn_kapc"],  # the cube, stale layers, participation counts, BLS statistics
 }
 
 

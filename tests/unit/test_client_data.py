@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from client_app.data import DataSpec, load_client_data, load_public_data, partition_sizes
-from client_app.data.client_data import client_indices
+from client_app.data.client_data import _partition, _pool, client_indices
 
 SPEC = DataSpec(dataset="synthetic", options=(("num_samples", 800),), num_clients=5, alpha=1.0, min_size=20)
 
@@ -46,3 +46,14 @@ def test_digits_is_upsampled_to_lenet_input():
     data = load_client_data(spec, 0)
     assert data.x_train.shape[1:] == (1, 28, 28) and data.num_classes == 10
     assert np.isclose(sum(partition_sizes(spec)), 1797)
+
+
+def test_subsample_keeps_a_fixed_fraction_before_partitioning_and_refuses_bad_values():
+    spec = DataSpec(**{**SPEC.to_dict(), "options": SPEC.options, "subsample": 0.25, "min_size": 5})
+    assert sum(partition_sizes(spec)) == 200
+    first = torch.cat([load_client_data(spec, c).x_train for c in range(5)])
+    for cached in (load_client_data, _pool, _partition):
+        cached.cache_clear()
+    assert torch.equal(first, torch.cat([load_client_data(spec, c).x_train for c in range(5)]))  # the same subset, redrawn
+    with pytest.raises(ValueError, match="subsample"):
+        partition_sizes(DataSpec(**{**SPEC.to_dict(), "options": SPEC.options, "subsample": 0.0}))

@@ -1,0 +1,208 @@
+"""KAPC and KAPC+BLS (Zhi et al., IEEE TMC 2024; kapc_bls.md): knowledge-aware parameter coaching.
+
+The server keeps a relationship cube R (N x L x N, rows non-negative summing to 1; a "layer" is a
+conv/linear with the BatchNorm affine after it, :func:`models.schema.parameter_layers`) and each
+client's latest uploaded layers (stale-filled: a layer a client did not upload keeps its last
+received value, the initial model's before). Every round (ALG5) the participants' slice of R takes
+``cube_steps`` gradient steps from the layers' Gram matrices, is written back into R, and client
+i receives its regularizer s_i^l = sum_j R[i, l, j] w_j^l (extra arrays, not loaded into its model).
+The client trains its own model, kept across rounds, toward s_i and uploads it.
+
+BLS (``bls``): the server leaves out layer l of s_i when the client's self-weight R[i, l, i] > mu
+(ALG3; all layers at a client's first participation), and the client uploads only the first Omega
+layers, Omega from the generalization-bound rule (ALG4, :mod:`client_app.roles.kapc`), at least
+``omega_min`` (default L - 2, the spec's calibrated guard, A1; ``omega_min=1`` is the literal rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
+
+from .aggregation import mixing_average
+from .base import PersonalizedStrategy
+from .kapc_math import cube_step, downlink_mask, initial_cube, slice_rows, write_back
+from .model_distance import gram_matrix
+from .validation import ClientUpdate
+
+
+class KAPC(PersonalizedStrategy):
+    """Options: ``lam`` (coaching weight), ``beta`` (pull of R toward uniform), ``cube_lr`` (a number,
+    or ``theory``: 1/(beta + 2 lam lambda_max(G^l)) per layer), ``cube_steps`` (E_r), ``cube_init``
+    (random | uniform), ``write_back`` (scaled | literal, A6), ``bls``, ``mu`` (downlink threshold;
+    BLS only), ``omega_min`` (null = L - 2)."""
+
+    name = "kapc"
+    role = "kapc"
+    client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
+    checkpoint_exclude = ("_self_weights",)  # per-round scratch
+    bls_default = False
+
+    def __init__(
+        self,
+        *args: Any,
+        lam: float = 1.0,
+        beta: float = 0.005,
+        cube_lr: float | str = 0.01,
+        cube_steps: int = 1,
+        cube_init: str = "random",
+        write_back: str = "scaled",
+        bls: bool | None = None,
+        mu: float = 0.7,
+        omega_min: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.layers = [list(keys) for keys in self.schema().layers]
+        n_layers = len(self.layers)
+        self.bls = self.bls_default if bls is None else bool(bls)
+        if not (cube_lr == "theory" or (isinstance(cube_lr, (int, float)) and cube_lr > 0)):
+            raise ValueError(f"KAPC cube_lr must be > 0 or 'theory', got {cube_lr!r}")
+        if not beta >= 0 or cube_steps < 0 or write_back not in ("scaled", "literal") or not 0 <= mu <= 1:
+            raise ValueError(
+                f"KAPC needs beta >= 0, cube_steps >= 0, write_back scaled|literal, 0 <= mu <= 1 "
+                f"(got {beta}, {cube_steps}, {write_back!r}, {mu})"
+            )
+        self.omega_min = max(1, n_layers - 2) if omega_min is None else int(omega_min)
+        if not 1 <= self.omega_min <= n_layers:
+            raise ValueError(f"KAPC omega_min must be in 1..{n_layers} (the model's layers), got {omega_min}")
+        KAPCArgs(lam=lam, omega_min=self.omega_min)  # a bad option fails here, before round 1
+        self.lam, self.beta, self.cube_lr, self.cube_steps = float(lam), float(beta), cube_lr, int(cube_steps)
+        self.write_back, self.mu = write_back, float(mu)
+        self.cube_rng = np.random.default_rng([self.seed, 11])  # its own stream: sampling stays method-independent
+        self.cube = initial_cube(self.num_clients, n_layers, self.cube_rng, cube_init)
+        model_bytes = sum(v.nbytes for v in self.global_arrays.values())
+        self.models = self.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
+        self.q = np.zeros(self.num_clients, dtype=np.int64)  # participations
+        self.masks: dict[int, list[int]] = {}  # this round's downlink masks
+
+    # ------------------------------------------------------------------ hooks
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)  # the client's model is its own; s_i travels as a regularizer
+
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.groups)
+
+    def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
+        if not self.bls:
+            return None
+        return [[k for keys in self.layers[:omega] for k in keys] for omega in range(self.omega_min, len(self.layers) + 1)]
+
+    def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
+        return KAPCArgs(
+            lam=self.lam, mask=self.masks.get(client_id, []), bls=self.bls, omega_min=self.omega_min,
+            first=bool(self.q[client_id] == 0),
+        )
+
+    def stored(self, client_id: int) -> dict[str, np.ndarray]:
+        """Client ``client_id``'s latest layers as the server knows them (the initial model's if none)."""
+        return {**self.global_arrays, **self.models.get(client_id, {})}
+
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """ALG5 lines 6-16: slice, cube steps, write back, the regularizers, the BLS downlink masks."""
+        if not client_ids:
+            return {}
+        ids = list(client_ids)
+        models = [self.stored(c) for c in ids]
+        block = slice_rows(self.cube, ids)
+        if self.cube_steps:
+            grams = np.stack([gram_matrix(models, keys) for keys in self.layers])
+            block = cube_step(block, grams, self.lam, self.beta, self.cube_lr, self.cube_steps)
+        write_back(self.cube, ids, block, self.write_back)
+        mask = downlink_mask(block, self.mu if self.bls else None, [self.q[c] == 0 for c in ids])
+        out: dict[int, dict[str, np.ndarray]] = {c: {} for c in ids}
+        for layer, keys in enumerate(self.layers):
+            for c, s in zip(ids, mixing_average(models, block[:, layer, :], keys=keys)):
+                out[c].update({REGULARIZER_PREFIX + k: v for k, v in s.items()})
+        for row, c in enumerate(ids):
+            self.masks[c] = [int(m) for m in mask[row]]
+            for layer in np.flatnonzero(~mask[row]):
+                for k in self.layers[layer]:
+                    del out[c][REGULARIZER_PREFIX + k]
+        self._self_weights = block[np.arange(len(ids)), :, np.arange(len(ids))]  # M x L, for the record
+        return out
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """Store each client's uploaded layers (the rest stays stale); no global model."""
+        for u in updates:
+            if u.arrays:
+                self.models[u.client_id] = {**self.models.get(u.client_id, {}), **{k: np.array(v) for k, v in u.arrays.items()}}
+            self.q[u.client_id] += 1
+        record: dict[str, Any] = {"log_keys": ["mean_client_acc"]}
+        accs = [
+            u.metrics["test_after_correct"] / u.metrics["test_size"]
+            for u in updates if u.metrics.get("test_size") and "test_after_correct" in u.metrics
+        ]
+        if accs:
+            record["mean_client_acc"] = float(np.mean(accs))  # the paper's round metric: unweighted, trained models
+        omegas = [u.metrics.get("omega", len(self.layers)) for u in updates]
+        if omegas:
+            record["omega_mean"] = float(np.mean(omegas))
+            record["omega"] = {u.client_id: int(o) for u, o in zip(updates, omegas)}
+        if self.bls:
+            record["omega_floor_bound"] = int(sum(u.metrics.get("omega_floor", 0.0) for u in updates))
+            record["masked_layers"] = int(sum(self.masks.get(u.client_id, []).count(0) for u in updates))
+            record["log_keys"] += ["omega_mean"]
+        weights = getattr(self, "_self_weights", None)
+        if weights is not None and len(weights):
+            record["self_weight_by_layer"] = [float(v) for v in weights.mean(axis=0)]
+        self.masks = {}
+        return record
+
+    # ------------------------------------------------------------------ reporting
+    def run_summary(self) -> dict[str, Any]:
+        """The paper's headline: the best round's unweighted mean accuracy of the participants'
+        trained models (kapc_bls.md §2.9), and the cube's mean self-weight per layer."""
+        curve = [r["mean_client_acc"] for r in self.history if "mean_client_acc" in r]
+        out: dict[str, Any] = {"layers": len(self.layers), "bls": self.bls}
+        if curve:
+            out["best_mean_acc"] = float(max(curve))
+        out["cube_self_weight_by_layer"] = [float(v) for v in np.mean(np.einsum("ili->il", self.cube), axis=0)]
+        if self.bls:
+            out["omega_floor_bound"] = int(sum(r.get("omega_floor_bound", 0) for r in self.history))
+        return out
+
+    def write_artifacts(self, run_dir: Path) -> list[Path]:
+        """``cube.npy`` and ``cube.png`` (clients x clients per layer, the paper's Fig. 7 analogue)."""
+        np.save(run_dir / "cube.npy", self.cube)
+        names = [keys[0].removeprefix("groups.").rsplit(".", 1)[0] for keys in self.layers]
+        return [run_dir / "cube.npy", plot_cube(self.cube, run_dir / "cube.png", names)]
+
+
+def plot_cube(cube: np.ndarray, path: Path, layer_names: Sequence[str]) -> Path:
+    """One heatmap per layer: row i = client i's weights R[i, l, :] over the clients (deterministic bytes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_layers = cube.shape[1]
+    cols = min(n_layers, 6)
+    rows = -(-n_layers // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.4 * rows + 0.4), squeeze=False)
+    for layer in range(rows * cols):
+        ax = axes[layer // cols][layer % cols]
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if layer >= n_layers:
+            ax.axis("off")
+            continue
+        image = ax.imshow(cube[:, layer, :], vmin=0.0, vmax=max(float(cube.max()), 1e-9), cmap="viridis")
+        ax.set_title(f"{layer + 1}: {layer_names[layer]}", fontsize=7)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="R[i, l, j]")
+    fig.suptitle("KAPC relationship cube: client i (rows) -> client j (columns), per layer", fontsize=9)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+class KAPCBLS(KAPC):
+    """KAPC with bidirectional layer selection (the same options; ``bls`` on)."""
+
+    name = "kapc_bls"
+    bls_default = True

@@ -1,0 +1,97 @@
+"""KAPC's server math on plain arrays (kapc_bls.md §2.3-2.8): the relationship cube.
+
+R is an N x L x N array: R[i, l, j] is the weight client i gives client j's layer l. Its rows
+R[i, l, :] are non-negative and sum to 1. Each round the participants' slice of R (M x L x M,
+rows renormalized) takes ``steps`` gradient steps on
+
+    lambda * sum_l ||R^l X^l - X^l||^2  +  beta/2 * ||R^l - 1/M||^2      (X^l: M x P_l, row j = w_j^l)
+
+whose gradient needs only the layer Gram matrices G^l = X^l X^l^T (M x M):
+``2 lambda (R^l G^l - G^l) + beta (R^l - 1/M)`` (Eq. 12). The regularizer of client i is
+s_i^l = sum_j R[i, l, j] w_j^l (Eq. 34): one mixing product per layer for all participants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ROW_EPS = 1e-12
+
+
+def project_rows(r: np.ndarray) -> np.ndarray:
+    """Clamp at 0 and divide each row (last axis) by its sum; a row summing to ~0 becomes uniform (A5)."""
+    r = np.maximum(np.asarray(r, dtype=np.float64), 0.0)
+    sums = r.sum(axis=-1, keepdims=True)
+    uniform = np.full_like(r, 1.0 / r.shape[-1])
+    return np.where(sums > ROW_EPS, r / np.where(sums > ROW_EPS, sums, 1.0), uniform)
+
+
+def cube_gradient(r: np.ndarray, gram: np.ndarray, lam: float, beta: float) -> np.ndarray:
+    """d/dR^l of lambda ||R^l X^l - X^l||^2 + beta/2 ||R^l - 1/M||^2 (rows: clients i, columns j), for
+    one layer (M x M) or all layers at once (L x M x M with ``gram`` L x M x M)."""
+    m = r.shape[-1]
+    return 2.0 * lam * (r @ gram - gram) + beta * (r - 1.0 / m)
+
+
+def theory_lr(gram: np.ndarray, lam: float, beta: float) -> np.ndarray:
+    """eta^l = 1 / (beta + 2 lambda lambda_max(G^l)) per layer (Thm 1's step size, A7)."""
+    top = np.linalg.eigvalsh(np.asarray(gram, dtype=np.float64))[..., -1]
+    return 1.0 / (beta + 2.0 * lam * np.maximum(top, 0.0))
+
+
+def cube_step(
+    r: np.ndarray, grams: np.ndarray, lam: float, beta: float, lr: float | str = 0.01, steps: int = 1
+) -> np.ndarray:
+    """``steps`` projected gradient steps on the participants' slice ``r`` (M x L x M) from the layer
+    Grams (L x M x M). ``lr``: a number, or ``"theory"`` for the per-layer step of :func:`theory_lr`."""
+    layer_first = np.transpose(np.asarray(r, dtype=np.float64), (1, 0, 2))  # L x M x M
+    grams = np.asarray(grams, dtype=np.float64)
+    eta = theory_lr(grams, lam, beta)[:, None, None] if lr == "theory" else float(lr)
+    for _ in range(steps):
+        layer_first = project_rows(layer_first - eta * cube_gradient(layer_first, grams, lam, beta))
+    return np.transpose(layer_first, (1, 0, 2))
+
+
+def slice_rows(cube: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """The participants' block R[C][:, :, C] with rows renormalized (ALG5 line 6)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return project_rows(cube[np.ix_(ids, np.arange(cube.shape[1]), ids)])
+
+
+def write_back(cube: np.ndarray, ids: Sequence[int], block: np.ndarray, mode: str = "scaled") -> None:
+    """Put a participants' block back into the cube (in place; A6). ``scaled`` (default): each row
+    block keeps the mass it had among the participants, so every full row still sums to 1 and the
+    non-participants' entries keep their weight. ``literal``: write, then renormalize the rows."""
+    ids = np.asarray(ids, dtype=np.int64)
+    index = np.ix_(ids, np.arange(cube.shape[1]), ids)
+    if mode == "scaled":
+        mass = cube[index].sum(axis=-1, keepdims=True)
+        cube[index] = block * mass
+    elif mode == "literal":
+        cube[index] = block
+        cube[ids] = project_rows(cube[ids])
+    else:
+        raise ValueError(f"KAPC write_back must be scaled or literal, got {mode!r}")
+
+
+def downlink_mask(block: np.ndarray, mu: float | None, first: Sequence[bool]) -> np.ndarray:
+    """mask[i, l] = 1 when layer l of client i's regularizer is sent (ALG3): unless its self-weight
+    R[i, l, i] > mu; a client's first participation gets every layer ([R], A12). mu None: all."""
+    m, layers, _ = block.shape
+    mask = np.ones((m, layers), dtype=bool)
+    if mu is not None:
+        self_weight = block[np.arange(m), :, np.arange(m)]  # M x L
+        mask = self_weight <= mu
+    mask[np.asarray(first, dtype=bool)] = True
+    return mask
+
+
+def initial_cube(n: int, layers: int, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
+    """R^0: U[0, 1) with rows normalized ("randomly", A5), or exactly uniform."""
+    if kind == "uniform":
+        return np.full((n, layers, n), 1.0 / n)
+    if kind != "random":
+        raise ValueError(f"KAPC cube_init must be random or uniform, got {kind!r}")
+    return project_rows(rng.random((n, layers, n)))

@@ -1,0 +1,213 @@
+"""KAPC and KAPC+BLS: the cube's math against autograd, its constraints, the regularizers, the
+downlink and uplink masks, the paper's byte count and the cube's structure (kapc_bls.md §8)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_strategy_base import make, run
+
+from client_app.roles.kapc import criterion, log_bound, select_omega
+from models import build_model
+from protocol.roles import REGULARIZER_PREFIX
+from server_app.inprocess import InProcessGrid
+from strategies import build_strategy
+from strategies.kapc_math import (
+    cube_gradient,
+    cube_step,
+    downlink_mask,
+    project_rows,
+    slice_rows,
+    write_back,
+)
+
+
+# ----------------------------------------------------------------------------- the cube
+def test_closed_form_gradient_equals_autograd():
+    rng = np.random.default_rng(0)
+    m, p, lam, beta = 4, 7, 0.7, 0.3
+    x = torch.tensor(rng.standard_normal((m, p)))
+    r = torch.tensor(project_rows(rng.random((m, m))), requires_grad=True)
+    loss = lam * ((r @ x - x) ** 2).sum() + beta / 2 * ((r - 1.0 / m) ** 2).sum()
+    loss.backward()
+    np.testing.assert_allclose(cube_gradient(r.detach().numpy(), (x @ x.T).numpy(), lam, beta), r.grad.numpy(), rtol=1e-10)
+
+
+def test_rows_stay_a_distribution_after_every_step_and_regularizers_are_convex_combinations():
+    rng = np.random.default_rng(1)
+    m, layers = 5, 3
+    xs = [rng.standard_normal((m, 9)) * 10 for _ in range(layers)]
+    grams = np.stack([x @ x.T for x in xs])
+    block = project_rows(rng.random((m, layers, m)))
+    for lr in (0.01, 10.0, "theory"):  # a huge step still lands on the simplex (clamp, renormalize)
+        out = cube_step(block, grams, lam=1.0, beta=0.01, lr=lr, steps=3)
+        assert np.all(out >= 0) and np.allclose(out.sum(axis=-1), 1.0)
+    w = rng.standard_normal((m, 6))
+    s = out[:, 0, :] @ w
+    assert np.all(np.linalg.norm(s, axis=1) <= np.linalg.norm(w, axis=1).max() + 1e-12)
+    assert np.allclose(project_rows(np.zeros((2, 3))), 1 / 3)  # an all-zero row becomes uniform
+
+
+def test_identical_models_leave_only_the_pull_toward_uniform():
+    x = np.tile(np.arange(4.0), (3, 1))  # three clients, the same layer
+    r = project_rows(np.random.default_rng(2).random((3, 3)))
+    np.testing.assert_allclose(cube_gradient(r, x @ x.T, lam=5.0, beta=0.2), 0.2 * (r - 1 / 3), atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["scaled", "literal"])
+def test_write_back_leaves_non_participants_untouched_and_rows_normalized(mode):
+    rng = np.random.default_rng(3)
+    cube = project_rows(rng.random((6, 2, 6)))
+    before = cube.copy()
+    ids = [1, 4]
+    block = slice_rows(cube, ids)
+    assert block.shape == (2, 2, 2) and np.allclose(block.sum(-1), 1)
+    write_back(cube, ids, project_rows(block + rng.random(block.shape)), mode)
+    others = [0, 2, 3, 5]
+    np.testing.assert_array_equal(cube[others], before[others])
+    assert np.allclose(cube.sum(-1), 1.0)
+    if mode == "scaled":  # the participants' rows keep their weight on the non-participants
+        np.testing.assert_allclose(cube[np.ix_(ids, [0, 1], others)], before[np.ix_(ids, [0, 1], others)])
+
+
+def test_downlink_mask_by_self_weight_and_everything_at_first_contact():
+    block = np.zeros((2, 3, 2))
+    block[0, :, 0], block[0, :, 1] = [0.9, 0.5, 0.71], [0.1, 0.5, 0.29]
+    block[1, :, 1], block[1, :, 0] = [0.95, 0.95, 0.95], [0.05, 0.05, 0.05]
+    assert downlink_mask(block, 0.7, [False, True]).tolist() == [[False, True, False], [True, True, True]]
+    assert downlink_mask(block, None, [False, False]).all()
+
+
+# ----------------------------------------------------------------------------- BLS's upload rule
+def direct_criterion(omega, d, n, b_hat, tau_hat, b, tau, c):
+    """Eq. 29 evaluated directly in float64 (the spec's form, no logs)."""
+    layers = len(d)
+    m_full = sum(tau[l] / (2 * b[l]) * math.prod(math.sqrt(x) for x in n[l + 1 :]) for l in range(layers))
+    m_part = sum(tau_hat[l] / (2 * b_hat[l]) * math.prod(math.sqrt(x) for x in n[l + 1 : omega]) for l in range(omega))
+    lhs = layers * d[omega - 1] * m_part * math.prod(b_hat[:omega]) / (omega * c * 2 ** (layers - omega) * m_full * math.prod(b[:omega]))
+    return lhs < math.prod(b[omega:])
+
+
+def test_log_space_criterion_equals_the_direct_formula():
+    rng = np.random.default_rng(4)
+    d, n = [8, 16, 10], [9, 72, 16]
+    for _ in range(200):
+        b_hat, tau_hat = rng.uniform(0.5, 3, 3), rng.uniform(0.01, 2, 3)
+        b, tau = np.maximum(b_hat, rng.uniform(0.5, 3, 3)), np.maximum(tau_hat, rng.uniform(0.01, 2, 3))
+        for omega in (1, 2, 3):
+            assert criterion(omega, d, n, b_hat, tau_hat, b, tau, 10) == direct_criterion(omega, d, n, b_hat, tau_hat, b, tau, 10)
+    assert log_bound(3, d, n, [1, 1, 1], [1, 1, 1], classes=10) == pytest.approx(
+        math.log(10) + 3 * math.log(2) + math.log(sum(1 / 2 * math.prod(math.sqrt(x) for x in n[l + 1 :]) for l in range(3))) - math.log(3)
+    )
+
+
+def test_alg4_walks():
+    d, n = [8, 16, 10, 10], [9, 72, 16, 10]
+    big, small = np.full(4, 2.0), np.full(4, 0.1)
+    b_max, t_max = np.zeros(4), np.zeros(4)
+    # first participation: the statistics count as full, Omega = L - 1 without testing
+    assert select_omega(d, n, big, small, b_max, t_max, 4, True, 1, 10) == (3, False)
+    assert np.array_equal(b_max, big) and np.array_equal(t_max, small)
+    # a satisfied start walks down to the floor, and says the floor stopped it
+    omega, floor = select_omega(d, n, big, small, b_max, t_max, 3, False, 2, 10)
+    assert (omega, floor) == (2, True)
+    assert select_omega(d, n, big, small, b_max, t_max, 3, False, 1, 10)[0] == 1  # the literal rule
+    # an unsatisfied start walks up and stops at L
+    huge_tau = np.full(4, 1e6)
+    assert select_omega(d, n, big, huge_tau, b_max.copy(), t_max.copy(), 1, False, 1, 10) == (4, False)
+
+
+# ----------------------------------------------------------------------------- bytes and routing
+def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes():
+    model = build_model("resnet18", (3, 32, 32), 10, seed=0)  # torchvision resnet18(num_classes=10)
+    strategy = build_strategy("kapc_bls", model, {"model": {"name": "resnet18"}}, num_clients=3, fraction=1.0, seed=0,
+                              method_args={"cube_init": "uniform", "cube_steps": 0})  # only the layer set below is masked
+    assert len(strategy.layers) == 21
+    down = strategy.extra_downlinks([0, 1, 2], 1)[0]
+    assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(42.655, abs=5e-4)  # §2.10: 11,181,642 x 4 B
+    sizes = [sum(strategy.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
+    sets = strategy.uplink_sets(0, 1)
+    assert len(sets[0]) == sum(len(keys) for keys in strategy.layers[:19])  # omega_min = L - 2 = 19
+    assert sum(strategy.global_arrays[k].nbytes for k in sets[0]) == sum(sizes) - sizes[19] - sizes[20]
+    assert sizes[19] / 2**20 == pytest.approx(9.0, abs=0.02) and sizes[20] / 2**20 == pytest.approx(0.02, abs=0.001)
+    strategy.q[:] = 1  # no longer a first contact: layers with self-weight above mu are left out
+    strategy.cube[:, 5, :] = 0.0
+    strategy.cube[np.arange(3), 5, np.arange(3)] = 1.0
+    masked = strategy.extra_downlinks([0, 1, 2], 2)[0]
+    assert strategy.masks[0][5] == 0
+    assert sum(v.nbytes for v in down.values()) - sum(v.nbytes for v in masked.values()) == sizes[5]
+
+
+def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=kapc", "model=cnn_kapc", "fraction=1.0")
+    grid = InProcessGrid(4)
+    records = run(strategy, grid, rounds=2)
+    for m in grid.sent:
+        if m.metadata.message_type == "train":
+            keys = set(m.content.array_records["arrays"].keys())
+            assert keys == {"extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays}  # s_i only, as extras
+    assert all(r["bytes_down"] == r["bytes_up"] for r in records)  # plain KAPC: the full model both ways
+    assert strategy.q.tolist() == [2, 2, 2, 2] and len(strategy.models) == 4
+    assert "mean_client_acc" in records[-1] and strategy.run_summary()["best_mean_acc"] > 0
+
+
+def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
+    _, strategy = make(compose, tiny_overrides, "method=kapc_bls", "model=cnn_kapc", "fraction=1.0", "rounds=3", "method.mu=0.0")
+    grid = InProcessGrid(4)
+    records = run(strategy, grid, rounds=3)
+    keys = [k for layer in strategy.layers for k in layer]
+    ups = [set(r.content.array_records["arrays"].keys()) for r in grid.replies if r.metadata.message_type == "train"]
+    assert all(u in [set(keys[: 2 * o]) for o in (3, 4, 5)] for u in ups)  # 2 tensors per layer; omega_min = 5 - 2
+    assert all(len(u) == 8 for u in ups[:4])  # the first participation uploads L - 1 layers
+    assert records[0]["masked_layers"] == 0 and records[1]["masked_layers"] > 0  # mu = 0: every later layer is left out
+    assert records[1]["bytes_down"] < records[0]["bytes_down"] and records[0]["bytes_up"] < 4 * sum(v.nbytes for v in strategy.global_arrays.values())
+    specs = [json.loads(m.content.config_records["config"]["spec"]) for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(s["role_args"]["first"] for s in specs[:4]) and not any(s["role_args"]["first"] for s in specs[4:])
+
+
+def test_lambda_zero_is_local_training_bit_for_bit(compose, tiny_overrides):
+    histories = []
+    for method in (["method=local"], ["method=kapc", "method.lam=0"]):
+        _, strategy = make(compose, tiny_overrides, *method, "model=cnn_kapc")
+        histories.append([(r["clients"], r["test_before_acc"], r["test_after_acc"], r["train_loss"]) for r in run(strategy, InProcessGrid(4), 3)])
+    assert histories[0] == histories[1]
+
+
+def test_the_cube_puts_its_weight_inside_groups_with_swapped_labels(compose, tmp_path):
+    """Clients 0-3 and 4-7 learn the same images with labels y and 9 - y: the fully connected
+    layers' weights stay inside each group, and the run writes the cube's picture. (With the
+    paper's beta and one cube step a round the cube barely leaves uniform in 15 rounds; a small
+    beta and five steps let the Gram term show within/between of about 0.16/0.08 on the fully connected layers.)"""
+    from client_app.data import DataSpec, load_client_data
+    from client_app.data.local import write_local_dir
+    from server_app.runner import run_experiment
+
+    data = load_client_data(DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0)
+    x = data.x_train.numpy()
+    unit = ((x - x.min()) / (x.max() - x.min())).astype(np.float32)
+    y = data.y_train.numpy()
+    rng = np.random.default_rng(0)
+    for cid in range(8):
+        idx = rng.permutation(len(y))[:64]
+        labels = y[idx] if cid < 4 else 9 - y[idx]
+        write_local_dir(tmp_path / f"c{cid}", (unit[idx[:48]], labels[:48]), (unit[idx[48:]], labels[48:]), name="digits", num_classes=10)
+    cfg = compose("method=kapc", "model=cnn_kapc", "dataset=local", "num_clients=8", "fraction=1.0", "rounds=12",
+                  "local_epochs=4", "batch_size=16", "lr=0.05", "method.beta=0.0001", "method.cube_steps=5")
+    grid = InProcessGrid(8)
+    for cid in range(8):
+        grid.contexts[grid.node_of_client[cid]].node_config["data-dir"] = str(tmp_path / f"c{cid}")
+    summary = run_experiment(grid, cfg)
+    from pathlib import Path
+
+    run_dir = Path(summary["run_dir"])
+    cube = np.load(run_dir / "cube.npy")
+    same = np.array([[(i < 4) == (j < 4) and i != j for j in range(8)] for i in range(8)])
+    cross = np.array([[(i < 4) != (j < 4) for j in range(8)] for i in range(8)])
+    for layer in (2, 3):  # fc1, fc2
+        within, between = cube[:, layer, :][same].mean(), cube[:, layer, :][cross].mean()
+        assert within > 1.4 * between, (layer, within, between)  # measured 1.96x and 1.69x
+    assert (run_dir / "cube.png").stat().st_size > 5000

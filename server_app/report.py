@@ -31,7 +31,17 @@ import yaml
 from .config import conf_dir
 from .provenance import short_commit
 
-COLUMNS = ("method", "dataset", "alpha", "rounds", "ours", "paper", "diff", "last-20", "final (all clients)", "MiB/round", "wall")
+COLUMNS = (
+    "method", "model", "dataset", "alpha", "rounds", "ours", "metric", "paper", "diff", "last-20", "final (all clients)",
+    "MiB/round", "wall", "paper set-up",
+)
+# what `ours` is, by the summary.json key a paper's numbers compare with
+METRIC_NAMES = {
+    "headline_test_before_acc": "headline",
+    "best_mean_acc": "best round, trained",
+    "best_test_before_acc": "best round",
+    "mean_cluster_acc": "cluster mean",
+}
 # summary.json keys the table needs, with the types they must have (None allowed where a run can lack the value)
 SUMMARY_KEYS: dict[str, tuple[type, ...]] = {
     "method": (str,),
@@ -64,17 +74,124 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(runs)
 
 
-def paper_numbers() -> dict[tuple[str, str, float], tuple[float, str]]:
-    """(method, dataset, alpha) -> (accuracy %, source) from conf/paper_results/*.yaml."""
-    out: dict[tuple[str, str, float], tuple[float, str]] = {}
-    for path in sorted((conf_dir() / "paper_results").glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        source = data.pop("source", path.stem)
-        for dataset, by_alpha in data.items():
-            for alpha, methods in by_alpha.items():
-                for method, value in methods.items():
-                    out.setdefault((method, dataset, float(alpha)), (float(value), source))
+# the set-up a paper table was run with; a run's values come from its config.yaml (or summary.json)
+SETUP_KEYS = ("model", "num_clients", "fraction", "rounds", "partition", "subsample")
+HEADLINE = "headline_test_before_acc"
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """One table of a paper (conf/paper_results/<file>.yaml): its set-up, the summary.json key
+    its numbers compare with (per method), and its numbers by (method, options, dataset, α)."""
+
+    source: str
+    home: str  # the file's stem: a method's own paper wins when several tables match
+    setup: Mapping[str, Any]
+    metric: Mapping[str, str]
+    numbers: Mapping[tuple[str, frozenset[tuple[str, str]], str, float], float]
+
+    def metric_of(self, method: str) -> str:
+        return self.metric.get(method, self.metric.get("default", HEADLINE))
+
+
+def parse_entry(key: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    """``"fedcpmd distance=w2"`` -> ("fedcpmd", {("distance", "w2")}): a number for a method run
+    with those options (a plain name: the method with its defaults, or any control of it)."""
+    method, *options = str(key).split()
+    pairs = []
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not sep or not name:
+            raise ReportError(f"paper results: {key!r} is not '<method> <option>=<value> ...'")
+        pairs.append((name, value))
+    return method, frozenset(pairs)
+
+
+def _tables_of(path: Path) -> list[PaperTable]:
+    data = yaml.safe_load(path.read_text()) or {}
+    where = f"conf/paper_results/{path.name}"
+    out = []
+    for i, table in enumerate(data.get("tables", [data])):
+        if not isinstance(table.get("results"), dict):
+            raise ReportError(f"{where}: table {i + 1} has no 'results' mapping dataset -> alpha -> method -> accuracy")
+        unknown = set(table.get("setup") or {}) - set(SETUP_KEYS)
+        if unknown:
+            raise ReportError(f"{where}: setup key(s) {sorted(unknown)} unknown; valid: {list(SETUP_KEYS)}")
+        metric = table.get("metric", data.get("metric", HEADLINE))
+        numbers = {
+            (*parse_entry(method), str(dataset), float(alpha)): float(value)
+            for dataset, by_alpha in table["results"].items()
+            for alpha, methods in by_alpha.items()
+            for method, value in methods.items()
+        }
+        out.append(PaperTable(
+            source=str(table.get("source", data.get("source", path.stem))),
+            home=path.stem,
+            setup=dict(table.get("setup") or data.get("setup") or {}),
+            metric=metric if isinstance(metric, dict) else {"default": str(metric)},
+            numbers=numbers,
+        ))
     return out
+
+
+def paper_tables() -> list[PaperTable]:
+    """Every table of conf/paper_results/*.yaml, files in name order."""
+    return [t for path in sorted((conf_dir() / "paper_results").glob("*.yaml")) for t in _tables_of(path)]
+
+
+def paper_numbers() -> dict[tuple[str, str, float], tuple[float, str]]:
+    """(method, dataset, alpha) -> (accuracy %, source) of the methods' plain entries (first table wins)."""
+    out: dict[tuple[str, str, float], tuple[float, str]] = {}
+    for table in paper_tables():
+        for (method, options, dataset, alpha), value in table.numbers.items():
+            if not options:
+                out.setdefault((method, dataset, alpha), (value, table.source))
+    return out
+
+
+def setup_differences(paper: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """``["rounds 3 (paper 200)"]``: each set-up value of the paper's table the run does not share."""
+    diffs = []
+    for key, want in paper.items():
+        have = ours.get(key)
+        same = have is not None and (
+            math.isclose(float(have), float(want)) if isinstance(want, (int, float)) and isinstance(have, (int, float)) else str(have) == str(want)
+        )
+        if not same:
+            diffs.append(f"{key} {'unknown' if have is None else have} (paper {want})")
+    return diffs
+
+
+@dataclass(frozen=True)
+class PaperMatch:
+    value: float | None  # None: the set-up differs, see ``differs``
+    source: str
+    metric: str
+    differs: tuple[str, ...]
+
+
+def paper_match(summary: Mapping[str, Any], tables: Sequence[PaperTable]) -> PaperMatch | None:
+    """The paper number for a run: from a table with an entry for its method (and options), whose
+    set-up the run shares; a method's own paper first. Without such a table, the closest one's
+    differences (no number: a 3-round run is not compared with a 200-round table)."""
+    alpha = summary.get("alpha")
+    if alpha is None:
+        return None
+    method, dataset = summary["method"], summary["dataset"]
+    options = frozenset((k, str(v)) for k, v in (summary.get("changed_options") or {}).items())
+    candidates = []
+    for table in tables:
+        entries = [(opts, v) for (m, opts, d, a), v in table.numbers.items() if m == method and d == dataset and a == float(alpha)]
+        usable = sorted(((len(opts), v) for opts, v in entries if opts <= options), reverse=True)  # most options first
+        if usable:
+            matched, value = usable[0]
+            diffs = setup_differences(table.setup, summary.get("setup") or {})
+            candidates.append((len(diffs), -matched, table.home != method, len(candidates), table, value, diffs))
+    if not candidates:
+        return None
+    # a full set-up match, then the entry naming most of the run's options, the method's own paper, file order
+    *_, table, value, diffs = min(candidates, key=lambda c: c[:4])
+    return PaperMatch(None if diffs else value, table.source, table.metric_of(method), tuple(diffs))
 
 
 # ---------------------------------------------------------------------------- reading runs
@@ -121,7 +238,34 @@ def load_summary(run: str | Path) -> dict[str, Any]:
         if summary.get(key) is not None and not _is_type(summary[key], (int, float)):
             raise ReportError(f"{path}: {key} is {summary[key]!r}, not a number or null")
     summary["changed_options"] = changed_method_options(run, summary["method"])
+    summary["setup"] = run_setup(run, summary)
     return summary
+
+
+def run_setup(run: str | Path, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's values of :data:`SETUP_KEYS`, from its config.yaml (summary.json where it has none)."""
+    config = Path(run) / "config.yaml"
+    cfg: dict[str, Any] = {}
+    if config.exists():
+        try:
+            cfg = yaml.safe_load(config.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ReportError(f"{config}: not valid YAML ({exc})") from exc
+
+    def name(group: str) -> Any:
+        value = cfg.get(group)
+        return value.get("name") if isinstance(value, dict) else value
+
+    dataset = cfg.get("dataset") if isinstance(cfg.get("dataset"), dict) else {}
+    found = {
+        "model": name("model") or summary.get("model"),
+        "num_clients": cfg.get("num_clients", summary.get("num_clients")),
+        "fraction": cfg.get("fraction"),
+        "rounds": summary.get("rounds"),
+        "partition": name("partition") or summary.get("partition"),
+        "subsample": dataset.get("subsample", 1.0) if cfg else None,
+    }
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
@@ -200,29 +344,36 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.2f}"
 
 
-def _row(s: Mapping[str, Any], papers: Mapping[tuple[str, str, float], tuple[float, str]]) -> dict[str, Any]:
-    alpha = s.get("alpha")
-    paper = papers.get((s["method"], s["dataset"], float(alpha))) if alpha is not None else None
-    ours = 100 * s["headline_test_before_acc"] if s["headline_test_before_acc"] is not None else None
+def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
+    """One table row; ``ours`` is the value of the paper's metric (its headline where no paper
+    table has the run's set-up), ``paper``/``diff`` only where the set-up matches."""
+    match = paper_match(s, tables)
+    metric = match.metric if match is not None and match.value is not None else HEADLINE
+    value = s.get(metric)
+    ours = 100 * value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     mib = (s["total_mib_down"] + s["total_mib_up"]) / max(s["rounds"], 1)
+    paper = match.value if match is not None else None
     return {
         "method": run_label(s),
+        "model": (s.get("setup") or {}).get("model", ""),
         "dataset": s["dataset"],
-        "alpha": alpha,
+        "alpha": s.get("alpha"),
         "rounds": s["rounds"],
         "ours": "" if ours is None else f"{ours:.2f}",
-        "paper": f"{paper[0]:.2f}" if paper else "",
-        "diff": f"{ours - paper[0]:+.2f}" if paper and ours is not None else "",
+        "metric": METRIC_NAMES.get(metric, metric),
+        "paper": "" if paper is None else f"{paper:.2f}",
+        "diff": f"{ours - paper:+.2f}" if paper is not None and ours is not None else "",
         "last-20": _pct(s["last20_test_before_acc"]),
         "final (all clients)": _pct(s.get("final_acc")),
         "MiB/round": f"{mib:.2f}",
         "wall": f"{s['wall_time_s'] / 60:.1f} min",
+        "paper set-up": ("differs: " + ", ".join(match.differs)) if match is not None and match.differs else "",
     }
 
 
 def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
-    papers = paper_numbers()
-    return [_row(load_summary(run), papers) for run in runs]
+    tables = paper_tables()
+    return [_row(load_summary(run), tables) for run in runs]
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -350,19 +501,21 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
     groups = group_runs(runs)
     count = sum(len(g.runs) for g in groups)
     curves = {run: load_curve(run) for g in groups for run, _ in g.runs}
-    papers = paper_numbers()
+    tables = paper_tables()
     out.mkdir(parents=True, exist_ok=True)
     how = "per round" if smooth == 1 else f"as a trailing rolling mean over {smooth} rounds"
     lines = [
         "# pflower report",
         "",
-        f"{count} run(s) in {len(groups)} group(s). `ours`: the run's headline, the mean `test_before` "
-        "accuracy over its last rounds (10 by default); `paper`: conf/paper_results/. Figures: `test_before` "
+        f"{count} run(s) in {len(groups)} group(s). `ours`: the run's value of the paper's metric (`metric`; "
+        "`headline`: the mean `test_before` accuracy over the last rounds, 10 by default); "
+        "`paper`: conf/paper_results/, shown only where the run has the paper table's set-up (model, clients, "
+        "fraction, rounds, partition), otherwise `paper set-up` says what differs. Figures: `test_before` "
         f"accuracy {how}, against the round and against the communication so far (bytes down + up, all clients, MiB).",
     ]
     written: list[Path] = []
     for group in groups:
-        lines += ["", f"## {group.title}", "", markdown([_row(s, papers) for _, s in group.runs]), ""]
+        lines += ["", f"## {group.title}", "", markdown([_row(s, tables) for _, s in group.runs]), ""]
         for x, suffix in FIGURES:
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)

@@ -7,12 +7,17 @@ import pytest
 from server_app.report import find_runs, markdown, paper_numbers, report_rows
 
 
-def fake_run(path, **summary):
+PAPER_SETUP = "num_clients: 100\nfraction: 0.1\nmodel:\n  name: lenet5\npartition:\n  name: dirichlet\n"
+
+
+def fake_run(path, config=PAPER_SETUP, **summary):
+    """A run with FedCMD's paper set-up (N=100, 10% a round, 200 rounds, LeNet-5, Dirichlet) unless changed."""
     path.mkdir(parents=True)
     base = dict(method="fedcmd", dataset="fmnist", alpha=0.1, rounds=200, headline_test_before_acc=0.9665,
                 last20_test_before_acc=0.96, final_acc=0.95, total_mib_down=100.0, total_mib_up=300.0,
                 wall_time_s=600.0, personal_layer="fc2")
     (path / "summary.json").write_text(json.dumps({**base, **summary}))
+    (path / "config.yaml").write_text(config)
     return path
 
 
@@ -23,18 +28,47 @@ def test_report_puts_paper_numbers_beside_ours(tmp_path):
     by_method = {r["method"]: r for r in rows}
     assert by_method["fedcmd (l*=fc2)"]["paper"] == "96.57" and by_method["fedcmd (l*=fc2)"]["diff"] == "+0.08"
     assert by_method["fedavg"]["paper"] == "77.70" and by_method["fedavg"]["ours"] == "50.00"
-    assert by_method["fedavg"]["MiB/round"] == "2.00"
+    assert by_method["fedavg"]["MiB/round"] == "2.00" and by_method["fedavg"]["model"] == "lenet5"
+    assert by_method["fedavg"]["metric"] == "headline" and by_method["fedavg"]["paper set-up"] == ""
     table = markdown(rows)
-    assert table.count("\n") == 3 and table.startswith("| method |")
+    assert table.count("\n") == 3 and table.startswith("| method | model |")
+
+
+def test_a_run_with_another_set_up_gets_no_paper_number_but_what_differs(tmp_path):
+    fake_run(tmp_path / "short", rounds=3)
+    fake_run(tmp_path / "resnet", config=PAPER_SETUP.replace("lenet5", "resnet18"))
+    fake_run(tmp_path / "bare", config="")  # no set-up known: nothing to compare with
+    rows = {r["model"] + str(r["rounds"]): r for r in report_rows(find_runs([tmp_path]))}
+    assert rows["lenet53"]["paper"] == rows["lenet53"]["diff"] == "" and rows["lenet53"]["ours"] == "96.65"
+    assert rows["lenet53"]["paper set-up"] == "differs: rounds 3 (paper 200)"
+    assert rows["resnet18200"]["paper set-up"] == "differs: model resnet18 (paper lenet5)"
+    assert rows["200"]["paper"] == "" and "model unknown (paper lenet5)" in rows["200"]["paper set-up"]
+
+
+def test_options_pick_their_own_entry_and_a_paper_picks_its_metric(tmp_path):
+    """FedCPMD's Table 13 has one number per distance and compares the cluster mean; KAPC's tables
+    compare the best round and need KAPC's Scenario A set-up."""
+    for distance, cluster in (("js", 0.95), ("w2", 0.96)):
+        run = fake_run(tmp_path / distance, method="fedcpmd", personal_layer=None, mean_cluster_acc=cluster)
+        if distance != "js":
+            (run / "config.yaml").write_text(PAPER_SETUP + f"method:\n  name: fedcpmd\n  distance: {distance}\n")
+    kapc_a = "num_clients: 10\nfraction: 1.0\nmodel:\n  name: cnn_kapc\npartition:\n  name: dirichlet\ndataset:\n  subsample: 0.1\n"
+    fake_run(tmp_path / "kapc", config=kapc_a, method="kapc", rounds=50, personal_layer=None, best_mean_acc=0.97)
+    fake_run(tmp_path / "local", config=kapc_a, method="local", rounds=50, personal_layer=None, best_test_before_acc=0.9)
+    rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
+    assert (rows["fedcpmd"]["paper"], rows["fedcpmd"]["ours"], rows["fedcpmd"]["metric"]) == ("93.50", "95.00", "cluster mean")
+    assert (rows["fedcpmd (distance=w2)"]["paper"], rows["fedcpmd (distance=w2)"]["ours"]) == ("95.28", "96.00")
+    assert (rows["kapc"]["paper"], rows["kapc"]["ours"], rows["kapc"]["metric"]) == ("96.71", "97.00", "best round, trained")
+    assert (rows["local"]["paper"], rows["local"]["ours"], rows["local"]["metric"]) == ("88.33", "90.00", "best round")
 
 
 def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):
     """config.yaml's method options that differ from conf/method/<name>.yaml name the row;
     interpolated defaults (total_rounds: ${rounds}) never count as changed."""
     control = fake_run(tmp_path / "ctl", method="fedbabu", personal_layer=None)
-    (control / "config.yaml").write_text("method:\n  name: fedbabu\n  finetune_epochs: 0\n  finetune_part: all\n")
+    (control / "config.yaml").write_text(PAPER_SETUP + "method:\n  name: fedbabu\n  finetune_epochs: 0\n  finetune_part: all\n")
     plain = fake_run(tmp_path / "plain", method="fedcmd", alpha=0.5)
-    (plain / "config.yaml").write_text("method:\n  name: fedcmd\n  kp: 20\n  total_rounds: 200\n  force_layer: fc2\n")
+    (plain / "config.yaml").write_text(PAPER_SETUP + "method:\n  name: fedcmd\n  kp: 20\n  total_rounds: 200\n  force_layer: fc2\n")
     labels = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
     assert set(labels) == {"fedbabu (finetune_epochs=0)", "fedcmd (force_layer=fc2, l*=fc2)"}
     assert labels["fedbabu (finetune_epochs=0)"]["paper"] == "74.81"  # still the method's paper number
@@ -42,6 +76,7 @@ def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):
 
 def test_paper_data_is_loaded_from_conf():
     assert paper_numbers()[("fedper", "fmnist", 0.5)][0] == pytest.approx(90.034)
+    assert paper_numbers()[("kapc_bls", "fmnist", 0.1)][0] == pytest.approx(96.57)  # Table 1 (Scenario A) comes first
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
@@ -155,7 +190,8 @@ def test_report_writes_markdown_and_two_figures_per_group(tmp_path):
     assert md.index("## digits, iid partition") < md.index("## fmnist, α = 0.1")
     assert "![fmnist, α = 0.1: accuracy vs round](fmnist_a0.1_accuracy_vs_round.png)" in md
     assert "![fmnist, α = 0.1: accuracy vs MiB](fmnist_a0.1_accuracy_vs_mib.png)" in md
-    assert "| fedcmd (l*=fc2) | fmnist | 0.1 | 6 |" in md and "96.57" in md  # the paper's number, as in the table
+    assert "| fedcmd (l*=fc2) | lenet5 | fmnist | 0.1 | 6 |" in md and "96.57" not in md  # 6 rounds: no paper number
+    assert "differs: num_clients 2 (paper 100)" in md
     assert "- fedavg: `../runs/sweep/10-05-00-fedavg-fmnist`" in md  # relative to the report: no absolute paths
     assert str(tmp_path) not in md
     for png in out.glob("*.png"):

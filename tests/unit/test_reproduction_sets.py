@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from server_app.config import compose_config, conf_dir
+from server_app.report import paper_tables, setup_differences
 from strategies import STRATEGIES
 
 
@@ -12,8 +13,30 @@ from strategies import STRATEGIES
 def test_fedcmd_fmnist_groups_sweep_every_method_of_the_table(alpha: str) -> None:
     group = yaml.safe_load((conf_dir() / "experiment" / f"repro_fedcmd_fmnist_a{alpha}.yaml").read_text())
     swept = group["hydra"]["sweeper"]["params"]["method"].split(",")
-    paper = yaml.safe_load((conf_dir() / "paper_results" / "fedcmd.yaml").read_text())["fmnist"][float(alpha)]
+    (table,) = [t for t in paper_tables() if t.home == "fedcmd"]
+    paper = {m for (m, _, d, a) in table.numbers if (d, a) == ("fmnist", float(alpha))}
     assert sorted(swept) == sorted(m for m in paper if m in STRATEGIES)
     cfg = compose_config([f"experiment=repro_fedcmd_fmnist_a{alpha}", f"method={swept[-1]}"])
     assert (cfg.alpha, cfg.num_clients, cfg.rounds, cfg.dataset.name) == (float(alpha), 100, 200, "fmnist")
     assert cfg.output_dir == f"docs/results/fedcmd_fmnist_a{alpha}"
+
+
+def composed_setup(cfg) -> dict:
+    return {"model": cfg.model.name, "num_clients": cfg.num_clients, "fraction": cfg.fraction, "rounds": cfg.rounds,
+            "partition": cfg.partition.name, "subsample": cfg.dataset.subsample}
+
+
+@pytest.mark.parametrize("group, methods, home", [
+    ("repro_fedcpmd_fmnist_a0.1", ["fedcpmd"], "fedcpmd"),
+    ("repro_kapc_fmnist_a0.1_a", ["kapc", "kapc_bls", "local", "fedavg"], "kapc"),
+    ("repro_kapc_fmnist_a0.1_b", ["kapc", "kapc_bls"], "kapc"),
+])
+def test_new_method_groups_run_the_set_up_of_a_paper_table_with_a_number_for_each_run(group, methods, home):
+    """Each run of the group has the set-up of one of its paper's tables, so `pflower report` prints the paper's number."""
+    params = yaml.safe_load((conf_dir() / "experiment" / f"{group}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    for method in methods:
+        for distance in params.get("method.distance", "js").split(","):
+            cfg = compose_config([f"experiment={group}", f"method={method}", f"method.distance={distance}"] if "method.distance" in params else [f"experiment={group}", f"method={method}"])
+            option = frozenset() if distance == "js" else frozenset({("distance", distance)})
+            tables = [t for t in paper_tables() if t.home == home and (method, option, cfg.dataset.name, cfg.alpha) in t.numbers]
+            assert any(not setup_differences(t.setup, composed_setup(cfg)) for t in tables), (method, distance, [t.setup for t in tables])

@@ -129,6 +129,11 @@ class FedCMD(PersonalizedStrategy):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.kp = phase_rounds("FedCMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
+        if total_rounds is not None and self.kp >= total_rounds:  # it would never personalize anything
+            raise ValueError(
+                f"FedCMD kp={self.kp} leaves no phase-2 round in a run of {total_rounds} rounds (l* would be chosen "
+                f"after the last round): set method.kp below rounds (the paper: kp=20 of 200) or method.rho=0.1"
+            )
         self.weighted_aggregation = bool(weighted_aggregation)
         cands = list(candidates) if candidates else default_candidates(self.groups)
         unknown = [c for c in cands if c not in self.groups]

@@ -187,14 +187,16 @@ def test_state_is_enough_to_resume(compose, tiny_overrides):
 
 def test_options_are_checked_before_round_1(compose, tiny_overrides):
     assert make(compose, tiny_overrides, "method=fedcmd", "method.rho=0.5", "rounds=10").kp == 5
+    with pytest.raises(ValueError, match="no phase-2 round in a run of 3 rounds"):  # it would never personalize
+        make(compose, tiny_overrides, "method=fedcmd", "method.kp=20", "rounds=3")
     with pytest.raises(ValueError, match="force_layer"):
         make(compose, tiny_overrides, "method=fedcmd", "method.kp=0")
     with pytest.raises(ValueError, match="score_mode"):
-        make(compose, tiny_overrides, "method=fedcmd", "method.score_mode=kl")
+        make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.score_mode=kl")
     with pytest.raises(ValueError, match="not a candidate"):
-        make(compose, tiny_overrides, "method=fedcmd", "method.force_layer=conv1")
+        make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.force_layer=conv1")
     with pytest.raises(ValueError, match="candidates"):
-        make(compose, tiny_overrides, "method=fedcmd", "method.candidates=[fc9]")
+        make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.candidates=[fc9]")
     with pytest.raises(ConfigError, match="no option"):
         compose(*tiny_overrides, "method=fedcmd", "+method.sim_scope=all_seen")
-    assert isinstance(make(compose, tiny_overrides, "method=fedcmd"), FedCMD)
+    assert isinstance(make(compose, tiny_overrides, "method=fedcmd", "method.kp=1"), FedCMD)

@@ -138,7 +138,7 @@ def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, t
 
 
 def test_wrong_number_of_simulated_nodes_is_a_clear_error(compose, tiny_overrides):
-    _, strategy = make(compose, tiny_overrides)
+    _, strategy = make(compose, tiny_overrides, "method=fedavg")
     with pytest.raises(RuntimeError, match="num-supernodes=4"):
         strategy.discover(InProcessGrid(3))
 
@@ -157,7 +157,7 @@ def test_evaluation_protocol_metrics_are_sample_weighted(compose, tiny_overrides
 def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_overrides):
     import time
 
-    _, strategy = make(compose, tiny_overrides)
+    _, strategy = make(compose, tiny_overrides, "method=fedavg")
     grid = InProcessGrid(4, node_config={"client-id": 99})  # ids outside 0..3: every hello fails
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="no client could join the run: .*outside"):

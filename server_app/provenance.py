@@ -50,11 +50,36 @@ def _version(package: str) -> str | None:
         return None
 
 
+# a command-line flag whose name holds one of these carries a secret (flwr-serverapp's --token, a
+# SuperExec auth secret, key and certificate paths); its value never reaches an output file
+SECRET_WORDS = ("token", "secret", "key", "password", "passwd", "credential", "cert", "auth")
+REDACTED = "<redacted>"
+
+
+def safe_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of every secret-bearing flag (``--token X``, ``--token=X``) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for arg in map(str, argv):
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        secret = name.startswith("-") and any(w in name.lower() for w in SECRET_WORDS)
+        if secret and eq:
+            out.append(f"{name}={REDACTED}")
+        else:
+            out.append(arg)
+            hide_next = secret
+    return out
+
+
 def provenance(argv: Sequence[str] | None = None, now: dt.datetime | None = None) -> dict[str, Any]:
-    """This process's provenance record."""
+    """This process's provenance record (secret command-line values redacted: :func:`safe_argv`)."""
     return {
         "started": (now or dt.datetime.now().astimezone()).isoformat(timespec="seconds"),
-        "argv": list(sys.argv if argv is None else argv),
+        "argv": safe_argv(sys.argv if argv is None else argv),
         **git_state(),
         "pflower_version": _version("pflower"),
         "python": platform.python_version(),

@@ -367,12 +367,12 @@ class Cluster:
                     pass
 
     # ------------------------------------------------------------------ results
-    def run_dir(self) -> Path | None:
-        dirs = sorted((self.tmp / "outputs").glob("*/*-fedcmd-local*"))
+    def run_dir(self, method: str = "fedcmd") -> Path | None:
+        dirs = sorted((self.tmp / "outputs").glob(f"*/*-{method}-local*"))
         return dirs[-1] if dirs else None
 
-    def rounds(self) -> list[dict[str, Any]]:
-        run = self.run_dir()
+    def rounds(self, method: str = "fedcmd") -> list[dict[str, Any]]:
+        run = self.run_dir(method)
         if run is None or not (run / "metrics.jsonl").exists():
             return []
         lines = (run / "metrics.jsonl").read_text().splitlines()

@@ -12,7 +12,10 @@ Two deployments are started, each once per module, and several tests read their 
   of round 3 and restarted with the same client id, key, data and state directories; a fifth
   SuperNode holding an unregistered key tries to join;
 - network namespaces (when this machine allows creating them): 3 SuperNodes with their own
-  addresses; node 2's link is cut in the middle of round 2 and restored after it.
+  addresses; node 2's link is cut in the middle of round 2 and restored after it;
+- methods: 3 SuperNodes over loopback, no faults, running the methods that keep per-client state
+  on both sides one after the other (FedCPMD: votes, clusters, whole client models; KAPC+BLS:
+  the cube, regularizers as extra arrays, client-chosen upload prefixes).
 
 Each deployment is bounded in time and every process it starts is stopped afterwards.
 Timings (wall time of a run, recovery after a kill) are printed and written to
@@ -42,12 +45,12 @@ KP = 1  # phase 1 (layer vote) is round 1; from round 2 on l* stays on the clien
 TRAIN = {"local_epochs": 3, "batch_size": 16}
 
 
-def run_config(cluster: Cluster, rounds: int) -> str:
+def run_config(cluster: Cluster, rounds: int, overrides: str = f"method.kp={KP}", timeout: int = ROUND_TIMEOUT, **extra: object) -> str:
     return cluster.topo.run_config(
         output_dir=cluster.place.output_dir,
         rounds=rounds,
-        **TRAIN,
-        overrides=f"method.kp={KP} round_timeout={ROUND_TIMEOUT}",
+        **{**TRAIN, **extra},
+        overrides=f"{overrides} round_timeout={timeout}",
     )
 
 
@@ -360,3 +363,59 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
     for r in later:
         assert 2 in r["clients"], (k, r)
     assert summary["final_clients"] == 3
+
+
+# ----------------------------------------------------------------------------- the newer methods
+
+METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
+    "fedcpmd": (3, {"method": "fedcpmd"}, "method.kp=1"),  # a vote round, 2 clustered rounds
+    "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, "method.mu=0.0"),  # mu = 0: round 2 masks layers
+}
+METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
+
+
+@pytest.fixture(scope="module")
+def methods(tmp_path_factory):
+    """3 SuperNodes over loopback, TLS and node auth; FedCPMD, then KAPC+BLS, on the same deployment."""
+    tmp = tmp_path_factory.mktemp("methods")
+    cluster = Cluster(tmp, nodes=3)
+    try:
+        cluster.prepare(DATA)
+        cluster.up()
+        runs = {}
+        for method, (rounds, extra, overrides) in METHOD_RUNS.items():
+            t0 = time.monotonic()
+            run = cluster.flwr_run(run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}")
+            finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
+            runs[method] = (run, time.monotonic() - t0)
+        write_timings(cluster, {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()})
+        yield {"cluster": cluster, "runs": {m: r for m, (r, _) in runs.items()}}
+    finally:
+        cluster.close()
+
+
+def finished_summary(methods: dict, method: str) -> tuple[dict, list[dict]]:
+    cluster, run = methods["cluster"], methods["runs"][method]
+    assert run.popen.returncode == 0 and "pflower summary" in run.text(), run.text()[-4000:]
+    rounds = cluster.rounds(method)
+    assert [r["round"] for r in rounds] == list(range(1, METHOD_RUNS[method][0] + 1))
+    assert all(r["clients"] == [0, 1, 2] and not r["dropped"] for r in rounds), rounds
+    return json.loads((cluster.run_dir(method) / "summary.json").read_text()), rounds
+
+
+def test_fedcpmd_clusters_clients_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "fedcpmd")
+    assert [r["phase"] for r in rounds] == [1, 2, 2] and summary["probed"] == []
+    assert sum(summary["personal_layers"].values()) == 3  # every client has its layer
+    assert sorted(c for members in summary["clusters"] for c in members) == [0, 1, 2]
+    assert sum(rounds[-1]["cluster_sizes"]) == 3 and summary["final_clients"] == 3
+    assert summary["mean_cluster_acc"] > 0.3
+
+
+def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "kapc_bls")
+    assert rounds[0]["masked_layers"] == 0 and rounds[1]["masked_layers"] > 0  # mu = 0: after the first round
+    assert rounds[1]["bytes_down"] < rounds[0]["bytes_down"]
+    assert all(3 <= o <= 5 for r in rounds for o in r["omega"].values())  # omega_min = L - 2 = 3
+    assert summary["best_mean_acc"] > 0.3 and summary["artifacts"] == ["cube.npy", "cube.png"]
+    assert (methods["cluster"].run_dir("kapc_bls") / "cube.png").stat().st_size > 5000

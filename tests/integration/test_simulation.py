@@ -53,6 +53,31 @@ def test_pflower_sim_sweep_runs_local_fedavg_fedper(tmp_path):
     assert all(p["bytes_down"] < a["bytes_down"] for p, a in zip(fedper, fedavg))
 
 
+TIMING_KEYS = {"round_time_s", "client_train_s", "client_eval_s", "server_s", "wall_time_s", "mean_round_time_s", "client_eval_share"}
+
+
+def without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in TIMING_KEYS and not k.endswith("_s")}
+
+
+def test_two_ray_runs_with_the_same_seed_write_the_same_numbers(tmp_path):
+    """Under Ray the replies arrive in a different order each run; the server sums them in
+    client-id order, so the numbers depend on the seed and config only. FedAvg, and pFedSim,
+    whose server keeps per-client bodies and a similarity matrix between rounds."""
+    records = []
+    for attempt in ("a", "b"):
+        out = tmp_path / attempt
+        cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "rounds=3", "fraction=1.0"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs = run_dirs(out)
+        records.append({m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 3)] for m in ("fedavg", "pfedsim")})
+        summaries = {m: without_timings(json.loads((runs[f"{m}-digits"] / "summary.json").read_text())) for m in ("fedavg", "pfedsim")}
+        records[-1]["summaries"] = [{k: v for k, v in s.items() if k != "run_dir"} for s in summaries.values()]
+    assert records[0] == records[1]
+    assert records[0]["pfedsim"][-1]["phase"] == "personal"  # the server's state was in play
+
+
 def test_pflower_sim_runs_a_federation_of_three_architectures(tmp_path):
     """model=mixed under Flower's simulation engine: each client trains its own architecture and
     FedAvg averages only clients of the same one (metrics per architecture in every record)."""

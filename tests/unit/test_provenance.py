@@ -76,3 +76,19 @@ def test_flower_run_fab_is_recorded():
 def test_unreadable_provenance_is_treated_as_not_recorded(tmp_path):
     (tmp_path / "provenance.json").write_text("{not json")
     assert prov.read_provenance(tmp_path) is None and prov.short_commit(tmp_path) is None
+
+
+def test_no_secret_of_the_command_line_reaches_any_file_a_run_writes(compose, tiny_overrides, monkeypatch):
+    """Under `flwr run` the ServerApp process is Flower's `flwr-serverapp ... --token <token>`:
+    provenance.json records the command with every secret-bearing value redacted."""
+    token = "tok-3f9a7c21e5"
+    argv = ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token", token,
+            f"--superexec-auth-secret={token}", "--root-certificates", f"/certs/{token}.pem", "--run-once"]
+    assert prov.safe_argv(argv) == ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token", "<redacted>",
+                                    "--superexec-auth-secret=<redacted>", "--root-certificates", "<redacted>", "--run-once"]
+    monkeypatch.setattr("sys.argv", argv)
+    summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))
+    files = [p for p in Path(summary["run_dir"]).rglob("*") if p.is_file()]
+    assert any(p.name == "provenance.json" for p in files)
+    for path in files:
+        assert token.encode() not in path.read_bytes(), path

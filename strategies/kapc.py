@@ -131,7 +131,7 @@ class KAPC(PersonalizedStrategy):
         """Store each client's uploaded layers (the rest stays stale); no global model."""
         for u in updates:
             if u.arrays:
-                self.models[u.client_id] = {**self.models.get(u.client_id, {}), **{k: np.array(v) for k, v in u.arrays.items()}}
+                self.models[u.client_id] = {**self.models.get(u.client_id, {}), **u.arrays}  # the reply's arrays, not a copy
             self.q[u.client_id] += 1
         record: dict[str, Any] = {"log_keys": ["mean_client_acc"]}
         accs = [

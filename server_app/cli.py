@@ -43,6 +43,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     from .runner import run_experiment
 
     validate(cfg)
+    check_strategy(cfg)
     out: dict[str, Any] = {}
     server_app = ServerApp()
 
@@ -55,6 +56,45 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     if not out:
         raise RuntimeError("the simulation ended without a result; see the log above for the ServerApp's error")
     return out
+
+
+def check_strategy(cfg: DictConfig) -> None:
+    """Build the run's strategy once, before Ray starts and before any run directory exists, so a
+    method option that cannot work (FedCMD's ``kp >= rounds``...) is one line, not a traceback."""
+    from .runner import build
+
+    try:
+        build(cfg, run_token="check")
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def split_sweep(value: str) -> list[str]:
+    """``a,b`` -> [a, b]; a value with brackets, quotes or a sweep function is kept whole."""
+    if "," not in value or any(c in value for c in "[]{}()'\""):
+        return [value]
+    return value.split(",")
+
+
+def precheck(argv: list[str]) -> None:
+    """Compose and validate the command line's config before hydra runs it: one line for an unknown
+    key or group choice, a value of the wrong type or range (each value of a sweep is tried)."""
+    from .config import compose_config
+
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
+    firsts = {o: o.split("=", 1)[0] + "=" + split_sweep(o.split("=", 1)[1])[0] for o in overrides}
+    combos = [list(firsts.values())]
+    if "-m" in argv or "--multirun" in argv:
+        for o in overrides:
+            key, value = o.split("=", 1)
+            for v in split_sweep(value)[1:]:
+                combos.append([f"{key}={v}" if x == o else firsts[x] for x in overrides])
+    for combo in combos:
+        if any("(" in c for c in combo):  # hydra sweep functions (range, glob...) are hydra's to expand
+            continue
+        compose_config(combo)
 
 
 def _gpu_share() -> float:
@@ -112,6 +152,11 @@ def _sim_main(argv: list[str]) -> int:
 
     # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
     # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
+    try:
+        precheck(argv)
+    except (ConfigError, CheckpointError) as exc:
+        print(f"pflower: {exc}", file=sys.stderr)
+        return 2
     sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=none",
                 "hydra/hydra_logging=none", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
     try:

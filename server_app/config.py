@@ -7,6 +7,7 @@ overrides, ``pflower sim`` passes its command line; both compose the same ``conf
 from __future__ import annotations
 
 import importlib
+import re
 import shlex
 from collections.abc import Iterable
 from functools import lru_cache
@@ -45,7 +46,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
             cfg = compose(config_name="config", overrides=list(overrides))
     except HydraException as exc:
-        raise ConfigError(f"bad configuration override: {exc}") from exc
+        raise ConfigError(explain_override_error(exc, overrides)) from exc
     finally:
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
@@ -54,6 +55,53 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         cfg = resume_config(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+GROUPS = ("method", "dataset", "model", "partition", "experiment")
+
+
+def group_choices(group: str) -> list[str]:
+    """The files of a config group (``conf/<group>/*.yaml``), by name."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def config_keys() -> list[str]:
+    """Every settable key of conf/config.yaml, dotted (``lr``, ``lr_schedule.kind``...)."""
+    import yaml
+
+    raw = yaml.safe_load((conf_dir() / "config.yaml").read_text()) or {}
+
+    def walk(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [k for key, v in node.items() if key != "defaults" for k in [prefix + str(key), *walk(v, prefix + str(key) + ".")]]
+        return []
+
+    keys = walk(raw, "")
+    for group in ("method", "dataset", "model", "partition"):  # the options of every file of a group
+        for path in sorted((conf_dir() / group).glob("*.yaml")):
+            keys += [k for k in walk(yaml.safe_load(path.read_text()) or {}, group + ".") if k not in keys]
+    return keys
+
+
+def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
+    """One line for a command-line override hydra refused: the unknown key and the closest real
+    one, or the unknown group choice and the valid ones."""
+    import difflib
+
+    text = str(exc)
+    missing = re.search(r"Could not find '([\w-]+)/([^']+)'", text)
+    if missing and missing.group(1) in GROUPS:
+        group, name = missing.groups()
+        return f"unknown {group} {name!r}; valid: {', '.join(group_choices(group))}"
+    key = re.search(r"Key '([^']+)' is not in struct", text) or re.search(r"Could not override '([^']+)'", text)
+    if key:
+        name = key.group(1)
+        full = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name)
+        close = difflib.get_close_matches(full, config_keys(), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"unknown key {full!r}: {hint}(the keys: the README's table and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"bad configuration override: {first}"
 
 
 def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -161,6 +209,15 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+# keys that must be numbers (checked before any range, so `lr=abc` says so in one line)
+NUMBERS: dict[str, type] = {
+    "num_clients": int, "rounds": int, "fraction": float, "min_clients": int, "alpha": float, "test_fraction": float,
+    "local_epochs": int, "lr": float, "batch_size": int, "momentum": float, "weight_decay": float, "seed": int,
+    "headline_window": int, "round_timeout": float, "min_replies": int, "checkpoint_every": int,
+}
+NUMBER_EXAMPLES = {"num_clients": 20, "rounds": 30, "fraction": 0.5, "alpha": 0.3, "lr": 0.05, "batch_size": 32, "local_epochs": 5}
+
+
 def validate(cfg: DictConfig) -> None:
     """Check names and ranges before any round starts; every message says how to fix it."""
     from client_app.data import DATASETS, dataset_info
@@ -171,6 +228,12 @@ def validate(cfg: DictConfig) -> None:
     from strategies import STRATEGIES, method_options
     from strategies.schedule import LRSchedule
 
+    for key, kind in NUMBERS.items():
+        value = OmegaConf.select(cfg, key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (kind is int and not float(value).is_integer()):
+            want = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{key}={value!r} is not {want}: set it like {key}={NUMBER_EXAMPLES.get(key, 1)}")
     dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
     archs, rule = model_archs(cfg)
     unknown_models = sorted({spec["name"] for spec in archs.values()} - set(MODELS))

@@ -67,11 +67,11 @@ def test_two_ray_runs_with_the_same_seed_write_the_same_numbers(tmp_path):
     records = []
     for attempt in ("a", "b"):
         out = tmp_path / attempt
-        cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "rounds=3", "fraction=1.0"]
+        cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "fraction=1.0"]
         proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs = run_dirs(out)
-        records.append({m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 3)] for m in ("fedavg", "pfedsim")})
+        records.append({m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 2)] for m in ("fedavg", "pfedsim")})
         summaries = {m: without_timings(json.loads((runs[f"{m}-digits"] / "summary.json").read_text())) for m in ("fedavg", "pfedsim")}
         records[-1]["summaries"] = [{k: v for k, v in s.items() if k != "run_dir"} for s in summaries.values()]
     assert records[0] == records[1]

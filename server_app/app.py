@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+from logging import INFO
+from pathlib import Path
+
 from flwr.app import Context
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from .config import compose_config, overrides_from_run_config
-from .runner import run_experiment
+from client_app.logs import quiet_flower_logs
 
+from .config import compose_config, overrides_from_run_config
+from .failures import one_line_errors
+from .runner import check_strategy, run_experiment
+
+quiet_flower_logs()
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Compose conf/ with the run-config, then run the experiment."""
-    cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
-    run_experiment(grid, cfg)
+    """Compose conf/ with the run-config, check it, then run the experiment.
+
+    A bad key or value, a checkpoint that cannot be resumed, or a federation that does not fit
+    the config (e.g. 20 SuperNodes for num_clients=10) is one ``pflower:`` line in the run's log
+    and the run ends as failed, with no run directory left behind.
+    """
+    with one_line_errors():
+        cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
+        check_strategy(cfg)
+        if not Path(str(cfg.output_dir)).expanduser().is_absolute():
+            # the ServerApp runs in the SuperLink's working directory, not the one `flwr run` ran in
+            log(
+                INFO, "pflower: output_dir=%s is relative to the SuperLink's working directory %s "
+                "(`pflower superlink status`); to write elsewhere pass output_dir='<absolute path>'", cfg.output_dir, Path.cwd(),
+            )
+        run_experiment(grid, cfg)

@@ -8,6 +8,7 @@ in-process through Flower's simulation engine, one simulated SuperNode per clien
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +22,8 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
        pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT...
                                   (Markdown table of finished runs vs the papers; with --out
                                    also DIR/report.md and accuracy-vs-round/-MiB plots)
+       pflower superlink status|stop     (the local SuperLink `flwr run .` uses from this shell:
+                                   its ports and working directory; stop only that one)
 
   pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
   pflower sim -m method=fedavg,fedper,local          (one run per value: a sweep)
@@ -40,7 +43,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
 
     from client_app.app import app as client_app
 
-    from .runner import run_experiment
+    from .runner import check_strategy, run_experiment
 
     validate(cfg)
     check_strategy(cfg)
@@ -51,24 +54,15 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     def _main(grid: Grid, context: Context) -> None:
         out.update(run_experiment(grid, cfg, sweep=sweep))
 
+    # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
+    # in-process entry (a sweep runs several ServerApps in this process); client_app.logs drops
+    # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": _gpu_share()}, "init_args": {"log_to_driver": True}}
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
     if not out:
         raise RuntimeError("the simulation ended without a result; see the log above for the ServerApp's error")
     return out
-
-
-def check_strategy(cfg: DictConfig) -> None:
-    """Build the run's strategy once, before Ray starts and before any run directory exists, so a
-    method option that cannot work (FedCMD's ``kp >= rounds``...) is one line, not a traceback."""
-    from .runner import build
-
-    try:
-        build(cfg, run_token="check")
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
 
 
 def split_sweep(value: str) -> list[str]:
@@ -130,6 +124,14 @@ def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
 def _sim_main(argv: list[str]) -> int:
     import hydra
 
+    from client_app.logs import quiet_flower_logs
+
+    from .config import sim_help
+
+    if "--help" in argv or "-h" in argv:  # not hydra's generic page
+        print(sim_help())
+        return 0
+    quiet_flower_logs()
     sweeps: list[Sweep] = []
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
@@ -174,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "sim":
         return _sim_main(rest)
+    if command == "superlink":
+        from .superlink import main as superlink_main
+
+        return superlink_main(rest)
     if command == "report":
         from .report import main as report_main
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
+import textwrap
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -81,6 +82,45 @@ def config_keys() -> list[str]:
         for path in sorted((conf_dir() / group).glob("*.yaml")):
             keys += [k for k in walk(yaml.safe_load(path.read_text()) or {}, group + ".") if k not in keys]
     return keys
+
+
+def documented_keys() -> list[tuple[str, str, str]]:
+    """(dotted key, default, meaning) of conf/config.yaml, read from its lines and their comments."""
+    rows: list[tuple[str, str, str]] = []
+    parent = ""
+    for line in (conf_dir() / "config.yaml").read_text().splitlines():
+        match = re.match(r"^( *)([A-Za-z_]\w*):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if not match or match.group(2) == "defaults":
+            continue
+        indent, key, value, meaning = match.groups()
+        if not indent:
+            parent = key if not value else ""
+        elif parent:
+            key = f"{parent}.{key}"
+        else:
+            continue
+        rows.append((key, value, meaning or ""))
+    return rows
+
+
+def sim_help() -> str:
+    """``pflower sim --help``: the keys with defaults and meanings, the groups and their choices."""
+    lines = ["usage: pflower sim [-m] [key=value ...] [group=choice ...]", "", "Keys (default, meaning):"]
+    for key, default, meaning in documented_keys():
+        lines.append(f"  {key:<22} {default or '':<10} {meaning}".rstrip())
+    lines += ["", "Groups (group=choice; a choice's own keys are set as group.key=value, e.g. method.kp=10):"]
+    for group in GROUPS:
+        wrapped = textwrap.wrap(", ".join(group_choices(group)), 90)
+        lines += [f"  {group if i == 0 else '':<11} {part}" for i, part in enumerate(wrapped)]
+    lines += [
+        "",
+        "Examples:",
+        "  pflower sim method=fedper dataset=fmnist alpha=0.1 rounds=50",
+        "  pflower sim -m method=fedavg,fedper,local alpha=0.1      (a sweep: one run per method)",
+        "",
+        "The same keys work in `flwr run . --run-config \"key=value\"` (README: Choosing method, dataset, model, partition).",
+    ]
+    return "\n".join(lines)
 
 
 def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:

@@ -25,6 +25,7 @@ from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_chec
 from strategies.evaluation import summarize
 
 from .config import MIXED, ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args, model_archs
+from .failures import discard_unstarted_run
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
 from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
@@ -76,6 +77,17 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     )
 
 
+def check_strategy(cfg: DictConfig) -> None:
+    """Build the run's strategy once, before Ray starts and before any run directory exists, so a
+    method option that cannot work (FedCMD's ``kp >= rounds``...) is one line, not a traceback."""
+    try:
+        build(cfg, run_token="check")
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sweep: Sweep | None = None) -> dict[str, Any]:
     """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory).
 
@@ -89,12 +101,23 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
         run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
     else:
         run_dir, run_token = checkpoint.path.parent, checkpoint.run_token
+    try:
+        return _run_in(run_dir, run_token, grid, cfg, checkpoint, sweep)
+    except BaseException:
+        if checkpoint is None:
+            discard_unstarted_run(run_dir)
+        raise
+
+
+def _run_in(
+    run_dir: Path, run_token: str, grid: Grid, cfg: DictConfig, checkpoint: Checkpoint | None, sweep: Sweep | None
+) -> dict[str, Any]:
     strategy = build(cfg, run_token, run_dir)
     writer = RunWriter(run_dir)
     if checkpoint is None:
         writer.write_config(cfg)
         write_provenance(run_dir, grid)
-        log(INFO, "pflower run directory: %s", run_dir)
+        log(INFO, "pflower run directory: %s", run_dir)  # absolute: see also the summary's run_dir
     else:
         try:
             strategy.load_state_dict(checkpoint.decode(strategy.state_dict()))

@@ -96,6 +96,11 @@ _RETIRED_HOOKS = {
 }
 
 
+class FederationError(RuntimeError):
+    """The federation cannot run this config (its node count, every node refusing): the message
+    names the setting to change. The ServerApp reports it as one line, like a config error."""
+
+
 @dataclass
 class ClientInfo:
     """What the server knows of one client: where it is now and what it announced."""
@@ -472,13 +477,13 @@ class PersonalizedStrategy(Strategy):
                 errors += new_errors
                 if not self.clients and len(new_errors) >= len(unknown):
                     # every node refused (a config or data error is the same on all): fail now
-                    raise RuntimeError(f"no client could join the run: {new_errors[0]}")
+                    raise FederationError(f"no client could join the run: {new_errors[0]}")
             if len(self.clients) >= wait_for or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         if not self.clients:
             reason = errors[0] if errors else "no node connected"
-            raise RuntimeError(f"no client could join the run: {reason}")
+            raise FederationError(f"no client could join the run: {reason}")
         if len(self.clients) < wait_for:
             log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
 
@@ -515,7 +520,7 @@ class PersonalizedStrategy(Strategy):
                 errors.append(f"node {node}: malformed hello ({exc!r})")
                 continue
             if wire.NUM_PARTITIONS in metrics and int(metrics[wire.NUM_PARTITIONS]) != self.num_clients:
-                raise RuntimeError(
+                raise FederationError(
                     f"the simulation runs {int(metrics[wire.NUM_PARTITIONS])} SuperNodes but num_clients="
                     f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
                     f"{self.num_clients}\"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})"

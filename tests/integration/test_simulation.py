@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -120,16 +119,32 @@ def test_flwr_run_dot(tmp_path):
         runs = run_dirs(out)
         assert list(runs) == ["fedavg-digits"], log[-3000:]
         check_run_dir(runs["fedavg-digits"], 2)
+
+        # a bad value: one `pflower:` line in the streamed log, no traceback, the run marked failed, no run directory
+        bad = ["flwr", "run", ".", "--stream", "--run-config", f"method='nosuch' output_dir='{out}'", "--federation-config", "num-supernodes=4"]
+        proc = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        log = proc.stdout + proc.stderr
+        assert "pflower: unknown method 'nosuch'; valid:" in log and "Traceback" not in log, log[-3000:]
+        listed = subprocess.run(["flwr", "ls", "--format", "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        statuses = [r["status"] for r in json.loads(listed.stdout)["runs"]]
+        assert sorted(statuses) == ["finished:completed", "finished:failed"], listed.stdout
+        assert list(run_dirs(out)) == ["fedavg-digits"]
+
+        # `pflower superlink status|stop` find this FLWR_HOME's SuperLink and its working directory, stop only it
+        pflower = str(BIN / "pflower")
+        status = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert f"Control API 127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}" in status.stdout and f"working directory {ROOT} " in status.stdout, status.stdout
+        stopped = subprocess.run([pflower, "superlink", "stop"], env=env, capture_output=True, text=True, timeout=60)
+        assert stopped.returncode == 0 and stopped.stdout.startswith("stopped the local SuperLink"), stopped.stdout
+        after = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert after.stdout.startswith("no local SuperLink for"), after.stdout
     finally:
-        stop_local_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+        stop_local_superlink(env)
 
 
-def stop_local_superlink(control_port: str) -> None:
-    """The local SuperLink outlives `flwr run`: stop the one this test started (found by its port)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "flower-superlink" in args and f"127.0.0.1:{control_port} " in args:
-            os.kill(int(cmdline.parent.name), signal.SIGTERM)
+def stop_local_superlink(env: dict[str, str]) -> None:
+    """The local SuperLink outlives `flwr run`: stop the one this test started (its FLWR_HOME and port)."""
+    from server_app.superlink import local_superlinks, mine, stop
+
+    for superlink in mine(local_superlinks(), Path(env["FLWR_HOME"]).resolve(), env["FLWR_LOCAL_CONTROL_API_PORT"]):
+        stop(superlink)

@@ -1,10 +1,19 @@
 """Bad input to `pflower sim` ends in one line naming the key, the bad value and the fix, exit
-status 2, before Ray starts and before any run directory exists (issue 16, item 1: the
-`pflower sim` half; the `flwr run` half is listed as open in the README)."""
+status 2, before Ray starts and before any run directory exists; through the ServerApp as
+`flwr run` runs it, one ERROR line ``pflower: ...`` and no traceback, the run fails (the
+exception reaches Flower, which marks the run failed) and no run directory is left (issue 16)."""
+
+import logging
 
 import pytest
+from flwr.app import Context, RecordDict
+from flwr.common import log
+from flwr.supercore.logger import FLOWER_LOGGER
 
+from server_app.app import main as server_app_main
 from server_app.cli import main
+from server_app.failures import USER_ERRORS
+from server_app.inprocess import InProcessGrid
 
 CASES = [
     (["lr=abc"], ["lr='abc' is not a number", "lr=0.05"]),
@@ -30,3 +39,48 @@ def test_a_bad_setting_is_one_line_with_the_fix_and_exit_2(args, expected, tmp_p
     for text in expected:
         assert text in err, err
     assert not out.exists()  # nothing half-made
+
+
+# run-config as `flwr run . --run-config "..."` passes it (typed by pyproject's defaults)
+SMALL_RUN = {"num_clients": 4, "dataset": "digits", "overrides": "partition.min_size=20"}
+SERVERAPP_CASES = [
+    ({"lr": "abc"}, 4, ["lr='abc' is not a number", "lr=0.05"]),
+    ({"overrides": "rouns=5"}, 4, ["unknown key 'rouns'", "did you mean rounds?"]),
+    ({"method": "nosuch"}, 4, ["unknown method 'nosuch'", "fedavg"]),
+    ({"nosuch_key": 1}, 4, ["unknown run-config key 'nosuch_key'", "valid keys"]),
+    ({"method": "fedcmd", "rounds": 3}, 4, ["FedCMD kp=20 leaves no phase-2 round", "set method.kp below rounds"]),
+    ({"fraction": 0.0}, 4, ["fraction must be in (0, 1]"]),
+    ({"method": "fedavg", "rounds": 1}, 3, ["3 SuperNodes but num_clients=4", "num-supernodes=4"]),  # after the run dir exists
+    ({"resume": "/nonexistent/run"}, 4, ["cannot resume", "does not exist"]),
+]
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("run_config, nodes, expected", SERVERAPP_CASES, ids=[str(c) for c, _, _ in SERVERAPP_CASES])
+def test_a_bad_setting_under_flwr_run_is_one_log_line_and_a_failed_run(run_config, nodes, expected, tmp_path):
+    out = tmp_path / "outputs"
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={**SMALL_RUN, "output_dir": str(out), **run_config})
+    lines = Lines()
+    FLOWER_LOGGER.addHandler(lines)
+    try:
+        with pytest.raises(USER_ERRORS) as failed:  # Flower catches it: the run ends as finished:failed
+            server_app_main(InProcessGrid(nodes), context)
+        # what Flower's ServerApp runner then logs (run_serverapp.py): dropped, the line above says it all
+        log(logging.ERROR, "ServerApp raised an exception", exc_info=failed.value)
+    finally:
+        FLOWER_LOGGER.removeHandler(lines)
+    errors = [r for r in lines.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None, [r.getMessage() for r in errors]
+    message = errors[0].getMessage()
+    assert message.startswith("pflower: ") and "\n" not in message, message
+    for text in expected:
+        assert text in message, message
+    assert not [p for p in out.glob("*/*")], list(out.rglob("*"))  # no half-made run directory

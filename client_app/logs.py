@@ -1,0 +1,50 @@
+"""Log hygiene for both sides: a user sees pflower's lines and real warnings, not Flower's known noise.
+
+Dropped (each is logged by Flower whatever the user does, and says nothing about their run):
+- "DEPRECATED FEATURE: The `run_simulation` function is deprecated": ``pflower sim`` needs the
+  in-process simulation entry (a hydra sweep runs several ServerApps in one process); flwr 1.41
+  has no supported replacement for it, only `flwr run` through a SuperLink, which pflower also
+  supports.
+- "Manually terminating ClientAppActor": Ray's actors say it at every normal shutdown.
+- "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2": printed even when the
+  user gave the number (only where pflower's code is loaded before it: not in the
+  flwr-simulation process of `flwr run`, which logs it before loading the ServerApp).
+Colour codes are written only to a terminal (and never with ``NO_COLOR`` set).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from flwr.supercore.logger import FLOWER_LOGGER, update_console_handler
+
+NOISE = (
+    "The `run_simulation` function is deprecated",
+    "Manually terminating ClientAppActor",
+    "default simulated SuperNodes changed from 10 to 2",
+)
+
+
+class DropFlowerNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        return not any(n in text for n in NOISE)
+
+
+_FILTER = DropFlowerNoise()
+
+
+def use_colour() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+
+
+def quiet_flower_logs() -> None:
+    """Install the noise filter on Flower's logger (once) and colour only a terminal."""
+    if _FILTER not in FLOWER_LOGGER.filters:
+        FLOWER_LOGGER.addFilter(_FILTER)
+    update_console_handler(colored=use_colour())

@@ -33,7 +33,8 @@ Keys: see conf/config.yaml; groups: method, dataset, model, partition, experimen
 
 
 def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
-    """Run one composed config in Flower's simulation engine (in this process).
+    """Run one composed config in Flower's simulation engine (in this process), or with
+    ``backend=serial`` on an in-process Grid (no Ray).
 
     ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress lines).
     """
@@ -47,6 +48,13 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
 
     validate(cfg)
     check_strategy(cfg)
+    if cfg.get("backend", "ray") == "serial":
+        from .inprocess import InProcessGrid
+
+        # the ServerApp and every client in this process: each node keeps its Context across rounds
+        # as a SuperNode does; clients run one after the other in client-id order, on one torch
+        # thread each as a Ray actor with client-resources num_cpus=1 does (the same numbers)
+        return run_experiment(InProcessGrid(int(cfg.num_clients), record=False, client_threads=1), cfg, sweep=sweep)
     out: dict[str, Any] = {}
     server_app = ServerApp()
 

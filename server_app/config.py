@@ -249,6 +249,8 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+BACKENDS = ("ray", "serial")  # pflower sim's engines (`flwr run` runs wherever its SuperLink runs)
+
 # keys that must be numbers (checked before any range, so `lr=abc` says so in one line)
 NUMBERS: dict[str, type] = {
     "num_clients": int, "rounds": int, "fraction": float, "min_clients": int, "alpha": float, "test_fraction": float,
@@ -298,6 +300,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.partition.name == "dirichlet":
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
     checks += [
+        (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
         (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
         (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),
     ]

@@ -29,7 +29,17 @@ Tamper = Callable[[Message], Message]
 class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp handlers in this process (one Context per node)."""
 
-    def __init__(self, num_nodes: int, node_config: dict | None = None, first_node_id: int = 1000) -> None:
+    def __init__(
+        self, num_nodes: int, node_config: dict | None = None, first_node_id: int = 1000, record: bool = True,
+        client_threads: int | None = None,
+    ) -> None:
+        """``record``: keep every message sent and received in ``sent``/``replies`` (tests); the
+        serial backend of ``pflower sim`` runs without, so a long run does not hold every round's arrays.
+        ``client_threads``: torch threads while a client handles a message (the server's own
+        computation keeps the process's setting). 1 is what a Ray actor with one CPU uses, and
+        the thread count changes float sums: with it both backends write the same numbers."""
+        self.record = record
+        self.client_threads = client_threads
         TaskIdentity.run_id = 1  # what a ServerApp process has set when a strategy builds Messages
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 0
@@ -55,6 +65,10 @@ class InProcessGrid(Grid):
     def remove_node(self, node_id: int) -> None:
         self.contexts.pop(node_id)
 
+    def _handle(self, msg: Message, ctx: Context) -> Message:
+        with _threads(self.client_threads):
+            return HANDLERS[msg.metadata.message_type](msg, ctx)
+
     # Grid API -----------------------------------------------------------------
     def set_run(self, run) -> None:  # noqa: ANN001
         pass
@@ -78,7 +92,8 @@ class InProcessGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         replies = []
         for msg in messages:
-            self.sent.append(msg)
+            if self.record:
+                self.sent.append(msg)
             node = msg.metadata.dst_node_id
             if node not in self.contexts:
                 continue  # a vanished node never answers
@@ -89,21 +104,42 @@ class InProcessGrid(Grid):
             if cid in self.unavailable:  # as flwr's linkstate does: an error reply from node 0
                 reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON), reply_to=msg)
                 reply.metadata.__dict__["_src_node_id"] = 0
-                self.replies.append(reply)
+                if self.record:
+                    self.replies.append(reply)
                 replies.append(reply)
                 continue
             try:
                 if cid in self.fail and msg.metadata.message_type != "query":
                     raise RuntimeError(f"client {cid} crashed")
-                reply = HANDLERS[msg.metadata.message_type](msg, ctx)
+                reply = self._handle(msg, ctx)
             except Exception as exc:  # a ClientApp exception becomes an error reply, as in Flower
                 reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             reply.metadata.__dict__["_src_node_id"] = node
             if msg.metadata.message_type == "train" and cid in self.tamper:
                 reply = self.tamper[cid](reply)
-            self.replies.append(reply)
+            if self.record:
+                self.replies.append(reply)
             replies.append(reply)
         return replies
+
+
+def _threads(n: int | None):  # noqa: ANN202
+    """Run with ``n`` torch threads (None: unchanged), then restore the process's setting."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def scope():  # noqa: ANN202
+        before = torch.get_num_threads()
+        if n is not None:
+            torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return scope()
 
 
 def personal_state(context: Context) -> dict[str, np.ndarray] | None:

@@ -19,3 +19,24 @@ def test_sim_config_error_is_one_line_and_exit_2(args, message, tmp_path, monkey
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()  # nothing was started or written
+
+
+def test_serial_backend_runs_every_client_in_this_process(tmp_path, monkeypatch):
+    """`backend=serial`: no Ray; each client keeps its Context across rounds (FedPer's personal
+    classifier persists: its test_before after round 1 is the personalized model's)."""
+    import json
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    out = tmp_path / "out"
+    args = ["sim", "backend=serial", "method=fedper", "num_clients=3", "rounds=2", "local_epochs=1", "fraction=1.0",
+            "partition.min_size=20", "alpha=1.0", f"output_dir={out}"]
+    assert main(args) == 0
+    (run,) = out.glob("*/*")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients"] for r in records] == [[0, 1, 2], [0, 1, 2]]
+    assert records[1]["test_before_acc"] > records[0]["test_before_acc"]
+    assert json.loads((run / "summary.json").read_text())["final_clients"] == 3
+    assert torch.get_num_threads() == threads  # clients ran on one thread, the process's setting is back

@@ -27,6 +27,7 @@ CASES = [
     (["method=fedcpmd", "method.kp=5", "method.distance=kl"], ["distance", "js"]),
     (["fraction=0"], ["fraction must be in (0, 1]"]),
     (["alpha=-1"], ["alpha must be > 0"]),
+    (["backend=dask"], ["backend must be one of ['ray', 'serial']", "'dask'"]),
 ]
 
 

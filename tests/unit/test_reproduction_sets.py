@@ -31,6 +31,7 @@ def composed_setup(cfg) -> dict:
     ("repro_kapc_fmnist_a0.1_a", ["kapc", "kapc_bls", "local", "fedavg"], "kapc"),
     ("repro_kapc_fmnist_a0.1_b", ["kapc", "kapc_bls"], "kapc"),
     ("repro_kapc_fmnist_a0.1_a_ablation", ["kapc"], "kapc"),
+    ("repro_kapc_fmnist_a0.1_a_lam", ["kapc"], "kapc"),
 ])
 def test_new_method_groups_run_the_set_up_of_a_paper_table_with_a_number_for_each_run(group, methods, home):
     """Each run of the group has the set-up of one of its paper's tables, so `pflower report` prints the paper's number."""

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import statistics
 import sys
 import tempfile
 import time
 import zlib
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import markdown_table, run_header, write_result
+from benchmarks.memory import ROLES, PeakMemory, gb
 
 WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false"]
 
@@ -131,15 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/overhead.md", help="where the table is written ('' = print only)")
     parser.add_argument("--pflower-override", action="append", default=[], help="extra key=value for the pflower run")
+    parser.add_argument("--backends", default="ray,serial", help="pflower sim engines to run in each repeat (comma-separated)")
     args = parser.parse_args(argv)
+    backends = [b for b in args.backends.split(",") if b]
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is excluded from the per-round median)")
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    per = {k: [] for k in ("pflower", "floor", "floor+eval", "wall", "evalshare", "diff", "floor1", "floor_threads")}
+    per: dict[str, list[float]] = defaultdict(list)
+    memory: dict[str, list[PeakMemory]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="pflower-bench-") as tmp:
-        for rep in range(args.repeats):
-            run = pflower_run(args.rounds, Path(tmp) / f"r{rep}", args.pflower_override)
+        for rep, backend in itertools.product(range(args.repeats), backends):  # one row per repeat and engine
+            with PeakMemory() as peak:  # the whole process tree: Ray's GCS, raylet and workers too
+                run = pflower_run(args.rounds, Path(tmp) / f"r{rep}-{backend}", [*args.pflower_override, f"backend={backend}"])
+            memory[backend].append(peak)
             recs = run["records"]
             clients = [r["clients"] for r in recs]
             default_threads = torch.get_num_threads()
@@ -155,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             train_s = sum(r.get("client_train_s", 0) for r in recs)
             eval_s = sum(r.get("client_eval_s", 0) for r in recs)
             diff = _max_diff(run["final"], floor["final"])
+            per[f"pflower {backend}"].append(p_round)
+            per[f"wall {backend}"].append(run["wall"])
             per["pflower"].append(p_round)
             per["floor"].append(best_floor)
             per["floor+eval"].append(fe_round)
@@ -163,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             per["diff"].append(diff)
             rows.append({
                 "repeat": rep + 1,
+                "backend": backend,
                 "pflower s/round": f"{p_round:.3f}",
                 f"floor s/round ({default_threads} thr)": f"{f_round:.3f}",
                 "floor s/round (1 thr)": f"{f1_round:.3f}" if floor_1 else "not run",
@@ -174,15 +185,28 @@ def main(argv: list[str] | None = None) -> int:
                 "wall / (R x floor)": f"{run['wall'] / (args.rounds * best_floor):.2f}x",
                 "client eval share": f"{100 * eval_s / max(train_s + eval_s, 1e-9):.1f} %",
                 "max |model diff|": f"{diff:.1e}",
+                "peak tree PSS": gb(peak.peak_pss),
+                "peak tree RSS": gb(peak.peak_rss),
             })
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     med = {k: statistics.median(v) for k, v in per.items() if v}
     summary = [
-        {"": "median over repeats", "pflower s/round": f"{med['pflower']:.3f}", "floor s/round": f"{med['floor']:.3f}",
+        {"": "median over repeats and backends", "pflower s/round": f"{med['pflower']:.3f}", "floor s/round": f"{med['floor']:.3f}",
          "floor+eval s/round": f"{med['floor+eval']:.3f}",
          "ratio vs floor": f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor'])):.2f}x",
          "ratio vs floor+eval": f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor+eval'])):.2f}x",
          "wall / (R x floor)": f"{med['wall']:.2f}x", "client eval share": f"{100 * med['evalshare']:.1f} %"},
+    ]
+    summary += [
+        {"": f"median, backend={b}", "pflower s/round": f"{statistics.median(per[f'pflower {b}']):.3f}",
+         "pflower command wall": f"{statistics.median(per[f'wall {b}']):.1f} s",
+         "peak tree PSS": gb(int(statistics.median(m.peak_pss for m in memory[b]))),
+         "peak tree RSS": gb(int(statistics.median(m.peak_rss for m in memory[b])))}
+        for b in backends
+    ]
+    parts = [
+        {"backend": b, **{f"{r} PSS": gb(int(statistics.median(m.at_peak.get(r, (0, 0))[1] for m in memory[b]))) for r in ROLES}}
+        for b in backends
     ]
     text = "\n\n".join([
         run_header("python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
@@ -190,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch's default thread count (and with 1 thread if --single-thread-floor; the faster one counts), measured in "
         "the same repeat. Per-round numbers: median over rounds 2..R.",
         markdown_table(rows, list(rows[0])),
-        markdown_table(summary, list(summary[0])),
+        markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
+        "Peak memory of the whole process tree (this process and every descendant), sampled every 0.25 s from "
+        "/proc during each pflower run; PSS splits shared pages between processes (what the tree occupies), RSS "
+        "counts them in every process. Where the PSS goes at its peak (medians over repeats):",
+        markdown_table(parts, list(parts[0])),
         f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
     ])
     print("\n" + text)

@@ -114,3 +114,61 @@ class PeakMemory:
 
 def gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
+
+
+WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false", "rounds=15"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.memory``: peak memory of a whole ``pflower sim`` command (the CLI
+    process and everything it starts) per backend, the FMNIST FedAvg workload by default."""
+    import argparse
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from benchmarks.common import markdown_table, run_header, write_result
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--backends", default="serial,ray")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/memory_pflower_sim.md", help="'' = print only")
+    parser.add_argument("overrides", nargs="*", help="pflower sim key=value (default: the FMNIST FedAvg workload, 15 rounds)")
+    args = parser.parse_args(argv)
+    t_start = time.perf_counter()
+    overrides = args.overrides or WORKLOAD
+    pflower = shutil.which("pflower") or str(Path(sys.executable).parent / "pflower")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pflower-mem-") as tmp:
+        for rep in range(args.repeats):
+            for backend in [b for b in args.backends.split(",") if b]:
+                t0 = time.perf_counter()
+                cmd = [pflower, "sim", *overrides, f"backend={backend}", f"output_dir={tmp}"]
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                with PeakMemory(root=proc.pid) as peak:
+                    proc.wait()
+                if proc.returncode:
+                    raise SystemExit(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
+                rows.append({
+                    "repeat": rep + 1, "backend": backend, "command wall": f"{time.perf_counter() - t0:.1f} s",
+                    "peak tree PSS": gb(peak.peak_pss), "peak tree RSS": gb(peak.peak_rss),
+                    **{f"{r} PSS": gb(peak.at_peak.get(r, (0, 0))[1]) for r in ROLES if r != "other"},
+                })
+                print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
+    text = "\n\n".join([
+        run_header("python -m benchmarks.memory " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
+        f"Workload: `pflower sim {' '.join(overrides)}`. Peak over the run of the summed memory of the command's "
+        "whole process tree (sampled every 0.25 s from /proc; PSS splits shared pages between the processes that "
+        "map them, RSS counts them in each); the per-role columns are the PSS at that peak.",
+        markdown_table(rows, list(rows[0])),
+        f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
+    ])
+    print("\n" + text)
+    if args.out:
+        write_result(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,3 +27,18 @@ def test_peak_counts_a_childs_private_memory():
         child.wait()
     assert peak.peak_pss - before > 250e6  # the child's 300 MB, split to nobody else
     assert peak.at_peak["other"][1] > 250e6 and peak.peak_rss >= peak.peak_pss
+
+
+def test_the_command_benchmark_measures_a_real_pflower_sim(tmp_path):
+    """`python -m benchmarks.memory` on a tiny serial run: one row, a plausible peak."""
+    from benchmarks.memory import main
+
+    out = tmp_path / "memory.md"
+    args = ["--backends", "serial", "--repeats", "1", "--out", str(out),
+            "method=fedavg", "num_clients=3", "rounds=1", "local_epochs=1", "partition.min_size=20", "alpha=1.0"]
+    assert main(args) == 0
+    text = out.read_text()
+    row = [line for line in text.splitlines() if line.startswith("| 1 | serial |")]
+    assert len(row) == 1
+    pss = float(row[0].split("|")[4].split()[0])
+    assert 0.1 < pss < 5.0  # GB: torch alone is a few hundred MB

@@ -67,20 +67,26 @@ class PlainSGD:
 
     @torch.no_grad()
     def step(self) -> None:
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            d_p = p.grad
-            if self.weight_decay != 0:
-                d_p = d_p.add(p, alpha=self.weight_decay)
-            if self.momentum != 0:
-                buf = self.buffers[i]
-                if buf is None:
-                    buf = self.buffers[i] = torch.clone(d_p).detach()
-                else:
-                    buf.mul_(self.momentum).add_(d_p)
-                d_p = buf
-            p.add_(d_p, alpha=-self.lr)
+        # one multi-tensor (``torch._foreach_*``) call per operation instead of a Python loop over
+        # the parameters: one kernel launch per op on a GPU; on CPU the same per-tensor arithmetic
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        params = [self.params[i] for i in live]
+        d_p = [self.params[i].grad for i in live]
+        if self.weight_decay != 0:
+            d_p = torch._foreach_add(d_p, params, alpha=self.weight_decay)
+        if self.momentum != 0:
+            old = [j for j, i in enumerate(live) if self.buffers[i] is not None]
+            if old:
+                bufs = [self.buffers[live[j]] for j in old]
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, [d_p[j] for j in old])
+            for j, i in enumerate(live):
+                if self.buffers[i] is None:
+                    self.buffers[i] = torch.clone(d_p[j]).detach()
+            d_p = [self.buffers[i] for i in live]
+        torch._foreach_add_(params, d_p, alpha=-self.lr)
 
 
 class PlainAdam:
@@ -106,19 +112,24 @@ class PlainAdam:
     @torch.no_grad()
     def step(self) -> None:
         beta1, beta2 = self.betas
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            grad = p.grad
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        params = [self.params[i] for i in live]
+        grads = [self.params[i].grad for i in live]
+        exp_avg = [self.exp_avg[i] for i in live]
+        exp_avg_sq = [self.exp_avg_sq[i] for i in live]
+        for i in live:
             self.steps[i] += 1
-            step = self.steps[i]
-            if self.weight_decay != 0:
-                grad = grad.add(p, alpha=self.weight_decay)
-            self.exp_avg[i].lerp_(grad, 1 - beta1)
-            self.exp_avg_sq[i].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            step_size = self.lr / (1 - beta1**step)
-            denom = (self.exp_avg_sq[i].sqrt() / (1 - beta2**step) ** 0.5).add_(self.eps)
-            p.addcdiv_(self.exp_avg[i], denom, value=-step_size)
+        if self.weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+        denom = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denom, [(1 - beta2 ** self.steps[i]) ** 0.5 for i in live])
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(params, exp_avg, denom, [-(self.lr / (1 - beta1 ** self.steps[i])) for i in live])
 
 
 def make_optimizer(params: list[nn.Parameter], args: TrainArgs) -> PlainSGD | PlainAdam:
@@ -178,16 +189,20 @@ def train(
         return float("nan")
     optimizer = make_optimizer(trainable, args)
     model.train()
-    total, batches = 0.0, 0
+    # the client's tensors go to the device once; the loss is summed there (in float64, the same
+    # sum as Python floats), so the loop never waits for the GPU until it returns
+    x, y = x.to(device), y.to(device)
+    total, batches = torch.zeros((), dtype=torch.float64, device=device), 0
     for idx in batch_indices(len(y), args, generator):
-        xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+        idx = idx.to(device, non_blocking=True)
+        xb, yb = x[idx], y[idx]
         optimizer.zero_grad()
         loss = loss_fn(model, xb, yb)
         loss.backward()
         optimizer.step()
-        total += float(loss.detach())
+        total += loss.detach().double()
         batches += 1
-    return total / max(batches, 1)
+    return float(total) / max(batches, 1)
 
 
 @torch.no_grad()
@@ -198,11 +213,13 @@ def evaluate(
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct, loss_sum = 0, 0.0
+    x, y = x.to(device), y.to(device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for start in range(0, len(y), batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         logits = model(xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == yb).sum())
+        loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(dim=1) == yb).sum()
     model.train(was_training)
-    return correct, loss_sum, len(y)
+    return int(correct), float(loss_sum), len(y)

@@ -83,6 +83,7 @@ class TaskSpec:
     keep: str = "personal"
     shared_buffers: bool = False
     device: str = "auto"
+    deterministic: bool = False  # torch's deterministic kernels (config key deterministic)
     client_state_dir: str | None = None
     state_versions: int = 1
 

@@ -35,7 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOPOLOGY = ROOT / "docker" / "topology.yaml"
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 COMPOSE_GPU_FILE = ROOT / "docker" / "compose.gpu.yaml"
-ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}  # never `uv sync` app dependencies at run time
+ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # never `uv sync` app dependencies at run time
+    # a SuperExec (the ServerApp's, and the one each SuperNode starts for its ClientApps) looks for
+    # new work every second by default: up to 1 s idle per message, twice a round
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5",
+}
 
 
 @dataclass(frozen=True)

@@ -300,6 +300,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.partition.name == "dirichlet":
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
     checks += [
+        (isinstance(cfg.get("deterministic", False), bool), f"deterministic must be true or false, got {cfg.get('deterministic')!r}"),
         (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
         (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
         (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),
@@ -399,6 +400,7 @@ def client_spec(
         "state_versions": int(cfg.get("checkpoint_every", 1)) + 1 if int(cfg.get("checkpoint_every", 1)) > 0 else 1,
         "seed": int(cfg.seed),
         "device": str(cfg.device),
+        "deterministic": bool(cfg.get("deterministic", False)),
         "data": data_spec_dict(cfg),
         "train": {
             "epochs": int(cfg.local_epochs),

@@ -32,6 +32,15 @@ def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict
     return out
 
 
+# what a client reports -> the round's total in metrics.jsonl. cold_start_s (a fresh process:
+# Python, Flower, torch) and setup_time_s (data, model, state) come from deployed nodes, where
+# every message starts a process; device_setup_s from a process's first CUDA use.
+CLIENT_TIMES = (
+    ("train_time_s", "client_train_s"), ("eval_time_s", "client_eval_s"), ("setup_time_s", "client_setup_s"),
+    ("cold_start_s", "client_cold_start_s"), ("device_setup_s", "client_device_setup_s"),
+)
+
+
 def client_time_totals(client_metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Seconds the round's clients spent training and evaluating, summed over clients.
 
@@ -39,7 +48,7 @@ def client_time_totals(client_metrics: Sequence[Mapping[str, float]]) -> dict[st
     evaluation costs (the issue's bound: at most 20 %). Absent when clients do not report it.
     """
     out: dict[str, float] = {}
-    for key, name in (("train_time_s", "client_train_s"), ("eval_time_s", "client_eval_s")):
+    for key, name in CLIENT_TIMES:
         values = [m[key] for m in client_metrics if key in m]
         if values:
             out[name] = float(sum(values))

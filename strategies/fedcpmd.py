@@ -42,7 +42,7 @@ from flwr.serverapp import Grid
 from protocol.roles import FedCPMDArgs
 
 from .aggregation import fedavg
-from .base import PersonalizedStrategy
+from .base import PersonalizedStrategy, send_and_receive
 from .clustering import groups_by_label
 from .clusters import Clusters, cluster_fedavg
 from .evaluation import weighted_test_metrics
@@ -257,7 +257,7 @@ class FedCPMD(PersonalizedStrategy):
         self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
         down = super().downlinks(new, server_round)
         messages = [self._message(c, server_round, "train", MessageType.TRAIN, down.pop(c), {}) for c in new]
-        replies = grid.send_and_receive(messages, timeout=self._round_timeout)
+        replies = send_and_receive(grid, messages, self._round_timeout)
         updates, _ = self._collect(server_round, replies, "train")
         self._probe_bytes = self._bytes_down
         self._probing = set()

@@ -74,14 +74,20 @@ class Moments:
         return Moments(n, mean, m2, min(self.lo, other.lo), max(self.hi, other.hi))
 
 
-def tensor_moments(tensors: Sequence[torch.Tensor]) -> list[Moments]:
-    """Moments of each tensor over all its elements, with a single device-to-host copy."""
+def moment_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[len(tensors), 4] float64 rows (mean, sum of squared deviations, min, max), left on the
+    tensors' device: a scorer keeps a round's rows there and copies them to the host once."""
     rows = []
     for t in tensors:
         u = t.detach().reshape(-1).to(torch.float64)
         mean = u.mean()
         rows.append(torch.stack([mean, ((u - mean) ** 2).sum(), u.min(), u.max()]))
-    values = torch.stack(rows).cpu().tolist()
+    return torch.stack(rows)
+
+
+def tensor_moments(tensors: Sequence[torch.Tensor]) -> list[Moments]:
+    """Moments of each tensor over all its elements, with a single device-to-host copy."""
+    values = moment_rows(tensors).cpu().tolist()
     return [Moments(t.numel(), *row) for t, row in zip(tensors, values)]
 
 
@@ -293,17 +299,29 @@ class LayerScorer:
         self.score_sums = [0.0] * len(candidates)
         self.batches = 0
         self.pooled: list[Moments] = [Moments()] * (2 + len(self.needed))  # x, y, needed outputs
+        self.pending: list[tuple[torch.Tensor, list[int]]] = []  # observed batches not yet scored
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
-        """Record one batch: its input, labels and the outputs of every group (forward order)."""
-        moments = tensor_moments([x, y, *(outputs[g] for g in self.needed)])
+        """Record one batch: its input, labels and the outputs of every group (forward order).
+        Its moments stay on the device; they are scored, in order, when the metrics are read."""
+        tensors = [x, y, *(outputs[g] for g in self.needed)]
+        self.pending.append((moment_rows(tensors), [t.numel() for t in tensors]))
         self.batches += 1
-        if self.granularity == "dataset":
-            self.pooled = [a.merge(b) for a, b in zip(self.pooled, moments)]
+
+    def _score_pending(self) -> None:
+        """Score the observed batches in the order they came, after one device-to-host copy."""
+        if not self.pending:
             return
-        scores = self._scores(moments)
-        self.counts[batch_vote(scores, self.prior)] += 1
-        self.score_sums = [s + t for s, t in zip(self.score_sums, scores)]
+        values = torch.stack([rows for rows, _ in self.pending]).cpu().tolist()
+        for batch_rows, (_, numels) in zip(values, self.pending):
+            moments = [Moments(n, *row) for n, row in zip(numels, batch_rows)]
+            if self.granularity == "dataset":
+                self.pooled = [a.merge(b) for a, b in zip(self.pooled, moments)]
+                continue
+            scores = self._scores(moments)
+            self.counts[batch_vote(scores, self.prior)] += 1
+            self.score_sums = [s + t for s, t in zip(self.score_sums, scores)]
+        self.pending.clear()
 
     def _scores(self, moments: Sequence[Moments]) -> list[float]:
         rule = self.rule
@@ -314,6 +332,7 @@ class LayerScorer:
 
     def metrics(self) -> dict[str, float]:
         """``vote`` (candidate index, -1 if nothing was scored), ``votes_<l>``, ``s_mean_<l>``."""
+        self._score_pending()
         if self.batches == 0:
             return {"vote": -1.0, "scored_batches": 0.0}
         if self.granularity == "dataset":
@@ -340,8 +359,9 @@ def score_pass(
     """One no-grad pass in eval mode over (x, y), scoring every batch (Alg. 2 lines 8-11)."""
     was_training = model.training
     model.eval()
+    x, y = x.to(device), y.to(device)
     for start in range(0, len(y), batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         scorer.observe(xb, yb, model.forward_groups(xb))
     model.train(was_training)
 

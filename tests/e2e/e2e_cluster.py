@@ -226,6 +226,7 @@ class Cluster:
         )
         self.extra_keys = extra_keys
         self.node_config = dict(node_config or {})
+        self.extra_env: dict[str, str] = {}  # set last in every process's environment (benchmarks)
         self.procs: dict[str, Proc] = {}
         self.all_procs: list[Proc] = []
         (self.tmp / "logs").mkdir(parents=True, exist_ok=True)
@@ -234,6 +235,7 @@ class Cluster:
     def env(self, home: str, **extra: str) -> dict[str, str]:
         env = {**os.environ, **topology.ENV, "PYTHONUNBUFFERED": "1", "FLWR_HOME": str(self.tmp / "flwr" / home)}
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+        env.update(self.extra_env)
         env.update(extra)
         return env
 
@@ -368,7 +370,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ results
     def run_dir(self, method: str = "fedcmd") -> Path | None:
-        dirs = sorted((self.tmp / "outputs").glob(f"*/*-{method}-local*"))
+        dirs = sorted((self.tmp / "outputs").glob(f"*/*-{method}-*"))
         return dirs[-1] if dirs else None
 
     def rounds(self, method: str = "fedcmd") -> list[dict[str, Any]]:

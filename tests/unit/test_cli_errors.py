@@ -28,6 +28,7 @@ CASES = [
     (["fraction=0"], ["fraction must be in (0, 1]"]),
     (["alpha=-1"], ["alpha must be > 0"]),
     (["backend=dask"], ["backend must be one of ['ray', 'serial']", "'dask'"]),
+    (["deterministic=maybe"], ["deterministic must be true or false", "'maybe'"]),
 ]
 
 

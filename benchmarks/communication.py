@@ -146,12 +146,14 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
     """Run ``method`` on the in-process grid; return its message batches and round records."""
     from server_app.config import compose_config
     from server_app.runner import build, check_data
-    from strategies import method_options
+    from strategies import STRATEGIES, method_options
 
     args = {k: v for k, v in METHOD_ARGS.get(method, {}).items() if k in method_options(method)}
+    # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
+    public = ["dataset.public=holdout"] if getattr(STRATEGIES[method], "needs_public_data", False) else []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_config([
-            *WORKLOAD, *overrides, f"method={method}", f"rounds={rounds}", f"output_dir={tmp}",
+            *WORKLOAD, *public, *overrides, f"method={method}", f"rounds={rounds}", f"output_dir={tmp}",
             *(f"method.{k}={v}" for k, v in args.items()),
         ])
         check_data(cfg)

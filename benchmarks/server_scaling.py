@@ -133,6 +133,23 @@ def fedap_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
     }
 
 
+def fedtsdp_public(strategy: Any, updates: list[Any], rnd: int) -> None:
+    """FedTSDP's public data (500 random images of the model's input shape); with h_th = 0 every
+    timed round re-clusters: n model forwards on the public batch, the n x n JS matrix, Hopkins,
+    DBSCAN and the Gram matrices inside the stage-1 groups are all in the timing."""
+    import torch
+
+    for _, shape, _ in MODELS.values():
+        try:
+            with torch.no_grad():
+                strategy._probe.eval()(torch.zeros(1, *shape))
+        except RuntimeError:
+            continue
+        strategy.attach_public(torch.randn(500, *shape, generator=torch.Generator().manual_seed(0)))
+        return
+    raise ValueError("no benchmark input shape fits the model")
+
+
 def fedcpmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
     """FedCPMD in phase 2: the candidate layers dealt round-robin to the clients (LeNet-5: three
     clusters on fc1, fc2, classifier), every client holding a stored body from an earlier round."""
@@ -184,6 +201,7 @@ CASES: dict[str, Case] = {
     "fedcpmd": case("fedcpmd", fedcpmd_phase2, round=62, kp=60),
     "kapc": case("kapc", stored_models),  # the cube step's Gram matrices over the participants, s_i for each
     "kapc_bls": case("kapc_bls", stored_models),
+    "fedtsdp": case("fedtsdp", fedtsdp_public, h_th=0.0),  # a re-clustering every round (the expensive one)
 }
 
 

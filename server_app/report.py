@@ -107,6 +107,15 @@ def parse_entry(key: str) -> tuple[str, frozenset[tuple[str, str]]]:
     return method, frozenset(pairs)
 
 
+def split_key(alpha: Any) -> float | str:
+    """A results key under a dataset: a Dirichlet alpha (a number), or a partition's name for the
+    splits that have none (``iid``, ``shards``)."""
+    try:
+        return float(alpha)
+    except (TypeError, ValueError):
+        return str(alpha)
+
+
 def _tables_of(path: Path) -> list[PaperTable]:
     data = yaml.safe_load(path.read_text()) or {}
     where = f"conf/paper_results/{path.name}"
@@ -119,7 +128,7 @@ def _tables_of(path: Path) -> list[PaperTable]:
             raise ReportError(f"{where}: setup key(s) {sorted(unknown)} unknown; valid: {list(SETUP_KEYS)}")
         metric = table.get("metric", data.get("metric", HEADLINE))
         numbers = {
-            (*parse_entry(method), str(dataset), float(alpha)): float(value)
+            (*parse_entry(method), str(dataset), split_key(alpha)): float(value)
             for dataset, by_alpha in table["results"].items()
             for alpha, methods in by_alpha.items()
             for method, value in methods.items()
@@ -175,13 +184,14 @@ def paper_match(summary: Mapping[str, Any], tables: Sequence[PaperTable]) -> Pap
     set-up the run shares; a method's own paper first. Without such a table, the closest one's
     differences (no number: a 3-round run is not compared with a 200-round table)."""
     alpha = summary.get("alpha")
-    if alpha is None:
+    key = float(alpha) if alpha is not None else summary.get("partition")
+    if key is None:
         return None
     method, dataset = summary["method"], summary["dataset"]
     options = frozenset((k, str(v)) for k, v in (summary.get("changed_options") or {}).items())
     candidates = []
     for table in tables:
-        entries = [(opts, v) for (m, opts, d, a), v in table.numbers.items() if m == method and d == dataset and a == float(alpha)]
+        entries = [(opts, v) for (m, opts, d, a), v in table.numbers.items() if m == method and d == dataset and a == key]
         usable = sorted(((len(opts), v) for opts, v in entries if opts <= options), reverse=True)  # most options first
         if usable:
             matched, value = usable[0]

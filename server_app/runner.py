@@ -17,7 +17,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from client_app.data import DataSpec, partition_sizes
+from client_app.data import DataSpec, load_public_data, partition_sizes
 from client_app.data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
@@ -63,7 +63,7 @@ def build_models(cfg: DictConfig) -> LayeredNet | dict[str, LayeredNet]:
 
 
 def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
-    return build_strategy(
+    strategy = build_strategy(
         cfg.method.name,
         build_models(cfg),
         client_spec(cfg, run_token, client_state_dir(cfg, run_dir), None if run_dir is None else str(run_dir / "server_store")),
@@ -75,6 +75,21 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
         seed=int(cfg.seed),
         final_eval=bool(cfg.final_eval),
     )
+    if getattr(strategy, "needs_public_data", False):
+        strategy.attach_public(public_images(cfg))
+    return strategy
+
+
+def public_images(cfg: DictConfig) -> Any:
+    """The server's public unlabelled images (FedTSDP): the ``dataset.public`` split, labels dropped."""
+    spec = DataSpec.from_dict(data_spec_dict(cfg))
+    if spec.public == "none" or spec.info.node_local:
+        raise ConfigError(
+            f"method {cfg.method.name!r} needs public unlabelled data on the server: set dataset.public=holdout "
+            "(a held-out share of the pooled data, dataset.public_fraction) or dataset.public=test (the official "
+            "test split), with a dataset the server can read (not dataset=local)"
+        )
+    return load_public_data(spec)[0]
 
 
 def check_strategy(cfg: DictConfig) -> None:

@@ -20,6 +20,7 @@ from .fedfomo import FedFomo
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
+from .fedtsdp import FedTSDP
 from .kapc import KAPC, KAPCBLS
 from .lgfedavg import LGFedAvg
 from .local import Local
@@ -30,7 +31,7 @@ from .pfedsim import PFedSim
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
     cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
-STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD, KAPC, KAPCBLS)})
+STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD, KAPC, KAPCBLS, FedTSDP)})
 
 
 def method_options(name: str) -> list[str]:

@@ -370,6 +370,11 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
 METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     "fedcpmd": (2, {"method": "fedcpmd"}, "method.kp=1"),  # a vote round, a clustered round
     "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, "method.mu=0.0"),  # mu = 0: round 2 masks layers
+    # the nodes partition the shared digits themselves (client-id, no data-dir): the server keeps a
+    # public hold-out; h_th = 0 with psi = 0.5 would halve the shared prefix at every re-clustering,
+    # but two clients are too few for the Hopkins statistic (m < 3: no clustering, fedtsdp.md [A4])
+    "fedtsdp": (2, {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
+                "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5"),
 }
 METHOD_NODES = 2
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
@@ -380,7 +385,7 @@ def methods(tmp_path_factory):
     """2 SuperNodes over loopback, TLS and node auth; FedCPMD, then KAPC+BLS, on the same deployment
     (every message starts a ClientApp process: the cost of this test is its message count)."""
     tmp = tmp_path_factory.mktemp("methods")
-    cluster = Cluster(tmp, nodes=METHOD_NODES)
+    cluster = Cluster(tmp, nodes=METHOD_NODES, node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)})
     try:
         cluster.prepare(DATA)
         cluster.up()
@@ -412,6 +417,18 @@ def test_fedcpmd_clusters_clients_over_a_real_deployment(methods):
     assert sorted(c for members in summary["clusters"] for c in members) == list(range(METHOD_NODES))
     assert sum(rounds[-1]["cluster_sizes"]) == METHOD_NODES and summary["final_clients"] == METHOD_NODES
     assert summary["mean_cluster_acc"] > 0.3
+
+
+def test_fedtsdp_runs_over_a_real_deployment_with_node_cached_partitions(methods):
+    summary, rounds = finished_summary(methods, "fedtsdp")
+    assert summary["clusters"] == [list(range(METHOD_NODES))] and summary["reclusterings"] == []
+    assert all(r["shared_units"] == summary["units"] and "hopkins" not in r for r in rounds)
+    assert summary["final_clients"] == METHOD_NODES and summary["headline_test_before_acc"] > 0.1
+    # each node wrote its partition once and read it in every later message
+    cache = methods["cluster"].tmp / "cache" / "partitions"
+    assert len(list(cache.glob("*.npz"))) == METHOD_NODES
+    node_log = methods["cluster"].procs["supernode-0"].text()
+    assert "cold start" in node_log and "setup" in node_log
 
 
 def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):

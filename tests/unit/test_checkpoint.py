@@ -108,6 +108,8 @@ CASES = {
     "mixed": ["method=fedavg", "model=mixed"],  # three architectures, each with its own global model
     "fedcpmd": ["method=fedcpmd", "method.kp=1"],  # votes, clusters and stored bodies restored in phase 2
     "kapc_bls": ["method=kapc_bls", "model=cnn_kapc"],  # the cube, stale layers, participation counts, BLS statistics
+    # re-clusterings every round: clusters, public sampling weights, its own generator, the shared-unit counter
+    "fedtsdp": ["method=fedtsdp", "dataset.public=holdout", "fraction=1.0", "method.h_th=0.0", "method.eps1=0.005", "method.eps2=inf"],
 }
 
 
@@ -138,6 +140,8 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
         assert set(sb["arch_arrays"]) == {"lenet5_3fc", "cnn_kapc"}  # besides the default lenet5_1fc
     if case == "fedcmd":
         assert sb["extra"]["state"].personal_layer is not None and len(sb["extra"]["state"].round_winners) == 3
+    if case == "fedtsdp":
+        assert sb["extra"]["shared_counter"] < len(sb["extra"]["units"]) and len(sb["extra"]["events"]) == 4
     if case == "pfedsim":
         assert sb["extra"]["bodies"] and not np.allclose(sb["extra"]["sim"], np.eye(4))
 

@@ -52,7 +52,7 @@ def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides
     from strategies import STRATEGIES
 
     for method in STRATEGIES:
-        extra = {"fedcmd": ["method.kp=2", "rounds=4"], "fedcpmd": ["method.kp=2", "rounds=4"]}.get(method, [])
+        extra = {"fedcmd": ["method.kp=2", "rounds=4"], "fedcpmd": ["method.kp=2", "rounds=4"], "fedtsdp": ["dataset.public=holdout"]}.get(method, [])
         strategy = build(compose(*tiny_overrides, f"method={method}", *extra), run_token="t")
         for rnd in (1, 3):
             spec = strategy.task_spec(0, rnd, "train")

@@ -303,3 +303,16 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert "--smooth must be >= 1" in capsys.readouterr().err
     assert main([str(tmp_path / "nothing")]) == 2
     assert "no run directory" in capsys.readouterr().err
+
+
+def test_an_iid_or_shards_run_finds_its_table_by_partition_name(tmp_path):
+    """FedTSDP's Tables 3 and 5 have no alpha: their results are keyed by the partition's name."""
+    setup = "num_clients: 20\nfraction: 1.0\nmodel:\n  name: cnn_fedtsdp\npartition:\n  name: {}\n"
+    fake_run(tmp_path / "iid", config=setup.format("iid"), method="fedtsdp", dataset="cifar10", alpha=None,
+             partition="iid", final_acc=0.7, personal_layer=None)
+    fake_run(tmp_path / "shards", config=setup.format("shards"), method="fedper", dataset="cifar10", alpha=None,
+             partition="shards", final_acc=0.9, personal_layer=None)
+    rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
+    assert rows["fedtsdp"]["paper"] == "72.98" and rows["fedtsdp"]["metric"] == "final_acc"
+    assert rows["fedper"]["paper"] == "90.22" and rows["fedper"]["diff"] == "-0.22"
+    assert paper_numbers()[("fedtsdp", "cifar10", 0.5)][0] == 79.29

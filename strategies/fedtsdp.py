@@ -1,0 +1,236 @@
+"""FedTSDP: two-stage clustering with adaptive personalization layers (Zhu, Fan, Xie 2023).
+
+Clients are plain SGD trainers that keep their whole model across rounds (``client_keeps =
+"model"``) and upload all of it (BN statistics too). Every round the server runs each uploaded
+model on one batch of public unlabelled data it alone holds, and computes the Hopkins
+statistic H of the softmax outputs. When H > ``h_th`` it re-clusters every participant from
+scratch: stage 1 is DBSCAN on their pairwise Jensen-Shannon divergences (``eps1``), stage 2
+DBSCAN on weight distances inside each stage-1 group (``eps2``), noise points become singletons;
+in the same round the public batch's sampling weights are raised (so it keeps being drawn) and
+the shared-unit counter is multiplied by ``psi``. Otherwise the clustering stays. Each cluster
+averages (FedAvg) all units of its members; a client receives the first S = floor(counter)
+units (state-dict tensors, input to output) of its cluster's model and keeps the rest: a unit
+that turns personal keeps the client's own trained value. With ``h_th = inf`` it is FedAvg.
+
+The math lives in :mod:`strategies.fedtsdp_math`; this file holds the round. Resolutions of
+the spec's ambiguities (fedtsdp.md §7) are followed as recommended: one public batch per round
+shared by all clients [A2], softmax + natural-log JS not square-rooted [A3], m_tilde = max(2,
+round(0.1 m)) [A4], the literal amended sampling with a bounded option [A5], one global
+float counter [A6], trainable parameters for the weight distance [A7], noise as singletons [A8],
+re-clustering from scratch [A9]; a client absent from a re-clustering joins the new cluster
+holding most of its former cluster-mates, or the largest one [A10].
+
+Where the server runs the models: on the server, from the uploads (the clients upload their
+whole model anyway, for eq. 9), in eval mode with the uploaded BN statistics, so the outputs are
+what each client's model computes; no extra message to the devices.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import log
+
+from .base import PersonalizedStrategy
+from .clusters import Clusters, cluster_fedavg
+from .fedtsdp_math import (
+    DECAY_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, two_stage,
+    weight_distances_from_gram,
+)
+from .model_distance import gram_matrix
+from .validation import ClientUpdate
+
+AMEND_MODES = ("literal", "bounded")
+
+
+class FedTSDP(PersonalizedStrategy):
+    """Options: ``h_th`` (Hopkins threshold; inf: never cluster = FedAvg), ``eps1``/``eps2``
+    (DBSCAN radii of stage 1 on JS, stage 2 on weight distances; inf: that stage keeps its
+    input group), ``min_pts``, ``psi`` and ``decay`` (``float`` | ``int``) for the shared-unit
+    counter, ``public_batch``, ``amend`` (``literal``: + N_pub / B to the batch's weights,
+    eqs. 7-8; ``bounded``: + ``amend_increment`` per trigger, default 1 / N_pub, so a batch gains
+    mass slowly), ``m_tilde`` (Hopkins sample; null: max(2, round(0.1 m))), ``upsilon``."""
+
+    name = "fedtsdp"
+    client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
+    shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
+    needs_public_data = True  # the runner hands the public images to attach_public()
+    checkpoint_exclude = ("public_images", "_probe")
+
+    def __init__(
+        self,
+        *args: Any,
+        h_th: float = 0.65,
+        eps1: float = 0.15,
+        eps2: float = 3.5,
+        min_pts: int = 2,
+        psi: float = 0.98,
+        decay: str = "float",
+        public_batch: int = 50,
+        amend: str = "literal",
+        amend_increment: float | None = None,
+        m_tilde: int | None = None,
+        upsilon: float = 1e-6,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        problems = [
+            (not float(h_th) >= 0, f"h_th must be >= 0 (inf: never cluster), got {h_th}"),
+            (not float(eps1) > 0 or not float(eps2) > 0, f"eps1 and eps2 must be > 0 (inf: that stage keeps one group), got {eps1}, {eps2}"),
+            (int(min_pts) < 1, f"min_pts must be >= 1, got {min_pts}"),
+            (not 0 < float(psi) <= 1, f"psi must be in (0, 1], got {psi}"),
+            (decay not in DECAY_MODES, f"decay must be one of {list(DECAY_MODES)}, got {decay!r}"),
+            (int(public_batch) < 1, f"public_batch must be >= 1, got {public_batch}"),
+            (amend not in AMEND_MODES, f"amend must be one of {list(AMEND_MODES)}, got {amend!r}"),
+            (m_tilde is not None and int(m_tilde) < 1, f"m_tilde must be >= 1 (or null), got {m_tilde}"),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise ValueError(f"FedTSDP: {message}")
+        self.h_th, self.eps1, self.eps2 = float(h_th), float(eps1), float(eps2)
+        self.min_pts, self.psi, self.decay = int(min_pts), float(psi), decay
+        self.public_batch, self.amend, self.upsilon = int(public_batch), amend, float(upsilon)
+        self.amend_increment = None if amend_increment is None else float(amend_increment)
+        self.m_tilde = None if m_tilde is None else int(m_tilde)
+        self.units = self.schema().keys(buffers=True)  # state-dict order: input to output
+        self.trainable_units = self.schema().keys()
+        self.shared_counter = float(len(self.units))  # Ls: every unit shared at the start
+        self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
+        self.trained: list[int] = []  # clients that have trained at least once (sorted)
+        self.tsdp_rng = np.random.default_rng([int(self.seed), 7_368_787])  # public batches, Hopkins draws
+        self.public_weights: np.ndarray | None = None  # Wt over the public points
+        self.events: list[dict[str, Any]] = []  # the trajectory's re-clusterings, for summary.json
+        self.public_images: torch.Tensor | None = None
+        self._probe = copy.deepcopy(args[0] if args and isinstance(args[0], torch.nn.Module) else kwargs.get("model"))
+
+    # ------------------------------------------------------------------ public data
+    def attach_public(self, images: torch.Tensor) -> None:
+        """The server's public unlabelled images (normalized like the clients' data)."""
+        if len(images) < 1:
+            raise ValueError("FedTSDP needs public data on the server: the public split is empty")
+        self.public_images = images
+        if self.public_weights is None or len(self.public_weights) != len(images):
+            if self.public_weights is not None:
+                raise ValueError(
+                    f"the checkpoint's public sampling weights cover {len(self.public_weights)} points, the public split "
+                    f"now has {len(images)}: resume with the run's dataset settings"
+                )
+            self.public_weights = np.full(len(images), 1.0 / len(images))
+
+    @property
+    def shared_units(self) -> int:
+        """S: the leading units clients receive this round."""
+        return max(0, min(int(math.floor(self.shared_counter)), len(self.units)))
+
+    # ------------------------------------------------------------------ downlink
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        prefix = self.units[: self.shared_units]
+        out = {}
+        for cid in client_ids:
+            model = self.clusters.model_of(cid)
+            keys = self.units if cid not in self.trained else prefix  # first contact: the whole cluster model
+            out[cid] = {k: model[k] for k in keys}
+        return out
+
+    # ------------------------------------------------------------------ the round
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        ups = [u for u in updates if u.arrays]
+        self.trained = sorted(set(self.trained) | {u.client_id for u in ups})
+        record: dict[str, Any] = {}
+        if ups:
+            self.global_arrays = cluster_fedavg(ups)  # the all-client FedAvg: Flower's result, the reference model
+        triggered = False
+        if len(ups) >= 3 and self.public_images is not None:
+            batch = draw_batch(self.public_weights, self.public_batch, self.tsdp_rng)
+            probs = self._public_outputs(ups, batch)
+            m_tilde = self.m_tilde or default_m_tilde(len(ups))
+            h = hopkins(probs.reshape(len(ups), -1), m_tilde, self.tsdp_rng)
+            triggered = h > self.h_th
+            record["hopkins"] = h
+            if triggered:
+                record.update(self._recluster(server_round, ups, probs, batch, h))
+            record["public_batch_mass"] = float(self.public_weights[batch].sum())
+        by_cluster = self.clusters.group(ups)
+        for c, members in by_cluster.items():
+            self.clusters.models[c] = cluster_fedavg(members)
+        record.update({
+            "triggered": int(triggered),
+            "num_clusters": len(self.clusters),
+            "cluster_sizes": self.clusters.sizes(),
+            "clusters": self.clusters.members,
+            "shared_units": self.shared_units,
+            "shared_counter": self.shared_counter,
+            "log_keys": ["num_clusters", "shared_units"] + (["hopkins"] if "hopkins" in record else []),
+        })
+        return record
+
+    def _recluster(self, server_round: int, ups: Sequence[ClientUpdate], probs: np.ndarray, batch: np.ndarray, h: float) -> dict[str, Any]:
+        """Steps 10.1-10.5 and 12: two-stage clustering of the participants, amended sampling, decay."""
+        ids = [u.client_id for u in ups]
+        keys = self.trainable_units
+        count = sum(int(np.prod(self.template[k][0])) for k in keys)
+        sums = np.array([sum(float(np.sum(u.arrays[k], dtype=np.float64)) for k in keys) for u in ups])
+
+        def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group, from its Gram matrix
+            rows = list(rows)
+            return weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+
+        first, second = two_stage(js_matrix(probs), distances, self.eps1, self.eps2, self.min_pts)
+        members = [[ids[i] for i in g] for g in second]
+        models = [cluster_fedavg([ups[i] for i in g]) for g in second]
+        new = Clusters(members, models)
+        for cid in sorted(set().union(*self.clusters.members) - set(ids)):
+            new.add(cid, self._home(cid, new))
+        self.clusters = new
+        increment = len(self.public_weights) / len(batch) if self.amend == "literal" else (
+            self.amend_increment if self.amend_increment is not None else 1.0 / len(self.public_weights)
+        )
+        self.public_weights = amend_weights(self.public_weights, batch, increment)
+        self.shared_counter = decay_shared(self.shared_counter, self.psi, self.decay)
+        event = {
+            "round": server_round, "hopkins": h, "stage1_clusters": len(first), "num_clusters": len(second),
+            "shared_units": self.shared_units,
+        }
+        self.events.append(event)
+        log(INFO, "FedTSDP round %d: H %.3f > %.2f: %d stage-1 groups, %d clusters %s; shared units now %d of %d",
+            server_round, h, self.h_th, len(first), len(second), self.clusters.members, self.shared_units, len(self.units))
+        return {"stage1_clusters": len(first)}
+
+    def _home(self, client_id: int, new: Clusters) -> int:
+        """[A10]: the new cluster holding most of ``client_id``'s former cluster-mates (ties and
+        clients never clustered: the largest cluster)."""
+        old = self.clusters.get(client_id)
+        if old is None:
+            return new.largest()
+        mates = set(self.clusters.members[old]) - {client_id}
+        counts = [len(mates & set(m)) for m in new.members]
+        if max(counts, default=0) == 0:
+            return new.largest()
+        return max(range(len(new)), key=lambda c: (counts[c], len(new.members[c]), -c))
+
+    @torch.no_grad()
+    def _public_outputs(self, ups: Sequence[ClientUpdate], batch: np.ndarray) -> np.ndarray:
+        """[m, B, C] softmax outputs of every uploaded model on the public batch (eval mode)."""
+        model = self._probe
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(device).eval()
+        x = self.public_images[torch.as_tensor(batch)].to(device)
+        out = []
+        for u in ups:
+            model.load_state_dict({k: torch.tensor(v) for k, v in u.arrays.items()}, strict=False)
+            out.append(torch.softmax(model(x).double(), dim=-1).cpu().numpy())
+        return np.stack(out)
+
+    def run_summary(self) -> dict[str, Any]:
+        return {
+            "clusters": self.clusters.members,
+            "shared_units": self.shared_units,
+            "units": len(self.units),
+            "reclusterings": self.events,
+        }

@@ -1,0 +1,154 @@
+"""FedTSDP: the math on hand-made inputs with the spec's expected values (fedtsdp.md §8), and the
+round through the in-process grid (prefix routing, personal units kept, re-clustering, h_th=inf = FedAvg)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+from sklearn.metrics import adjusted_rand_score
+from test_strategy_base import make, run
+
+import client_app.runtime as runtime
+from method_helpers import trained_states, train_messages
+from server_app.config import ConfigError
+from server_app.inprocess import InProcessGrid
+from strategies.fedtsdp_math import (
+    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, two_stage, weight_distances,
+)
+
+TSDP = ["method=fedtsdp", "dataset.public=holdout", "dataset.public_fraction=0.2", "fraction=1.0"]
+
+
+# ----------------------------------------------------------------------------- math
+def test_js_matrix_is_the_squared_scipy_distance_symmetric_and_bounded():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(10), size=(5, 7))  # 5 clients, 7 public samples
+    js = js_matrix(p)
+    expected = np.array([[np.mean(jensenshannon(p[i], p[j], axis=1) ** 2) for j in range(5)] for i in range(5)])
+    np.testing.assert_allclose(js, expected, atol=1e-12)
+    assert np.array_equal(js, js.T) and np.all(np.diag(js) == 0) and js.max() <= math.log(2)
+    onehot = np.zeros((2, 3, 4))
+    onehot[0, :, 0] = onehot[1, :, 1] = 1.0  # disjoint classes: the maximum, ln 2
+    assert js_matrix(onehot)[0, 1] == pytest.approx(math.log(2))
+
+
+def test_hopkins_separates_blobs_from_noise_as_the_spec_measured():
+    def mean_h(make_points, draws=60):
+        rng = np.random.default_rng(1)
+        return np.mean([hopkins(make_points(rng), 2, rng) for _ in range(draws)])
+
+    one_blob = mean_h(lambda r: r.standard_normal((20, 500)))
+    two_blobs = mean_h(lambda r: np.concatenate([r.normal(0, 0.1, (10, 500)), r.normal(3, 0.1, (10, 500))]))
+    assert 0.45 < one_blob < 0.6 and two_blobs > 0.85
+    pairs = np.repeat(np.random.default_rng(2).standard_normal((10, 50)), 2, axis=0)  # duplicated points: v = 0
+    assert hopkins(pairs, 2, np.random.default_rng(3)) == pytest.approx(1.0, abs=1e-6)
+    assert hopkins(np.ones((6, 5)), 2, np.random.default_rng(3)) == 0.0
+    assert hopkins(np.ones((2, 5)), 2, np.random.default_rng(3)) == 0.0  # fewer than 3 clients
+    assert [default_m_tilde(m) for m in (3, 20, 100)] == [2, 2, 10]
+
+
+def test_dbscan_noise_becomes_singletons_and_two_stages_split_further():
+    d = np.full((5, 5), 10.0)
+    d[np.ix_([0, 1], [0, 1])] = d[np.ix_([2, 3], [2, 3])] = 0.1
+    np.fill_diagonal(d, 0)
+    assert dbscan_groups(d, 1.0, 2) == [[0, 1], [2, 3], [4]]
+    assert dbscan_groups(d, math.inf, 2) == [[0, 1, 2, 3, 4]]
+    js = np.zeros((6, 6))
+    js[:3, 3:] = js[3:, :3] = 0.6  # stage 1: {0,1,2} and {3,4,5}
+    w = np.zeros((6, 6))
+    w[np.ix_([0, 1], [2])] = w[np.ix_([2], [0, 1])] = 9.0  # stage 2 splits 2 off the first group
+    first, second = two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, 3.5, 1)
+    assert first == [[0, 1, 2], [3, 4, 5]] and second == [[0, 1], [2], [3, 4, 5]]
+    assert two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, math.inf, 1)[1] == first
+
+
+def test_weight_distance_is_torch_pairwise_distance():
+    rng = np.random.default_rng(4)
+    v = rng.standard_normal((4, 30))
+    d = weight_distances(v, 1e-6)
+    a, b = torch.tensor(v[1]), torch.tensor(v[3])
+    assert d[1, 3] == pytest.approx(float(torch.nn.functional.pairwise_distance(a, b, eps=1e-6)), rel=1e-9, abs=1e-6)
+    assert np.array_equal(d, d.T) and np.all(np.diag(d) == 0)
+
+
+def test_amended_sampling_locks_in_the_triggering_batch():
+    rng = np.random.default_rng(5)
+    w = np.full(10_000, 1e-4)
+    batch = draw_batch(w, 50, rng)
+    assert len(set(batch)) == 50
+    w2 = amend_weights(w, batch, len(w) / len(batch))
+    assert w2.sum() == pytest.approx(1.0) and w2[batch].sum() > 0.999
+    assert np.array_equal(draw_batch(w2, 50, np.random.default_rng(6)), batch)
+
+
+def test_shared_unit_decay_float_and_int():
+    units, seq = 8.0, []
+    for _ in range(15):
+        units = decay_shared(units, 0.98, "float")
+        seq.append(math.floor(units))
+    assert seq[0] == 7 and seq[5] == 7 and seq[6] == 6 and seq[14] == 5  # 6 at the 7th, 5 at the 15th trigger
+    units, seq = 8.0, []
+    for _ in range(3):
+        units = decay_shared(units, 0.98, "int")
+        seq.append(units)
+    assert seq == [7, 6, 5]
+
+
+# ----------------------------------------------------------------------------- the round
+def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
+    base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_fedtsdp"]
+    _, avg = make(compose, base, "method=fedavg")
+    _, tsdp = make(compose, base, "method=fedtsdp", "method.h_th=inf")
+    ra, rt = run(avg, InProcessGrid(4), 3), run(tsdp, InProcessGrid(4), 3)
+    for a, t in zip(ra, rt):
+        assert a["test_before_acc"] == t["test_before_acc"] and a["train_loss"] == t["train_loss"]
+        assert t["triggered"] == 0 and t["shared_units"] == len(tsdp.units) and "hopkins" in t
+    for k, v in avg.global_arrays.items():
+        np.testing.assert_array_equal(v, tsdp.global_arrays[k])
+
+
+def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(compose, tiny_overrides, monkeypatch):
+    original = runtime.client_data
+
+    def swapped(spec, cid, *args, **kwargs):  # clients 3..5 see y -> 9 - y: two concepts
+        data = original(spec, cid, *args, **kwargs)
+        return dataclasses.replace(data, y_train=9 - data.y_train, y_test=9 - data.y_test) if cid >= 3 else data
+
+    monkeypatch.setattr(runtime, "client_data", swapped)
+    # digits, 8 local epochs: after one round the two concepts' outputs are far apart (JS ~0.6 vs ~0.05)
+    data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=8", "lr=0.1", "momentum=0.5"]
+    _, strategy = make(compose, data, *TSDP, "method.h_th=0.0", "method.eps1=0.3", "method.eps2=inf")
+    grid = InProcessGrid(6)
+    records = run(strategy, grid, rounds=2)
+    units = len(strategy.units)
+    assert records[0]["triggered"] == 1 and records[0]["shared_units"] == math.floor(units * 0.98)
+    assert records[1]["hopkins"] > 0.65  # two concepts: the paper's threshold would fire too
+    truth = [0, 0, 0, 1, 1, 1]
+    labels = {c: i for i, m in enumerate(records[-1]["clusters"]) for c in m}
+    assert adjusted_rand_score(truth, [labels[c] for c in range(6)]) == 1.0
+    # round 2+: each client receives only the first S units of its own cluster's model
+    s = records[0]["shared_units"]
+    for m in train_messages(grid, 2):
+        assert list(m.content.array_records["arrays"].keys()) == strategy.units[:s]
+    # a unit that turned personal keeps the client's own trained value
+    last = strategy.units[-1]
+    states = trained_states(grid)
+    assert not np.array_equal(states[0][last], states[1][last])
+    summary = strategy.run_summary()
+    assert summary["reclusterings"][0]["round"] == 1 and summary["units"] == units
+    json.dumps(summary)
+
+
+def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_overrides):
+    with pytest.raises(ConfigError, match=r"public unlabelled data on the server: set dataset.public=holdout"):
+        make(compose, tiny_overrides, "method=fedtsdp")
+    for bad, message in (("method.psi=1.5", "psi must be in"), ("method.decay=log", "decay must be one of"),
+                         ("method.amend=x", "amend must be one of"), ("method.eps1=0", "eps1 and eps2 must be > 0")):
+        with pytest.raises(ValueError, match=message):
+            make(compose, tiny_overrides, *TSDP, bad)

@@ -152,3 +152,46 @@ def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_override
                          ("method.amend=x", "amend must be one of"), ("method.eps1=0", "eps1 and eps2 must be > 0")):
         with pytest.raises(ValueError, match=message):
             make(compose, tiny_overrides, *TSDP, bad)
+
+
+def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
+    """The spec's IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
+    # a model without BatchNorm: FedTSDP averages BN statistics, FedAvg leaves them on the clients
+    data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=2", "fraction=1.0",
+            "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_fedtsdp"]
+    _, avg = make(compose, data, "method=fedavg")
+    _, tsdp = make(compose, data, "method=fedtsdp")
+    ra, rt = run(avg, InProcessGrid(6), 4), run(tsdp, InProcessGrid(6), 4)
+    assert all(r["hopkins"] < 0.65 and r["triggered"] == 0 for r in rt), [r["hopkins"] for r in rt]
+    assert [r["test_before_acc"] for r in ra] == [r["test_before_acc"] for r in rt]
+    for k, v in avg.global_arrays.items():
+        np.testing.assert_array_equal(v, tsdp.global_arrays[k])
+
+
+def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypatch):
+    """eps1 = inf: stage 1 keeps everyone together; eps2, calibrated from the round-1 weight
+    distances as the spec's §8 says (between the within- and the between-group medians),
+    splits the two concepts."""
+    import strategies.fedtsdp as fedtsdp
+
+    original = runtime.client_data
+
+    def swapped(spec, cid, *args, **kwargs):
+        data = original(spec, cid, *args, **kwargs)
+        return dataclasses.replace(data, y_train=9 - data.y_train, y_test=9 - data.y_test) if cid >= 3 else data
+
+    monkeypatch.setattr(runtime, "client_data", swapped)
+    seen = []
+    recorder = fedtsdp.weight_distances_from_gram
+    monkeypatch.setattr(fedtsdp, "weight_distances_from_gram", lambda *a, **k: seen.append(recorder(*a, **k)) or seen[-1])
+    data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=8", "lr=0.1", "momentum=0.5"]
+    common = [*TSDP, "method.h_th=0.0", "method.eps1=inf"]
+    _, probe = make(compose, data, *common, "method.eps2=1e-9")  # every client its own cluster: D is logged
+    run(probe, InProcessGrid(6), rounds=1)
+    d = seen[0]
+    within = np.median([d[i, j] for g in ([0, 1, 2], [3, 4, 5]) for i in g for j in g if i < j])
+    between = np.median(d[:3, 3:])
+    assert within < between
+    _, strategy = make(compose, data, *common, f"method.eps2={(within + between) / 2}")
+    records = run(strategy, InProcessGrid(6), rounds=1)
+    assert records[0]["stage1_clusters"] == 1 and records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]

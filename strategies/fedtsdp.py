@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from logging import INFO
 from typing import Any
 
@@ -107,7 +107,10 @@ class FedTSDP(PersonalizedStrategy):
         self.public_weights: np.ndarray | None = None  # Wt over the public points
         self.events: list[dict[str, Any]] = []  # the trajectory's re-clusterings, for summary.json
         self.public_images: torch.Tensor | None = None
-        self._probe = copy.deepcopy(args[0] if args and isinstance(args[0], torch.nn.Module) else kwargs.get("model"))
+        model = args[0] if args else kwargs.get("model")
+        if isinstance(model, Mapping):  # one architecture given by name (FedTSDP is homogeneous)
+            model = next(iter(model.values()))
+        self._probe = copy.deepcopy(model)  # the server runs each upload in it on the public batch
 
     # ------------------------------------------------------------------ public data
     def attach_public(self, images: torch.Tensor) -> None:

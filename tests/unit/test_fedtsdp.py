@@ -102,7 +102,7 @@ def test_shared_unit_decay_float_and_int():
 
 # ----------------------------------------------------------------------------- the round
 def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
-    base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_fedtsdp"]
+    base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
     _, avg = make(compose, base, "method=fedavg")
     _, tsdp = make(compose, base, "method=fedtsdp", "method.h_th=inf")
     ra, rt = run(avg, InProcessGrid(4), 3), run(tsdp, InProcessGrid(4), 3)
@@ -158,10 +158,10 @@ def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
     """The spec's IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
     # a model without BatchNorm: FedTSDP averages BN statistics, FedAvg leaves them on the clients
     data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=2", "fraction=1.0",
-            "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_fedtsdp"]
+            "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
     _, avg = make(compose, data, "method=fedavg")
     _, tsdp = make(compose, data, "method=fedtsdp")
-    ra, rt = run(avg, InProcessGrid(6), 4), run(tsdp, InProcessGrid(6), 4)
+    ra, rt = run(avg, InProcessGrid(6), 3), run(tsdp, InProcessGrid(6), 3)
     assert all(r["hopkins"] < 0.65 and r["triggered"] == 0 for r in rt), [r["hopkins"] for r in rt]
     assert [r["test_before_acc"] for r in ra] == [r["test_before_acc"] for r in rt]
     for k, v in avg.global_arrays.items():

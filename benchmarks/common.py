@@ -48,6 +48,13 @@ def run_header(command: str, started: float | None = None) -> str:
     return f"Command: `{command.strip()}`  \nDate: {now}  \nCommit: {commit()}  \nMachine: {machine()}"
 
 
+def publish(text: str, out: str | Path | None) -> None:
+    """Print a benchmark's report and, when ``out`` is given, write it there."""
+    print("\n" + text)
+    if out:
+        write_result(out, text)
+
+
 def write_result(path: str | Path, text: str) -> Path:
     out = Path(path)
     if not out.is_absolute():

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, markdown_table, median, run_header, write_result
+from benchmarks.common import REPO, markdown_table, median, publish, run_header
 
 DATA = ["dataset=fmnist", "alpha=1.0"]
 RUN = {"method": "fedavg", "local_epochs": 1, "batch_size": 32}
@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch import (median of 3): {torch_s:.2f} s. Medians over rounds 2..{args.rounds}; per-client columns are per message.",
         markdown_table(rows, COLUMNS),
     ])
-    print(text)
-    write_result(args.out, text)
+    publish(text, args.out)
     return 0
 
 

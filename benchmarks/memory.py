@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     import tempfile
 
-    from benchmarks.common import markdown_table, run_header, write_result
+    from benchmarks.common import markdown_table, publish, run_header
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--backends", default="serial,ray")
@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(rows, list(rows[0])),
         f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
     ])
-    print("\n" + text)
-    if args.out:
-        write_result(args.out, text)
+    publish(text, args.out)
     return 0
 
 

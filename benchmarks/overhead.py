@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.common import markdown_table, run_header, write_result
+from benchmarks.common import markdown_table, publish, run_header
 from benchmarks.memory import ROLES, PeakMemory, gb
 
 WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false"]
@@ -221,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(parts, list(parts[0])),
         f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
     ])
-    print("\n" + text)
-    if args.out:
-        write_result(args.out, text)
+    publish(text, args.out)
     return 0
 
 

@@ -166,7 +166,7 @@ def prepare(message: Message, context: Context) -> Job:
     if unknown:
         raise ValueError(f"server sent tensors this model does not have: {unknown[:5]}")
     model.load_state_dict(received, strict=False)
-    warmed = warm_up(model, DataSpec.from_dict(spec.data).info.in_shape, device)  # before the seeding below
+    warmed = warm_up(model, tuple(data.x_train.shape[1:]), device)  # before the seeding below
     if warmed is not None:
         timings["device_setup_s"] = warmed
     model.to(device)

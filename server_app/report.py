@@ -303,6 +303,8 @@ class Curve:
     rounds: tuple[int, ...]
     acc: tuple[float | None, ...]
     mib: tuple[float, ...]
+    hopkins: tuple[float | None, ...] = ()  # FedTSDP's Hopkins statistic H per round (empty: none recorded)
+    reclustered: tuple[int, ...] = ()  # rounds where H crossed the threshold and the clients were re-clustered
 
 
 def load_curve(run: str | Path) -> Curve:
@@ -311,6 +313,8 @@ def load_curve(run: str | Path) -> Curve:
     rounds: list[int] = []
     acc: list[float | None] = []
     mib: list[float] = []
+    hopkins: list[float | None] = []
+    reclustered: list[int] = []
     total = 0
     for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
@@ -330,12 +334,19 @@ def load_curve(run: str | Path) -> Curve:
             if not _is_type(b, (int, float)) or b < 0:
                 raise ReportError(f"{where}: {key!r} is {b!r}, not a byte count")
             total += b
+        h = record.get("hopkins")
+        if h is not None and not _is_type(h, (int, float)):
+            raise ReportError(f"{where}: 'hopkins' is {h!r}, not a number")
         rounds.append(rnd)
         acc.append(None if value is None or math.isnan(value) else 100 * value)
         mib.append(total / 2**20)
+        hopkins.append(None if h is None else float(h))
+        if record.get("triggered"):
+            reclustered.append(rnd)
     if not rounds:
         raise ReportError(f"{path}: holds no rounds")
-    return Curve(tuple(rounds), tuple(acc), tuple(mib))
+    recorded = any(h is not None for h in hopkins)
+    return Curve(tuple(rounds), tuple(acc), tuple(mib), tuple(hopkins) if recorded else (), tuple(reclustered))
 
 
 # ---------------------------------------------------------------------------- the table
@@ -487,6 +498,53 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
     return path
 
 
+def method_option(run: str | Path, key: str) -> Any:
+    """``method.<key>`` from the run's config.yaml (None where the run has none)."""
+    config = Path(run) / "config.yaml"
+    if not config.exists():
+        return None
+    try:
+        method = (yaml.safe_load(config.read_text()) or {}).get("method") or {}
+    except yaml.YAMLError as exc:
+        raise ReportError(f"{config}: not valid YAML ({exc})") from exc
+    return method.get(key) if isinstance(method, dict) else None
+
+
+def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | None:
+    """FedTSDP's trajectory: the Hopkins statistic H per round of each run that records it, its
+    threshold h_th (dashed) and the rounds that re-clustered (dots). None: no run records H."""
+    runs = [(label, run, c) for label, (run, _), c in zip(legend_labels(group), group.runs, curves) if c.hopkins]
+    if not runs:
+        return None
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(8, 3.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, (label, run, c) in enumerate(runs):
+            color = colors[i % len(colors)]
+            pts = [(r, h) for r, h in zip(c.rounds, c.hopkins) if h is not None]
+            ax.plot([r for r, _ in pts], [h for _, h in pts], label=label, color=color, linewidth=1.0)
+            fired = dict(pts)
+            xs = [r for r in c.reclustered if r in fired]
+            ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4, label=f"{label}: re-clustered")
+            h_th = method_option(run, "h_th")
+            if isinstance(h_th, (int, float)) and math.isfinite(h_th):
+                ax.axhline(float(h_th), color=color, linestyle="--", linewidth=0.8, label=f"{label}: h_th = {h_th:g}")
+        ax.set_title(f"{group.title}: Hopkins statistic H of the clients' public-batch outputs")
+        ax.set_xlabel("round")
+        ax.set_ylabel("H")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    return path
+
+
 # ---------------------------------------------------------------------------- report.md
 
 
@@ -530,6 +588,10 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)
             lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
+        png = plot_hopkins(group, [curves[run] for run, _ in group.runs], out / f"{group.stem}_hopkins.png")
+        if png is not None:
+            written.append(png)
+            lines.append(f"![{group.title}: Hopkins statistic per round]({png.name})")
         lines += ["", "Runs:", ""]
         lines += [f"- {label}{_commit_note(run)}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
     report = out / "report.md"

@@ -4,10 +4,44 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One thread per process, in the processes the tests start too (Ray workers, SuperNodes, their
+# ClientApps inherit the environment): pytest -n auto runs a worker per core, and two workers
+# whose children each spin up a thread per core slow every test several times over.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# files whose tests start Ray (Flower's simulation engine): never two Ray clusters at once
+ONE_AT_A_TIME = {"tests/integration/": "simulation"}
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file (module fixtures such as a deployment cluster are
+    built once), or its folder's shared unit (ONE_AT_A_TIME)."""
+    path = nodeid.split("::", 1)[0]
+    return next((unit for folder, unit in ONE_AT_A_TIME.items() if path.startswith(folder)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n auto`` (pyproject addopts): the workers share the cores and take whole work
+    units (:func:`work_unit`). Our own scheduler, not ``--dist loadgroup``: pytest 9 keeps node
+    ids where xdist 3.8's group marks no longer reach them (every test would be its own unit)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    # units in collection order (tests/e2e, tests/integration, then tests/unit), not the most
+    # tests first: the long deployment and Ray units start at once and the short unit files fill in
+    config.option.loadscopereorder = False
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,3 +80,5 @@ def tiny_overrides() -> list[str]:
         "partition.min_size=20",
         "alpha=1.0",
     ]
+
+

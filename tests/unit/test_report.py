@@ -316,3 +316,26 @@ def test_an_iid_or_shards_run_finds_its_table_by_partition_name(tmp_path):
     assert rows["fedtsdp"]["paper"] == "72.98" and rows["fedtsdp"]["metric"] == "final_acc"
     assert rows["fedper"]["paper"] == "90.22" and rows["fedper"]["diff"] == "-0.22"
     assert paper_numbers()[("fedtsdp", "cifar10", 0.5)][0] == 79.29
+
+
+def test_a_fedtsdp_run_gets_its_hopkins_trajectory_figure(tmp_path):
+    """H per round, the re-clustering rounds and the threshold from the run's config.yaml; runs
+    without H (the baselines of the group) add nothing to that figure."""
+    run = real_run(tmp_path / "runs" / "10-00-00-fedtsdp-fmnist", method="fedtsdp", rounds=4)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for rec, h, fired in zip(lines, [0.9, 0.5, 0.7, 0.6], [1, 0, 1, 0]):
+        rec.update(hopkins=h, triggered=fired)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    (run / "config.yaml").write_text("method:\n  name: fedtsdp\n  h_th: 0.65\n")
+    real_run(tmp_path / "runs" / "10-05-00-fedavg-fmnist")
+    curve = load_curve(run)
+    assert curve.hopkins == (0.9, 0.5, 0.7, 0.6) and curve.reclustered == (1, 3)
+    assert load_curve(tmp_path / "runs" / "10-05-00-fedavg-fmnist").hopkins == ()
+    out = tmp_path / "report"
+    names = {p.name for p in write_report(find_runs([tmp_path / "runs"]), out)}
+    assert "fmnist_a0.1_hopkins.png" in names and (out / "fmnist_a0.1_hopkins.png").stat().st_size > 5000
+    assert "![fmnist, α = 0.1: Hopkins statistic per round](fmnist_a0.1_hopkins.png)" in (out / "report.md").read_text()
+    lines[1]["hopkins"] = "high"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    with pytest.raises(ReportError, match=r"line 2: 'hopkins' is 'high', not a number"):
+        load_curve(run)

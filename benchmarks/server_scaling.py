@@ -202,6 +202,9 @@ CASES: dict[str, Case] = {
     "kapc": case("kapc", stored_models),  # the cube step's Gram matrices over the participants, s_i for each
     "kapc_bls": case("kapc_bls", stored_models),
     "fedtsdp": case("fedtsdp", fedtsdp_public, h_th=0.0),  # a re-clustering every round (the expensive one)
+    "felo": case("felo", warmup=0.0),  # per-architecture FedAvg + the class-knowledge store and its means
+    "fedhe": case("fedhe", warmup=0.0),  # logits only, no weights
+    "velo": case("velo", warmup=0.0),  # + a CVAE training on every stored feature (interval 1) and one decode
 }
 
 
@@ -264,7 +267,7 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
     keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
     sizes = [int(np.prod(strategy.template[k][0])) for k in keys]
     total = sum(sizes)
-    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys]).astype(np.float32)
+    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys] or [np.zeros(0)]).astype(np.float32)  # FedHe: no weights
     pool = np.random.default_rng(0).standard_normal(total + 7 * n + 1, dtype=np.float32)
     pool *= 0.01
     extra_spec = strategy.extra_uplink(0, rnd)
@@ -278,7 +281,8 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
             start += size
         extra = {k: np.ones(shape, dtype) for k, (shape, dtype) in extra_spec.items()}
         metrics = {"num-examples": float(50 + i % 50), "client-id": float(i), "test_size": 20.0, "train_loss": 1.0}
-        updates.append(ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total))
+        extra_bytes = sum(v.nbytes for v in extra.values())
+        updates.append(ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total + extra_bytes))
     del pool
     return updates
 
@@ -294,7 +298,8 @@ def input_bytes(name: str, model_name: str, n: int) -> int:
         return 0  # the case reports why it cannot run
     rnd = CASES[name].round
     keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
-    return n * sum(int(np.prod(strategy.template[k][0])) * 4 for k in keys)
+    extra = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in strategy.extra_uplink(0, rnd).values())
+    return n * (sum(int(np.prod(strategy.template[k][0])) * 4 for k in keys) + extra)
 
 
 # ----------------------------------------------------------------------------- memory probes

@@ -268,11 +268,31 @@ class KAPCArgs(RoleArgs):
             raise RoleArgsError(f"KAPC mask must hold 0/1 per layer, got {self.mask}")
 
 
+@dataclass(frozen=True)
+class FeloArgs(RoleArgs):
+    """Felo / Velo / FedHe (felo_velo.md §2.4): CE + alpha * (mse_weight * feature MSE + KL of the
+    logits) against the server's class knowledge (extra arrays ``knowledge/S|P|M``; none sent: CE
+    only, the warm-up). The client uploads its per-class mean features and logits and counts
+    (``knowledge/s|p|n``) of width ``feature_dim``. FedHe: ``mse_weight`` 0 (logits only)."""
+
+    role: ClassVar[str] = "felo"
+    alpha: float = 0.5
+    mse_weight: float = 1.0
+    temperature: float = 1.0
+    feature_dim: int = 0
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "alpha", self.alpha, 0)
+        check_min(self.role, "mse_weight", self.mse_weight, 0)
+        check_min(self.role, "temperature", self.temperature, 0, strict=True)
+        check_min(self.role, "feature_dim", self.feature_dim, 0)  # 0: not checked
+
+
 ROLE_ARGS: dict[str, type[RoleArgs]] = {
     cls.role: cls
     for cls in (
         SGDArgs, ProximalArgs, FedAMPArgs, FedRepArgs, FedBabuArgs, DittoArgs, FedDynArgs, FedFomoArgs, MOONArgs,
-        FedAPArgs, FedCMDArgs, FedCPMDArgs, KAPCArgs,
+        FedAPArgs, FedCMDArgs, FedCPMDArgs, KAPCArgs, FeloArgs,
     )
 }
 

@@ -21,6 +21,7 @@ from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
 from .fedtsdp import FedTSDP
+from .felo import FedHe, Felo, Velo
 from .kapc import KAPC, KAPCBLS
 from .lgfedavg import LGFedAvg
 from .local import Local
@@ -31,13 +32,20 @@ from .pfedsim import PFedSim
 STRATEGIES: dict[str, type[PersonalizedStrategy]] = {
     cls.name: cls for cls in (FedAvg, FedPer, Local, FedCMD, FedProx, FedRep, FedBabu, FedBN, LGFedAvg, PFedSim, Ditto)
 }
-STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD, KAPC, KAPCBLS, FedTSDP)})
+STRATEGIES.update({cls.name: cls for cls in (FedAMP, CFL, FedDyn, FedFomo, FedAP, MOON, PFedLA, FedCPMD, KAPC, KAPCBLS, FedTSDP, Felo, Velo, FedHe)})
 
 
 def method_options(name: str) -> list[str]:
     """The method-specific keyword arguments a strategy accepts (its conf/method/ keys)."""
-    params = inspect.signature(STRATEGIES[name].__init__).parameters
-    return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in _BASE_OPTIONS]
+    options: list[str] = []
+    for cls in STRATEGIES[name].__mro__:  # a subclass passing **kwargs on takes its parents' options too (Velo: Felo's)
+        if cls is PersonalizedStrategy or "__init__" not in vars(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        options += [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in _BASE_OPTIONS and p not in options]
+        if not any(v.kind is inspect.Parameter.VAR_KEYWORD for v in params.values()):
+            break
+    return options
 
 
 _BASE_OPTIONS = set(

@@ -14,12 +14,13 @@ from .fedcpmd import FedCPMDRole
 from .feddyn import FedDynRole
 from .fedfomo import FedFomoRole
 from .fedrep import FedRepRole
+from .felo import FeloRole
 from .kapc import KAPCRole
 from .moon import MOONRole
 from .proximal import ProximalRole
 
 ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
-ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole, KAPCRole)})
+ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole, KAPCRole, FeloRole)})
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:

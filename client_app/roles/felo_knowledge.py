@@ -74,12 +74,14 @@ def felo_loss(
     alpha: float,
     knowledge: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     temperature: float = 1.0,
+    mse_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Eq. 1: CE + alpha (MSE + KL); ``knowledge`` None (warm-up, or no class known yet): CE only.
-    Returns the loss and its terms (floats) for the round's metrics."""
+    """Eq. 1: CE + alpha (mse_weight MSE + KL); ``knowledge`` None (warm-up, or no class known
+    yet): CE only. ``mse_weight`` 0 is FedHe (logits only). Returns the loss and its (unweighted)
+    terms as floats for the round's metrics."""
     ce = F.cross_entropy(logits, labels)
     if knowledge is None or alpha == 0:
         return ce, {"ce": float(ce.detach()), "mse": 0.0, "kl": 0.0}
     mse, kl = distill_terms(features, logits, labels, *knowledge, temperature=temperature)
-    loss = ce + alpha * (mse + kl)
+    loss = ce + alpha * (mse_weight * mse + kl)
     return loss, {"ce": float(ce.detach()), "mse": float(mse.detach()), "kl": float(kl.detach())}

@@ -110,6 +110,9 @@ CASES = {
     "kapc_bls": ["method=kapc_bls", "model=cnn_kapc"],  # the cube, stale layers, participation counts, BLS statistics
     # re-clusterings every round: clusters, public sampling weights, its own generator, the shared-unit counter
     "fedtsdp": ["method=fedtsdp", "dataset.public=holdout", "fraction=1.0", "method.h_th=0.0", "method.eps1=0.005", "method.eps2=inf"],
+    # the class-knowledge store, the CVAE's weights and its generator (a training every round)
+    "velo": ["method=velo", "fraction=1.0", "method.warmup=0.25", "method.cvae_hidden=32", "method.cvae_latent=8",
+             "method.cvae_label_dim=8", "method.cvae_epochs=2", "optimizer=adam", "lr=0.003", "local_steps=4"],
 }
 
 
@@ -142,6 +145,8 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
         assert sb["extra"]["state"].personal_layer is not None and len(sb["extra"]["state"].round_winners) == 3
     if case == "fedtsdp":
         assert sb["extra"]["shared_counter"] < len(sb["extra"]["units"]) and len(sb["extra"]["events"]) == 4
+    if case == "velo":
+        assert sb["extra"]["cvae_trained"] == 4 and any(len(v) for v in sb["extra"]["store_state"].values())
     if case == "pfedsim":
         assert sb["extra"]["bodies"] and not np.allclose(sb["extra"]["sim"], np.eye(4))
 

@@ -1,0 +1,222 @@
+"""Felo, Velo and FedHe (felo_velo.md): clients of different architectures share class knowledge.
+
+Felo (§2.3): FedAvg only among clients of the same architecture (the base's per-architecture
+aggregation); every reply's per-class mean features and logits go into a per-class store over
+all past rounds (strategies/felo_math.py), whose means S [C, D] and P [C, C] (with the mask M of
+known classes) every client receives after the warm-up (the first ceil(warmup * rounds) rounds
+train on CE alone). Velo (§2.5): a conditional VAE (models/cvae.py), trained on the stored
+features every ``cvae_interval`` rounds from the end of the warm-up (its weights kept, Adam
+re-created), replaces S by one decoded feature per class drawn with the round's seed (the same
+for every client). FedHe (§5): logits only (the feature term off, no features sent either way)
+and no weight averaging at all: every client keeps its own model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.cvae import CVAE, CVAE_LOSSES, train_cvae
+from protocol.roles import FeloArgs
+
+from .base import PersonalizedStrategy
+from .felo_math import WINDOWS, KnowledgeStore
+from .validation import ClientUpdate
+
+KNOWLEDGE = "knowledge/"
+
+
+def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifier_keys: Sequence[str]) -> int:
+    """D: the input width of the classifier (the last group's 2-d weight)."""
+    for key in classifier_keys:
+        shape = tuple(template[key][0])
+        if len(shape) == 2:
+            return int(shape[1])
+    raise ValueError("the model's last layer group has no 2-d weight (a linear classifier): Felo/Velo need one")
+
+
+class Felo(PersonalizedStrategy):
+    """``alpha``: the distillation weight of Eq. 1; ``warmup``: the CE-only share of the rounds
+    (0.05); ``total_rounds``: the run's rounds; ``temperature`` of the KL; the store's caps and
+    ``window`` (``all``: every past report in a FIFO; ``latest_per_client``)."""
+
+    name = "felo"
+    role = "felo"
+    heterogeneous = True
+    shared_buffers = True  # step 5: BN running statistics are averaged within the architecture too
+    mse_weight = 1.0
+    checkpoint_exclude = ("store",)
+
+    def __init__(
+        self,
+        *args: Any,
+        alpha: float = 0.5,
+        warmup: float = 0.05,
+        total_rounds: int = 100,
+        temperature: float = 1.0,
+        feature_cap: int = 5000,
+        logit_cap: int = 50000,
+        window: str = "all",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if not 0 <= warmup < 1:
+            raise ValueError(f"{self.name} warmup is the CE-only share of the rounds, in [0, 1); got {warmup}")
+        if window not in WINDOWS:
+            raise ValueError(f"{self.name} window must be one of {list(WINDOWS)}, got {window!r}")
+        widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in self.schemas.items()}
+        if len(set(widths.values())) > 1:
+            raise ValueError(
+                f"{self.name} shares class features, but the architectures end in different widths {widths}: "
+                "give them one model.feature_dim (the ResNets project to it)"
+            )
+        self.feature_dim = next(iter(widths.values()))
+        self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
+        self.warmup_rounds = math.ceil(float(warmup) * int(total_rounds))
+        self.args = FeloArgs(alpha=float(alpha), mse_weight=self.mse_weight, temperature=float(temperature), feature_dim=self.feature_dim)
+        self.store = KnowledgeStore(self.num_classes, self.feature_dim, int(feature_cap), int(logit_cap), window)
+        self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
+        self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
+        self.known = np.zeros(self.num_classes, np.uint8)
+
+    # ------------------------------------------------------------------ messages
+    def role_config(self, client_id: int, server_round: int) -> FeloArgs:
+        return self.args
+
+    def distilling(self, server_round: int) -> bool:
+        return server_round > self.warmup_rounds and bool(self.known.any())
+
+    def knowledge_down(self) -> dict[str, np.ndarray]:
+        return {KNOWLEDGE + "S": self.class_features, KNOWLEDGE + "P": self.class_logits, KNOWLEDGE + "M": self.known}
+
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        down = self.knowledge_down() if self.distilling(server_round) else {}
+        return {cid: dict(down) for cid in client_ids}
+
+    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        c, d = self.num_classes, self.feature_dim
+        up = {KNOWLEDGE + "p": ((c, c), np.dtype(np.float32)), KNOWLEDGE + "n": ((c,), np.dtype(np.int64))}
+        if self.mse_weight > 0:
+            up[KNOWLEDGE + "s"] = ((c, d), np.dtype(np.float32))
+        return up
+
+    # ------------------------------------------------------------------ the round
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        record = super().aggregate(server_round, updates)
+        for u in sorted(updates, key=lambda u: u.client_id):
+            s = u.extra.get(KNOWLEDGE + "s", np.zeros((self.num_classes, self.feature_dim), np.float32))
+            self.store.add(u.client_id, s, u.extra[KNOWLEDGE + "p"], u.extra[KNOWLEDGE + "n"])
+        self.known = self.store.mask()
+        self.class_logits = self.store.class_logits()
+        self.class_features = self.next_class_features(server_round)
+        record.update({
+            "distill": int(self.distilling(server_round)),
+            "known_classes": int(self.known.sum()),
+            "log_keys": ["known_classes"],
+        })
+        return record
+
+    def next_class_features(self, server_round: int) -> np.ndarray:
+        """S for the next round: Felo sends the stores' class means."""
+        return self.store.class_features()
+
+    def run_summary(self) -> dict[str, Any]:
+        return {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
+
+    # ------------------------------------------------------------------ checkpoint
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(), "store_state": self.store.state()}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        state = dict(state)
+        self.store.load_state(state.pop("store_state"))
+        super().load_extra_state(state)
+
+
+class FedHe(Felo):
+    """FedHe (Chan & Ngai 2021, felo_velo.md §5): class logits only, every client keeps its model."""
+
+    name = "fedhe"
+    mse_weight = 0.0
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.schema(client_id).groups)
+
+    def knowledge_down(self) -> dict[str, np.ndarray]:
+        return {KNOWLEDGE + "P": self.class_logits, KNOWLEDGE + "M": self.known}
+
+    def next_class_features(self, server_round: int) -> np.ndarray:
+        return self.class_features  # never sent
+
+
+class Velo(Felo):
+    """Felo whose class features come from a conditional VAE trained on the stored features:
+    ``cvae_interval`` rounds between trainings, ``cvae_epochs``, ``cvae_batch``, ``cvae_lr``,
+    ``cvae_loss`` (elbo | code) and the CVAE's sizes (label embedding, hidden, latent)."""
+
+    name = "velo"
+    # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
+    checkpoint_exclude = ("store", "cvae_device", "cvae_gen", "cvae")
+
+    def __init__(
+        self,
+        *args: Any,
+        cvae_interval: int = 1,
+        cvae_epochs: int = 10,
+        cvae_batch: int = 50,
+        cvae_lr: float = 1e-3,
+        cvae_loss: str = "elbo",
+        cvae_label_dim: int = 512,
+        cvae_hidden: int = 1024,
+        cvae_latent: int = 512,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if int(cvae_interval) < 1 or int(cvae_epochs) < 1 or int(cvae_batch) < 2:
+            raise ValueError(f"velo needs cvae_interval >= 1, cvae_epochs >= 1 and cvae_batch >= 2; got {cvae_interval}, {cvae_epochs}, {cvae_batch}")
+        if cvae_loss not in CVAE_LOSSES:
+            raise ValueError(f"velo cvae_loss must be one of {list(CVAE_LOSSES)}, got {cvae_loss!r}")
+        self.cvae_interval, self.cvae_epochs, self.cvae_batch = int(cvae_interval), int(cvae_epochs), int(cvae_batch)
+        self.cvae_lr, self.cvae_loss = float(cvae_lr), str(cvae_loss)
+        self.cvae_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        torch_state = torch.get_rng_state()
+        torch.manual_seed(int(self.seed) + 7177)  # the CVAE's initial weights: from the run's seed, not the global stream
+        self.cvae = CVAE(self.feature_dim, self.num_classes, int(cvae_label_dim), int(cvae_hidden), int(cvae_latent))
+        torch.set_rng_state(torch_state)
+        self.cvae_gen = torch.Generator().manual_seed(int(self.seed) + 7919)
+        self.cvae_trained = 0
+        self.cvae_history: list[float] = []
+
+    def next_class_features(self, server_round: int) -> np.ndarray:
+        if server_round >= self.warmup_rounds and (server_round - self.warmup_rounds) % self.cvae_interval == 0:
+            feats, labels = self.store.labelled_features()
+            if len(labels) >= 2:
+                self.cvae.to(self.cvae_device)
+                losses = train_cvae(self.cvae, torch.from_numpy(feats), torch.from_numpy(labels), self.cvae_gen,
+                                    self.cvae_epochs, self.cvae_batch, self.cvae_lr, self.cvae_loss)
+                self.cvae.to("cpu")
+                self.cvae_trained += 1
+                self.cvae_history.append(losses[-1])
+        if not self.cvae_trained:
+            return self.store.class_features()
+        draw = torch.Generator().manual_seed(int(self.seed) * 100_003 + server_round)  # one draw per round, same for all
+        synthetic, _ = self.cvae.synthesize(draw)
+        return synthetic.numpy().astype(np.float32)
+
+    def extra_state(self) -> dict[str, Any]:
+        weights = {k: v.detach().cpu().clone() for k, v in self.cvae.state_dict().items()}
+        return {**super().extra_state(), "cvae_gen_state": self.cvae_gen.get_state(), "cvae_weights": weights}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        state = dict(state)
+        self.cvae_gen.set_state(torch.as_tensor(state.pop("cvae_gen_state"), dtype=torch.uint8))
+        self.cvae.load_state_dict({k: torch.as_tensor(v) for k, v in state.pop("cvae_weights").items()})
+        super().load_extra_state(state)
+
+    def run_summary(self) -> dict[str, Any]:
+        return {**super().run_summary(), "cvae_trainings": self.cvae_trained,
+                "cvae_last_loss": self.cvae_history[-1] if self.cvae_history else None}

@@ -1,0 +1,101 @@
+"""Felo, Velo and FedHe through the in-process grid: three architectures in one federation,
+weights averaged only within an architecture, class knowledge (and Velo's synthetic features)
+reaching the clients, FedHe's logits-only exchange."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server_app.config import ConfigError
+from server_app.inprocess import InProcessGrid
+from test_strategy_base import make, run
+
+from method_helpers import train_messages
+
+# three LeNet depths with one feature width: 2 clients each (blocks)
+ARCHS = [
+    "model=mixed", "~model.archs",
+    "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 32}, l3: {name: lenet5, fc_layers: 3, feature_dim: 32},"
+    " l4: {name: lenet5, fc_layers: 4, feature_dim: 32}}",
+]
+FELO = ["num_clients=6", "fraction=1.0", "optimizer=adam", "lr=0.003", "local_steps=4", "batch_size=32", "method.warmup=0.25", *ARCHS]
+SMALL_CVAE = ["method.cvae_hidden=32", "method.cvae_latent=8", "method.cvae_label_dim=8", "method.cvae_epochs=2"]
+
+
+def extras(message) -> dict[str, np.ndarray]:
+    arrays = message.content.array_records["arrays"]
+    return {k[len("extra/knowledge/"):]: arrays[k].numpy() for k in arrays.keys() if k.startswith("extra/knowledge/")}
+
+
+def train_replies(grid) -> list:
+    return [r for r in grid.replies if r.metadata.message_type == "train" and "arrays" in r.content.array_records]
+
+
+def model_keys(message) -> set[str]:
+    return {k for k in message.content.array_records["arrays"].keys() if not k.startswith("extra/")}
+
+
+def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=felo", "rounds=4", "method.total_rounds=4", *FELO)
+    grid = InProcessGrid(6)
+    records, sent_after = [], []  # the round's record, and the S and P the strategy then holds
+    strategy.start(grid, num_rounds=3, on_round=lambda r: (records.append(r), sent_after.append((strategy.class_features.copy(), strategy.class_logits.copy()))))
+    assert strategy.warmup_rounds == 1 and strategy.feature_dim == 32
+    assert [r["distill"] for r in records] == [0, 1, 1] and records[-1]["known_classes"] == 10
+    assert not any(extras(m) for m in train_messages(grid, 1))  # the warm-up: CE only, no knowledge sent
+    # round 3's clients received S, P, M = the store's means after round 2
+    for m in train_messages(grid, 3):
+        got = extras(m)
+        assert sorted(got) == ["M", "P", "S"] and got["S"].shape == (10, 32) and got["P"].shape == (10, 10)
+        np.testing.assert_array_equal(got["S"], sent_after[1][0])
+        np.testing.assert_array_equal(got["P"], sent_after[1][1])
+        assert got["M"].tolist() == [1] * 10
+    replies = train_replies(grid)[-6:]  # round 3's
+    by_arch: dict[str, list] = {}
+    for r in replies:
+        by_arch.setdefault(strategy.arch_of[int(r.content["metrics"]["client-id"])], []).append(r)
+    assert sorted(by_arch) == ["l2", "l3", "l4"] and all(len(v) == 2 for v in by_arch.values())
+    for arch, rs in by_arch.items():
+        n = np.array([float(r.content["metrics"]["num-examples"]) for r in rs])
+        keys = strategy.schema(next(c for c, a in strategy.arch_of.items() if a == arch)).keys()
+        for key in keys:
+            mean = sum(w * r.content.array_records["arrays"][key].numpy().astype(np.float64) for w, r in zip(n / n.sum(), rs))
+            np.testing.assert_allclose(strategy.arch_arrays[arch][key], mean, rtol=1e-5, atol=1e-6)
+        for r in rs:
+            up = extras(r)
+            assert up["s"].shape == (10, 32) and up["p"].shape == (10, 10) and up["n"].sum() > 0
+    assert set(strategy.arch_arrays["l2"]) != set(strategy.arch_arrays["l4"])  # no tensor is shared across architectures
+
+
+def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=4", "method.total_rounds=4", *FELO, *SMALL_CVAE)
+    grid = InProcessGrid(6)
+    run(strategy, grid, 3)
+    assert strategy.cvae_trained == 3  # every round t >= T_warm = 1 (interval 1), at its end
+    sent = [extras(m)["S"] for m in train_messages(grid, 3)]
+    assert all(np.array_equal(s, sent[0]) for s in sent)  # one draw for every client of the round
+    means = strategy.store.class_features()
+    assert not np.allclose(sent[0], means)  # decoded samples, not the class means
+    import torch
+
+    again, _ = strategy.cvae.synthesize(torch.Generator().manual_seed(strategy.seed * 100_003 + 3))
+    np.testing.assert_allclose(strategy.class_features, again.numpy(), rtol=1e-6)
+
+
+def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=fedhe", "rounds=4", "method.total_rounds=4", *FELO)
+    grid = InProcessGrid(6)
+    run(strategy, grid, 3)
+    for m in train_messages(grid, 3):
+        assert not model_keys(m) and sorted(extras(m)) == ["M", "P"]
+    replies = train_replies(grid)
+    assert len(replies) == 18
+    for r in replies:
+        assert not model_keys(r) and sorted(extras(r)) == ["n", "p"]
+
+
+def test_architectures_of_different_feature_widths_are_refused(compose, tiny_overrides):
+    archs = ["model=mixed", "~model.archs", "+model.archs={a: {name: lenet5, fc_layers: 3}, b: {name: lenet5, fc_layers: 2}}"]
+    with pytest.raises((ConfigError, ValueError), match="different widths"):
+        make(compose, tiny_overrides, "method=felo", *archs)

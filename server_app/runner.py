@@ -77,6 +77,10 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     )
     if getattr(strategy, "needs_public_data", False):
         strategy.attach_public(public_images(cfg))
+    elif getattr(strategy, "evaluates_on_public", False) and str(cfg.dataset.get("public", "none")) != "none":
+        spec = DataSpec.from_dict(data_spec_dict(cfg))
+        if not spec.info.node_local:
+            strategy.attach_public_test(*load_public_data(spec))
     return strategy
 
 

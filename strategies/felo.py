@@ -13,6 +13,7 @@ and no weight averaging at all: every client keeps its own model.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,7 +50,8 @@ class Felo(PersonalizedStrategy):
     heterogeneous = True
     shared_buffers = True  # step 5: BN running statistics are averaged within the architecture too
     mse_weight = 1.0
-    checkpoint_exclude = ("store",)
+    evaluates_on_public = True  # the runner hands the labelled public split (dataset.public=test) to attach_public_test()
+    checkpoint_exclude = ("store", "_probes", "public_test")
 
     def __init__(
         self,
@@ -61,9 +63,18 @@ class Felo(PersonalizedStrategy):
         feature_cap: int = 5000,
         logit_cap: int = 50000,
         window: str = "all",
+        global_eval_every: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        model = args[0] if args else kwargs.get("model")
+        models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
+        self._probes = {arch: copy.deepcopy(m) for arch, m in models.items()}  # the server runs the group models in these
+        self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
+        if int(global_eval_every) < 1:
+            raise ValueError(f"{self.name} global_eval_every must be >= 1 (rounds between global-test evaluations), got {global_eval_every}")
+        self.global_eval_every = int(global_eval_every)
+        self.total_rounds = int(total_rounds)
         if not 0 <= warmup < 1:
             raise ValueError(f"{self.name} warmup is the CE-only share of the rounds, in [0, 1); got {warmup}")
         if window not in WINDOWS:
@@ -118,14 +129,56 @@ class Felo(PersonalizedStrategy):
             "known_classes": int(self.known.sum()),
             "log_keys": ["known_classes"],
         })
+        if self.public_test is not None and (server_round % self.global_eval_every == 0 or server_round == self.total_rounds):
+            accs = {arch: self.global_accuracy(arch, arch) for arch in self.schemas}
+            record.update({f"global_acc@{a}": v for a, v in accs.items()})
+            record["global_acc"] = float(np.mean(list(accs.values())))
+            record["log_keys"] = ["known_classes", "global_acc"]
         return record
+
+    # ------------------------------------------------------------------ the global test set
+    def attach_public_test(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The labelled global test set (``dataset.public=test``) the group models are evaluated on."""
+        if len(images) < 1:
+            raise ValueError(f"{self.name}: the public split is empty")
+        self.public_test = (images, labels.to(torch.int64))
+
+    def _group_model(self, arch: str) -> torch.nn.Module:
+        model = self._probes[arch]
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in self.arch_arrays[arch].items()}, strict=False)
+        return model.eval()
+
+    @torch.no_grad()
+    def global_accuracy(self, extractor_arch: str, classifier_arch: str, batch: int = 1000) -> float:
+        """Accuracy on the global test set of ``extractor_arch``'s features through
+        ``classifier_arch``'s classifier (the same architecture: its group model; two different
+        ones: the spec's transfer check, which only aligned features pass)."""
+        assert self.public_test is not None
+        images, labels = self.public_test
+        extractor, head = self._group_model(extractor_arch), list(self._group_model(classifier_arch).groups.values())[-1]
+        correct = 0
+        for start in range(0, len(labels), batch):
+            z = extractor.features(images[start:start + batch]).flatten(1)
+            correct += int((head(z).argmax(1) == labels[start:start + batch]).sum())
+        return correct / len(labels)
+
+    def transfer_matrix(self) -> dict[str, dict[str, float]]:
+        """Global-test accuracy of every (extractor architecture, classifier architecture) pair."""
+        return {a: {b: self.global_accuracy(a, b) for b in self.schemas} for a in self.schemas}
 
     def next_class_features(self, server_round: int) -> np.ndarray:
         """S for the next round: Felo sends the stores' class means."""
         return self.store.class_features()
 
     def run_summary(self) -> dict[str, Any]:
-        return {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
+        out: dict[str, Any] = {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
+        if self.public_test is not None:
+            matrix = self.transfer_matrix()
+            out["transfer_acc"] = matrix
+            cross = [v for a, row in matrix.items() for b, v in row.items() if a != b]
+            if cross:
+                out["transfer_acc_mean"] = float(np.mean(cross))
+        return out
 
     # ------------------------------------------------------------------ checkpoint
     def extra_state(self) -> dict[str, Any]:
@@ -142,6 +195,7 @@ class FedHe(Felo):
 
     name = "fedhe"
     mse_weight = 0.0
+    evaluates_on_public = False  # no group models: each client keeps its own
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)

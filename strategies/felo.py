@@ -214,7 +214,7 @@ class Velo(Felo):
 
     name = "velo"
     # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
-    checkpoint_exclude = ("store", "cvae_device", "cvae_gen", "cvae")
+    checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae")
 
     def __init__(
         self,

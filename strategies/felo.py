@@ -117,6 +117,7 @@ class Felo(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ the round
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        distilled = self.distilling(server_round)  # what this round's clients trained with (before the new knowledge)
         record = super().aggregate(server_round, updates)
         for u in sorted(updates, key=lambda u: u.client_id):
             s = u.extra.get(KNOWLEDGE + "s", np.zeros((self.num_classes, self.feature_dim), np.float32))
@@ -125,7 +126,7 @@ class Felo(PersonalizedStrategy):
         self.class_logits = self.store.class_logits()
         self.class_features = self.next_class_features(server_round)
         record.update({
-            "distill": int(self.distilling(server_round)),
+            "distill": int(distilled),
             "known_classes": int(self.known.sum()),
             "log_keys": ["known_classes"],
         })

@@ -382,6 +382,13 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     # but two clients are too few for the Hopkins statistic (m < 3: no clustering, fedtsdp.md [A4])
     "fedtsdp": (2, {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
                 "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5"),
+    # the two nodes run different ResNets (one 32-wide feature); the server's CVAE trains after
+    # round 1 and round 2's clients get its synthetic class features; the group models are
+    # evaluated on a public hold-out and crossed for the transfer check
+    "velo": (2, {"method": "velo", "dataset": "digits", "model": "mixed"},
+             "optimizer=adam lr=0.001 local_steps=3 method.warmup=0.0 method.cvae_hidden=32 method.cvae_latent=8 "
+             "method.cvae_label_dim=8 method.cvae_epochs=2 dataset.public=holdout dataset.public_fraction=0.2 ~model.archs "
+             '"+model.archs={r10: {name: resnet10, feature_dim: 32}, r14: {name: resnet14, feature_dim: 32}}"'),
 }
 METHOD_NODES = 2
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
@@ -389,7 +396,7 @@ METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a s
 
 @pytest.fixture(scope="module")
 def methods(tmp_path_factory):
-    """2 SuperNodes over loopback, TLS and node auth; FedCPMD, then KAPC+BLS, on the same deployment
+    """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment
     (every message starts a ClientApp process: the cost of this test is its message count)."""
     tmp = tmp_path_factory.mktemp("methods")
     cluster = Cluster(tmp, nodes=METHOD_NODES, node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)})
@@ -445,3 +452,11 @@ def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
     assert all(3 <= o <= 5 for r in rounds for o in r["omega"].values())  # omega_min = L - 2 = 3
     assert summary["best_mean_acc"] > 0.3 and summary["artifacts"] == ["cube.npy", "cube.png"]
     assert (methods["cluster"].run_dir("kapc_bls") / "cube.png").stat().st_size > 5000
+
+
+def test_velo_runs_two_architectures_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "velo")
+    assert [r["distill"] for r in rounds] == [0, 1] and summary["cvae_trainings"] == 2
+    assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@r14"} <= set(r) for r in rounds)
+    assert set(summary["transfer_acc"]) == {"r10", "r14"} and summary["final_clients"] == METHOD_NODES
+    assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the class knowledge (S, P, M) in round 2

@@ -156,7 +156,9 @@ class Felo(PersonalizedStrategy):
         ones: the spec's transfer check, which only aligned features pass)."""
         assert self.public_test is not None
         images, labels = self.public_test
-        extractor, head = self._group_model(extractor_arch), list(self._group_model(classifier_arch).groups.values())[-1]
+        extractor = self._group_model(extractor_arch)
+        classifier = extractor if classifier_arch == extractor_arch else self._group_model(classifier_arch)  # one load per model
+        head = list(classifier.groups.values())[-1]
         correct = 0
         for start in range(0, len(labels), batch):
             z = extractor.features(images[start:start + batch]).flatten(1)

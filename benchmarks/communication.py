@@ -338,6 +338,43 @@ def _ratio(value: float, ref: float | None) -> str:
     return f"{value / ref:.2f}"
 
 
+def extras_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method whose messages carry extras (arrays that are not model tensors: Felo/Velo/FedHe's
+    class knowledge, FedFomo's peer models, FedAP's BN statistics...), per phase: the median
+    extras and model-tensor bytes per message and their ratio, and the extras against FedAvg's
+    whole message (what the knowledge costs next to sending a model at all)."""
+    ref = next((r for r in runs if r["method"] == REFERENCE), None)
+    ref_msg = None
+    if ref is not None:
+        ref_msg = _phase_numbers(ref, [rd for _, rd in segments(ref)][-1])["down_client"]
+    rows = []
+    for run in runs:
+        for label, rnds in segments(run):
+            train = [b for b in run["batches"] if b.kind == "train" and b.server_round in rnds]
+            down = [s for b in train for s in b.down]
+            up = [s for b in train for s in b.up]
+            if not any(s.extra for s in (*down, *up)):
+                continue
+            ex_d, ex_u = median(s.extra for s in down), median(s.extra for s in up)
+            mod_d, mod_u = median(s.arrays - s.extra for s in down), median(s.arrays - s.extra for s in up)
+            rows.append({
+                "method": run["method"],
+                "rounds": label,
+                "extras KiB/msg down / up": f"{ex_d / KIB:.2f} / {ex_u / KIB:.2f}",
+                "model tensors KiB/msg down / up": f"{mod_d / KIB:.1f} / {mod_u / KIB:.1f}",
+                "extras / model tensors down / up": f"{_share(ex_d, mod_d)} / {_share(ex_u, mod_u)}",
+                f"extras / {REFERENCE} message down / up": f"{_share(ex_d, ref_msg)} / {_share(ex_u, ref_msg)}",
+            })
+    return rows
+
+
+def _share(part: float, whole: float | None) -> str:
+    if not whole:
+        return "n/a"
+    share = part / whole
+    return f"{share:.2f}x" if share >= 1 else f"{100 * share:.3g}%"
+
+
 def side_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Discovery and final evaluation, per method: totals over all clients (not per round)."""
     rows = []
@@ -450,6 +487,7 @@ def report(runs: Sequence[dict[str, Any]], command: str, started: float, rounds:
         "",
         markdown_table(round_rows(runs), ROUND_COLUMNS),
         "",
+        *_extras_section(runs),
         "## Discovery and final evaluation (once per run, totals)",
         "",
         markdown_table(side_rows(runs), SIDE_COLUMNS),
@@ -464,6 +502,29 @@ def report(runs: Sequence[dict[str, Any]], command: str, started: float, rounds:
                           if not bad else "MISMATCHES: " + "; ".join(f"{m}: {p[:3]}" for m, p in bad.items())),
     ]
     return "\n".join(parts)
+
+
+EXTRAS_COLUMNS = [
+    "method", "rounds", "extras KiB/msg down / up", "model tensors KiB/msg down / up", "extras / model tensors down / up",
+    f"extras / {REFERENCE} message down / up",
+]
+
+
+def _extras_section(runs: Sequence[dict[str, Any]]) -> list[str]:
+    rows = extras_rows(runs)
+    if not rows:
+        return []
+    return [
+        "## Extras against the model (arrays that are not model tensors)",
+        "",
+        "Array bytes per message, medians over the phase's messages: the extras (Felo/Velo: class",
+        "features S, logits P and mask M down, s, p, n up; FedHe: logits only; FedFomo/FedAMP: peer or",
+        "mixed models; FedAP: BN statistics) against the model tensors of the same message, and against",
+        f"{REFERENCE}'s whole message on the wire. Felo and Velo's warm-up round sends no knowledge down.",
+        "",
+        markdown_table(rows, EXTRAS_COLUMNS),
+        "",
+    ]
 
 
 def _notes(runs: Sequence[dict[str, Any]]) -> str:

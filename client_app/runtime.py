@@ -28,7 +28,7 @@ from models.schema import float_buffer_keys
 from protocol import wire
 from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
-from .data import ClientData, DataSpec, load_client_data
+from .data import ClientData, DataSpec, load_client_data, load_public_data
 from .data.local import with_node_data_dir
 from .data.node_cache import cache_dir, load_or_build
 from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, warm_up
@@ -273,7 +273,23 @@ def handle_evaluate(message: Message, context: Context) -> Message:
         wire.CLIENT_KEY: job.client_id, wire.NUM_EXAMPLES: job.data.num_train, wire.TEST_SIZE: job.data.num_test,
         **_eval_metrics("test", result),
     }
+    if job.spec.global_test:
+        images, labels = global_test_set(job.spec, context.node_config)
+        metrics.update(_eval_metrics("global", evaluate(eval_model, images, labels, device=job.ctx.device)))
+        metrics[wire.GLOBAL_TEST_SIZE] = len(labels)
     return _metrics_reply(message, metrics)
+
+
+def global_test_set(spec: TaskSpec, node_config: dict[str, Any]) -> tuple[Any, Any]:
+    """The dataset's labelled public split (``dataset.public=test|holdout``) as this client's data
+    spec describes it: the same images the server would use, read from the shared dataset."""
+    data_spec = DataSpec.from_dict(with_node_data_dir(spec.data, node_config))
+    if data_spec.public == "none" or data_spec.info.node_local:
+        raise ValueError(
+            "the server asked for an evaluation on the global test set, but this client's data has no public split "
+            "(it needs dataset.public=test|holdout and a dataset every client reads, not dataset=local)"
+        )
+    return load_public_data(data_spec)
 
 
 def persist(model: LayeredNet, state: ClientState, ctx: RoleContext, keep: str = "personal") -> None:

@@ -273,19 +273,24 @@ class FeloArgs(RoleArgs):
     """Felo / Velo / FedHe (felo_velo.md §2.4): CE + alpha * (mse_weight * feature MSE + KL of the
     logits) against the server's class knowledge (extra arrays ``knowledge/S|P|M``; none sent: CE
     only, the warm-up). The client uploads its per-class mean features and logits and counts
-    (``knowledge/s|p|n``) of width ``feature_dim``. FedHe: ``mse_weight`` 0 (logits only)."""
+    (``knowledge/s|p|n``) of width ``feature_dim``. FedHe: ``mse_weight`` 0 (logits only).
+    ``feature_samples`` N > 0 (felo_velo.md §2.7, the "samples" upload): instead of the class
+    means ``s`` the client sends its last N per-sample training features ``knowledge/f`` [N, D]
+    and their labels ``knowledge/y`` [N] (-1 pads the rows of a round that saw fewer)."""
 
     role: ClassVar[str] = "felo"
     alpha: float = 0.5
     mse_weight: float = 1.0
     temperature: float = 1.0
     feature_dim: int = 0
+    feature_samples: int = 0
 
     def __post_init__(self) -> None:
         check_min(self.role, "alpha", self.alpha, 0)
         check_min(self.role, "mse_weight", self.mse_weight, 0)
         check_min(self.role, "temperature", self.temperature, 0, strict=True)
         check_min(self.role, "feature_dim", self.feature_dim, 0)  # 0: not checked
+        check_min(self.role, "feature_samples", self.feature_samples, 0)  # 0: class means
 
 
 ROLE_ARGS: dict[str, type[RoleArgs]] = {

@@ -25,6 +25,7 @@ NUM_EXAMPLES = "num-examples"  # training samples (FedAvg weight), checked again
 NUM_TRAIN, NUM_TEST = "num-train", "num-test"  # announced at discovery
 NUM_PARTITIONS = "num-partitions"  # simulation only: lets the server check the node count
 TEST_SIZE = "test_size"
+GLOBAL_TEST_SIZE = "global_test_size"  # evaluate replies with spec.global_test: the global test set's size
 
 # node config keys a SuperNode may set (--node-config "client-id=3 data-dir='...' model='resnet18'")
 NODE_CLIENT_ID = "client-id"
@@ -66,6 +67,9 @@ class TaskSpec:
     see the strategy's ``uplink_sets``). ``keep``: ``personal`` persists personal groups and keys
     and BN buffers; ``model`` persists the whole model, so a tensor a round does not send keeps
     the client's own last value. ``shared_buffers``: float BN buffers travel with their group.
+    ``global_test`` (evaluate tasks): the client also evaluates its model on the dataset's labelled
+    public split, the global test set (FedHe: every client keeps its own model, so only the
+    clients can evaluate them on it).
     """
 
     run: str
@@ -86,6 +90,7 @@ class TaskSpec:
     deterministic: bool = False  # torch's deterministic kernels (config key deterministic)
     client_state_dir: str | None = None
     state_versions: int = 1
+    global_test: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -138,6 +138,13 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         name = key.group(1)
         full = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name)
         close = difflib.get_close_matches(full, config_keys(), n=1)
+        if close and close[0] == full and "." in full:  # another method/dataset/model/partition file has it
+            group = full.split(".", 1)[0]
+            chosen = next((o.split("=", 1)[1] for o in reversed(list(overrides)) if o.split("=", 1)[0] == group), None)
+            which = f"{group} {chosen!r}" if chosen else f"the chosen {group}"
+            path = f"conf/{group}/{chosen}.yaml" if chosen else f"conf/{group}/<name>.yaml"
+            return (f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "
+                    f"its options are in {path}; drop the override or pick a {group} that has it")
         hint = f"did you mean {close[0]}? " if close else ""
         return f"unknown key {full!r}: {hint}(the keys: the README's table and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -77,10 +77,12 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     )
     if getattr(strategy, "needs_public_data", False):
         strategy.attach_public(public_images(cfg))
-    elif getattr(strategy, "evaluates_on_public", False) and str(cfg.dataset.get("public", "none")) != "none":
+    elif str(cfg.dataset.get("public", "none")) != "none":
         spec = DataSpec.from_dict(data_spec_dict(cfg))
-        if not spec.info.node_local:
+        if not spec.info.node_local and getattr(strategy, "evaluates_on_public", False):
             strategy.attach_public_test(*load_public_data(spec))
+        if not spec.info.node_local and strategy.clients_evaluate_on_public:
+            strategy.final_global_test = True  # each client scores its own model on the global test set at the end
     return strategy
 
 

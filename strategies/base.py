@@ -144,6 +144,10 @@ class PersonalizedStrategy(Strategy):
     shared_buffers = False  # float BN buffers travel with their group and are averaged (off: they never leave)
     heterogeneous = False  # the method supports clients of different architectures
     checkpoint_exclude: tuple[str, ...] = ()  # method attributes not checkpointed (rebuilt from the config)
+    # the final evaluation also scores every client's model on the labelled global test set (the
+    # runner switches it on with dataset.public=test|holdout for methods with clients_evaluate_on_public)
+    clients_evaluate_on_public = False
+    final_global_test = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -447,6 +451,7 @@ class PersonalizedStrategy(Strategy):
             deterministic=bool(base.get("deterministic", False)),
             client_state_dir=base.get("client_state_dir"),
             state_versions=int(base.get("state_versions", 1)),
+            global_test=task == "evaluate" and self.final_global_test,
         )
 
     def _config(self, client_id: int, server_round: int, task: str) -> ConfigRecord:
@@ -715,6 +720,12 @@ class PersonalizedStrategy(Strategy):
         metrics.update(self._per_arch(updates, lambda ms: {
             "final_acc": sum(m["test_correct"] for m in ms) / sum(m[wire.TEST_SIZE] for m in ms),
         }))
+        if self.final_global_test and all(wire.GLOBAL_TEST_SIZE in u.metrics for u in updates):
+            # the mean over the clients' models (each on the whole global test set)
+            metrics["final_global_acc"] = float(np.mean([u.metrics["global_correct"] / u.metrics[wire.GLOBAL_TEST_SIZE] for u in updates]))
+            metrics.update(self._per_arch(updates, lambda ms: {
+                "final_global_acc": float(np.mean([m["global_correct"] / m[wire.GLOBAL_TEST_SIZE] for m in ms])),
+            }))
         self.final_metrics = {**metrics, "dropped": dropped}
         return MetricRecord(metrics)
 

@@ -7,7 +7,9 @@ known classes) every client receives after the warm-up (the first ceil(warmup * 
 train on CE alone). Velo (§2.5): a conditional VAE (models/cvae.py), trained on the stored
 features every ``cvae_interval`` rounds from the end of the warm-up (its weights kept, Adam
 re-created), replaces S by one decoded feature per class drawn with the round's seed (the same
-for every client). FedHe (§5): logits only (the feature term off, no features sent either way)
+for every client). ``feature_upload="samples"`` (§2.7, what the authors' code does): clients
+send their last ``feature_samples`` per-sample training features instead of the class means, so
+the feature store (and Velo's CVAE) holds real samples. FedHe (§5): logits only (the feature term off, no features sent either way)
 and no weight averaging at all: every client keeps its own model.
 """
 
@@ -29,6 +31,7 @@ from .felo_math import WINDOWS, KnowledgeStore
 from .validation import ClientUpdate
 
 KNOWLEDGE = "knowledge/"
+FEATURE_UPLOADS = ("class_mean", "samples")
 
 
 def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifier_keys: Sequence[str]) -> int:
@@ -43,7 +46,8 @@ def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifie
 class Felo(PersonalizedStrategy):
     """``alpha``: the distillation weight of Eq. 1; ``warmup``: the CE-only share of the rounds
     (0.05); ``total_rounds``: the run's rounds; ``temperature`` of the KL; the store's caps and
-    ``window`` (``all``: every past report in a FIFO; ``latest_per_client``)."""
+    ``window`` (``all``: every past report in a FIFO; ``latest_per_client``); ``feature_upload``
+    (``class_mean`` | ``samples``: the last ``feature_samples`` training features a round)."""
 
     name = "felo"
     role = "felo"
@@ -64,9 +68,21 @@ class Felo(PersonalizedStrategy):
         logit_cap: int = 50000,
         window: str = "all",
         global_eval_every: int = 1,
+        feature_upload: str = "class_mean",
+        feature_samples: int = 500,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if feature_upload not in FEATURE_UPLOADS:
+            raise ValueError(f"{self.name} feature_upload must be one of {list(FEATURE_UPLOADS)}, got {feature_upload!r}")
+        self.samples = feature_upload == "samples"
+        if self.samples and (self.mse_weight == 0 or window != "all" or int(feature_samples) < 1):
+            raise ValueError(
+                f"{self.name} feature_upload=samples needs a method that uses features (not fedhe), window=all "
+                f"(a FIFO per class) and feature_samples >= 1 (features a client sends a round); got window={window!r}, "
+                f"feature_samples={feature_samples}"
+            )
+        self.feature_samples = int(feature_samples) if self.samples else 0
         model = args[0] if args else kwargs.get("model")
         models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
         self._probes = {arch: copy.deepcopy(m) for arch, m in models.items()}  # the server runs the group models in these
@@ -88,7 +104,8 @@ class Felo(PersonalizedStrategy):
         self.feature_dim = next(iter(widths.values()))
         self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
         self.warmup_rounds = math.ceil(float(warmup) * int(total_rounds))
-        self.args = FeloArgs(alpha=float(alpha), mse_weight=self.mse_weight, temperature=float(temperature), feature_dim=self.feature_dim)
+        self.args = FeloArgs(alpha=float(alpha), mse_weight=self.mse_weight, temperature=float(temperature),
+                             feature_dim=self.feature_dim, feature_samples=self.feature_samples)
         self.store = KnowledgeStore(self.num_classes, self.feature_dim, int(feature_cap), int(logit_cap), window)
         self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
         self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
@@ -111,7 +128,10 @@ class Felo(PersonalizedStrategy):
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         c, d = self.num_classes, self.feature_dim
         up = {KNOWLEDGE + "p": ((c, c), np.dtype(np.float32)), KNOWLEDGE + "n": ((c,), np.dtype(np.int64))}
-        if self.mse_weight > 0:
+        if self.samples:
+            n = self.feature_samples
+            up.update({KNOWLEDGE + "f": ((n, d), np.dtype(np.float32)), KNOWLEDGE + "y": ((n,), np.dtype(np.int64))})
+        elif self.mse_weight > 0:
             up[KNOWLEDGE + "s"] = ((c, d), np.dtype(np.float32))
         return up
 
@@ -120,8 +140,12 @@ class Felo(PersonalizedStrategy):
         distilled = self.distilling(server_round)  # what this round's clients trained with (before the new knowledge)
         record = super().aggregate(server_round, updates)
         for u in sorted(updates, key=lambda u: u.client_id):
-            s = u.extra.get(KNOWLEDGE + "s", np.zeros((self.num_classes, self.feature_dim), np.float32))
-            self.store.add(u.client_id, s, u.extra[KNOWLEDGE + "p"], u.extra[KNOWLEDGE + "n"])
+            if self.samples:
+                self.store.add(u.client_id, None, u.extra[KNOWLEDGE + "p"], u.extra[KNOWLEDGE + "n"])
+                self.store.add_samples(u.client_id, u.extra[KNOWLEDGE + "f"], u.extra[KNOWLEDGE + "y"])
+            else:
+                s = u.extra.get(KNOWLEDGE + "s", np.zeros((self.num_classes, self.feature_dim), np.float32))
+                self.store.add(u.client_id, s, u.extra[KNOWLEDGE + "p"], u.extra[KNOWLEDGE + "n"])
         self.known = self.store.mask()
         self.class_logits = self.store.class_logits()
         self.class_features = self.next_class_features(server_round)
@@ -175,6 +199,11 @@ class Felo(PersonalizedStrategy):
 
     def run_summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
+        evals = [(int(r["round"]), float(r["global_acc"])) for r in self.history if "global_acc" in r]
+        if evals:  # the paper's numbers (felo_velo.md §7-J): the last evaluation and the mean over the second half
+            last = evals[-1][0]
+            out["final_global_acc"] = evals[-1][1]
+            out["global_acc_second_half"] = float(np.mean([a for r, a in evals if r > last / 2]))
         if self.public_test is not None:
             matrix = self.transfer_matrix()
             out["transfer_acc"] = matrix
@@ -198,7 +227,8 @@ class FedHe(Felo):
 
     name = "fedhe"
     mse_weight = 0.0
-    evaluates_on_public = False  # no group models: each client keeps its own
+    evaluates_on_public = False  # no group models: each client keeps its own ...
+    clients_evaluate_on_public = True  # ... so the clients score them on the global test set at the end (final_global_acc)
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)

@@ -1,6 +1,7 @@
 """Felo/Velo's server-side knowledge store (felo_velo.md §2.3 steps 6-7, [A-C]).
 
-Every reply's class means (class c only where the client saw c, n_k[c] > 0) go into a per-class
+Every reply's class means (class c only where the client saw c, n_k[c] > 0), or with the
+"samples" upload its per-sample features (§2.7, :meth:`KnowledgeStore.add_samples`), go into a per-class
 FIFO that spans all past rounds (capped: the paper's code keeps the last 5,000 features and
 50,000 logits of a class). The class feature S[c] and logits P[c] sent to the clients are the
 plain unweighted means of the stored entries; M[c] = 1 marks the classes seen. The option
@@ -36,17 +37,24 @@ class KnowledgeStore:
     def _empty(self, cap: int):  # noqa: ANN202
         return deque(maxlen=cap) if self.window == "all" else OrderedDict()
 
-    def add(self, client_id: int, s: np.ndarray, p: np.ndarray, n: np.ndarray) -> None:
-        """One client's reply: s [C, D], p [C, C], n [C]; classes with n = 0 are skipped."""
-        s, p, n = np.asarray(s, np.float32), np.asarray(p, np.float32), np.asarray(n)
-        expected = {"s": (self.num_classes, self.feature_dim), "p": (self.num_classes, self.num_classes), "n": (self.num_classes,)}
-        for name, value in (("s", s), ("p", p), ("n", n)):
-            if value.shape != expected[name]:
-                raise ValueError(f"client {client_id}'s knowledge {name} has shape {value.shape}, expected {expected[name]}")
-        if not (np.isfinite(s).all() and np.isfinite(p).all()) or (n < 0).any():
+    def add(self, client_id: int, s: np.ndarray | None, p: np.ndarray, n: np.ndarray) -> None:
+        """One client's reply: s [C, D], p [C, C], n [C]; classes with n = 0 are skipped. ``s``
+        None: the client sent per-sample features instead (:meth:`add_samples`), logits only."""
+        p, n = np.asarray(p, np.float32), np.asarray(n)
+        arrays = [("p", p, (self.num_classes, self.num_classes)), ("n", n, (self.num_classes,))]
+        if s is not None:
+            s = np.asarray(s, np.float32)
+            arrays.append(("s", s, (self.num_classes, self.feature_dim)))
+        for name, value, shape in arrays:
+            if value.shape != shape:
+                raise ValueError(f"client {client_id}'s knowledge {name} has shape {value.shape}, expected {shape}")
+        if not ((s is None or np.isfinite(s).all()) and np.isfinite(p).all()) or (n < 0).any():
             raise ValueError(f"client {client_id}'s knowledge holds NaN/infinite values or negative counts")
         for c in np.flatnonzero(n > 0):
-            for store, value, cap in ((self.features[c], s[c], self.feature_cap), (self.logits[c], p[c], self.logit_cap)):
+            pairs = [(self.logits[c], p[c], self.logit_cap)]
+            if s is not None:
+                pairs.insert(0, (self.features[c], s[c], self.feature_cap))
+            for store, value, cap in pairs:
                 if self.window == "all":
                     store.append(value.copy())
                 else:
@@ -54,6 +62,20 @@ class KnowledgeStore:
                     store[client_id] = value.copy()
                     while len(store) > cap:
                         store.popitem(last=False)
+
+    def add_samples(self, client_id: int, f: np.ndarray, y: np.ndarray) -> None:
+        """Per-sample features f [N, D] with labels y [N] (-1: a padding row, skipped) into the
+        classes' feature FIFOs (the "samples" upload, felo_velo.md §2.7; window "all" only)."""
+        if self.window != "all":
+            raise ValueError("per-sample features need the knowledge window 'all' (a FIFO per class), not 'latest_per_client'")
+        f, y = np.asarray(f, np.float32), np.asarray(y)
+        if f.ndim != 2 or f.shape[1] != self.feature_dim or y.shape != (len(f),):
+            raise ValueError(f"client {client_id}'s feature samples have shapes {f.shape} and {y.shape}, expected [N, {self.feature_dim}] and [N]")
+        if not np.isfinite(f).all() or ((y < -1) | (y >= self.num_classes)).any():
+            raise ValueError(f"client {client_id}'s feature samples hold NaN/infinite values or labels outside [-1, {self.num_classes})")
+        for row, c in zip(f, y.tolist()):
+            if c >= 0:
+                self.features[c].append(row.copy())
 
     def mask(self) -> np.ndarray:
         """M [C] (uint8): 1 where the store holds knowledge of the class."""

@@ -4,7 +4,8 @@ knowledge, and this round's class knowledge for the server.
 One forward pass per batch gives the features (``model.features``: every group but the
 classifier, flattened) and the logits; the per-class sums of both are taken from these training
 passes (train-mode BN, before each step, warm-up included) and sent up as class means with their
-counts. The loss is Eq. 1 (client_app/roles/felo_knowledge.py); without knowledge from the
+counts (or, with ``feature_samples`` N, the last N per-sample features and their labels
+instead of the class means, felo_velo.md §2.7). The loss is Eq. 1 (client_app/roles/felo_knowledge.py); without knowledge from the
 server (the warm-up rounds, or before any class is known) it is CE alone.
 """
 
@@ -18,9 +19,9 @@ from protocol.roles import FeloArgs
 from ..data import ClientData
 from ..training import train
 from .base import Role, RoleContext
-from .felo_knowledge import ClassKnowledge, felo_loss
+from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss
 
-KNOWLEDGE = "knowledge/"  # extra arrays: S, P, M down; s, p, n up
+KNOWLEDGE = "knowledge/"  # extra arrays: S, P, M down; s (or f, y), p, n up
 
 
 class FeloRole(Role):
@@ -47,6 +48,7 @@ class FeloRole(Role):
                 "give every architecture the same model.feature_dim"
             )
         acc = ClassKnowledge(num_classes, feature_dim, ctx.device)
+        samples = FeatureSamples(self.args.feature_samples, feature_dim, ctx.device) if self.args.feature_samples else None
         sums = {"ce": 0.0, "mse": 0.0, "kl": 0.0}
         steps = [0]
         alpha, mse_weight, temperature = self.args.alpha, self.args.mse_weight, self.args.temperature
@@ -55,6 +57,8 @@ class FeloRole(Role):
             features = model.features(x).flatten(1)
             logits = head(features)
             acc.add(features, logits, y)
+            if samples is not None:
+                samples.add(features, y)
             loss, terms = felo_loss(features, logits, y, alpha, knowledge, temperature, mse_weight)
             for k in sums:
                 sums[k] += terms[k]
@@ -64,6 +68,9 @@ class FeloRole(Role):
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         s, p, n = acc.means()
         ctx.upload_extra.update({KNOWLEDGE + "p": p, KNOWLEDGE + "n": n})
-        if self.args.mse_weight > 0:
+        if samples is not None:
+            f, labels = samples.arrays()
+            ctx.upload_extra.update({KNOWLEDGE + "f": f, KNOWLEDGE + "y": labels})
+        elif self.args.mse_weight > 0:
             ctx.upload_extra[KNOWLEDGE + "s"] = s
         return {"train_loss": loss, **{f"{k}_loss": v / max(steps[0], 1) for k, v in sums.items()}, "distill": float(knowledge is not None)}

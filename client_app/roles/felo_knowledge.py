@@ -37,6 +37,34 @@ class ClassKnowledge:
         return (self.feature_sum / div).float(), (self.logit_sum / div).float(), self.count.clone()
 
 
+class FeatureSamples:
+    """The last ``capacity`` per-sample training features and their labels (the "samples"
+    upload, felo_velo.md §2.7): a ring buffer on the model's device, read out oldest first and
+    padded with label -1 to the fixed upload shape [capacity, D]."""
+
+    def __init__(self, capacity: int, feature_dim: int, device: torch.device | str = "cpu") -> None:
+        self.features = torch.zeros(capacity, feature_dim, dtype=torch.float32, device=device)
+        self.labels = torch.full((capacity,), -1, dtype=torch.int64, device=device)
+        self.seen = 0
+
+    @torch.no_grad()
+    def add(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        cap = len(self.labels)
+        features, labels = features.detach()[-cap:], labels.detach()[-cap:]
+        slots = (self.seen + torch.arange(len(labels), device=self.labels.device)) % cap
+        self.features[slots] = features.to(self.features)
+        self.labels[slots] = labels.to(self.labels)
+        self.seen += len(labels)
+
+    def arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f [N, D], y [N]) oldest first; rows never written have label -1 and zero features."""
+        cap = len(self.labels)
+        if self.seen <= cap:
+            return self.features.clone(), self.labels.clone()
+        order = (torch.arange(cap, device=self.labels.device) + self.seen) % cap
+        return self.features[order], self.labels[order]
+
+
 def distill_terms(
     features: torch.Tensor,
     logits: torch.Tensor,

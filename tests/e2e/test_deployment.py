@@ -382,13 +382,14 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     # but two clients are too few for the Hopkins statistic (m < 3: no clustering, fedtsdp.md [A4])
     "fedtsdp": (2, {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
                 "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5"),
-    # the two nodes run different ResNets (one 32-wide feature); the server's CVAE trains after
+    # the two nodes run different architectures, a ResNet10 and a LeNet-5, both ending in a 32-wide
+    # feature (a ResNet crosses the wire; a second ResNet only made the run slower); the server's CVAE trains after
     # round 1 and round 2's clients get its synthetic class features; the group models are
     # evaluated on a public hold-out and crossed for the transfer check
     "velo": (2, {"method": "velo", "dataset": "digits", "model": "mixed"},
              "optimizer=adam lr=0.001 local_steps=3 method.warmup=0.0 method.cvae_hidden=32 method.cvae_latent=8 "
              "method.cvae_label_dim=8 method.cvae_epochs=2 dataset.public=holdout dataset.public_fraction=0.2 ~model.archs "
-             '"+model.archs={r10: {name: resnet10, feature_dim: 32}, r14: {name: resnet14, feature_dim: 32}}"'),
+             '"+model.archs={r10: {name: resnet10, feature_dim: 32}, le: {name: lenet5, feature_dim: 32}}"'),
 }
 METHOD_NODES = 2
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
@@ -457,6 +458,6 @@ def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
 def test_velo_runs_two_architectures_over_a_real_deployment(methods):
     summary, rounds = finished_summary(methods, "velo")
     assert [r["distill"] for r in rounds] == [0, 1] and summary["cvae_trainings"] == 2
-    assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@r14"} <= set(r) for r in rounds)
-    assert set(summary["transfer_acc"]) == {"r10", "r14"} and summary["final_clients"] == METHOD_NODES
+    assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@le"} <= set(r) for r in rounds)
+    assert set(summary["transfer_acc"]) == {"r10", "le"} and summary["final_clients"] == METHOD_NODES
     assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the class knowledge (S, P, M) in round 2

@@ -8,6 +8,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
 
 from benchmarks import communication as comm  # noqa: E402
+from benchmarks.common import median  # noqa: E402
 
 
 def test_messages_measured_and_fedper_sends_less():
@@ -32,3 +33,21 @@ def test_messages_measured_and_fedper_sends_less():
     text = comm.report(list(runs.values()), "python -m benchmarks.communication --quick", 0.0, 1, comm.QUICK)
     assert "| fedavg | round 1 |" in text and "| fedper | round 1 |" in text and "Commit:" in text
     assert "equal the captured messages' array bytes" in text
+
+
+def test_felo_s_class_knowledge_is_a_small_share_of_the_model():
+    runs = comm.benchmark(["felo"], 2, comm.QUICK, progress=False)  # warm-up: ceil(0.05 * 2) = 1 round
+    felo = runs[1]
+    assert not comm.check_accounting(felo)
+    # LeNet-5's last hidden layer is 84 wide: S [10, 84] + P [10, 10] float32 + M [10] uint8 down;
+    # s, p and the counts n [10] int64 up, each array with its 128-byte .npy header; round 1 is the
+    # warm-up (nothing down)
+    down, up = 10 * 84 * 4 + 400 + 10 + 3 * 128, 10 * 84 * 4 + 400 + 80 + 3 * 128
+    train = [b for b in felo["batches"] if b.kind == "train"]
+    assert {s.extra for s in train[0].down} == {0} and {s.extra for s in train[1].down} == {down}
+    assert {s.extra for b in train for s in b.up} == {up}
+    rows = comm.extras_rows(runs)
+    assert [(r["method"], r["rounds"]) for r in rows] == [("felo", "round 1"), ("felo", "round 2")]
+    model = median(s.arrays - s.extra for s in train[1].down)
+    assert rows[1]["extras / model tensors down / up"] == f"{100 * down / model:.3g}% / {100 * up / model:.3g}%"
+    assert "## Extras against the model" in comm.report(runs, "x", 0.0, 2, comm.QUICK)

@@ -20,6 +20,9 @@ CASES = [
     (["rounds=2.5"], ["rounds=2.5 is not a whole number"]),
     (["rouns=5"], ["unknown key 'rouns'", "did you mean rounds?"]),
     (["method.kpp=3"], ["unknown key 'method.kpp'", "did you mean method.kp?"]),
+    (["method=fedavg", "method.warmup=0.5"], ["method 'fedavg' has no option 'warmup'", "conf/method/fedavg.yaml"]),
+    (["method.feature_upload=samples"], ["the chosen method has no option 'feature_upload'"]),
+    (["method=felo", "method.feature_upload=all"], ["feature_upload must be one of ['class_mean', 'samples']", "'all'"]),
     (["method=nosuch"], ["unknown method 'nosuch'", "fedavg", "kapc"]),
     (["model=nosuch"], ["unknown model 'nosuch'", "lenet5"]),
     (["-m", "method=fedavg,nosuch"], ["unknown method 'nosuch'"]),  # every value of a sweep is checked

@@ -83,6 +83,26 @@ def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
     np.testing.assert_allclose(strategy.class_features, again.numpy(), rtol=1e-6)
 
 
+def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=3", "method.total_rounds=3", *FELO, *SMALL_CVAE,
+                         "method.feature_upload=samples", "method.feature_samples=100")
+    grid = InProcessGrid(6)
+    records = run(strategy, grid, 2)
+    for r in train_replies(grid):
+        up = extras(r)
+        assert sorted(up) == ["f", "n", "p", "y"] and up["f"].shape == (100, 32) and up["y"].shape == (100,)
+        assert (up["y"] >= 0).sum() == min(100, up["n"].sum())  # the last 100 samples trained on, or all and padding
+        # the class means it would have sent are the means of what it trained on, its samples among them
+        assert set(up["y"][up["y"] >= 0].tolist()) <= set(np.flatnonzero(up["n"]).tolist())
+    feats, labels = strategy.store.labelled_features()
+    sent = sum(int((extras(r)["y"] >= 0).sum()) for r in train_replies(grid))
+    assert len(labels) == sent > 6 * 50 and strategy.cvae_trained == 2  # every sample of both rounds
+    # the uplink carries 100 x 32 floats + labels instead of 10 x 32 class means
+    assert records[0]["bytes_up"] > 6 * (100 * 32 * 4 + 100 * 8)
+    with pytest.raises((ConfigError, ValueError), match="feature_upload=samples needs"):
+        make(compose, tiny_overrides, "method=felo", *FELO, "method.feature_upload=samples", "method.window=latest_per_client")
+
+
 def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=fedhe", "rounds=4", "method.total_rounds=4", *FELO)
     grid = InProcessGrid(6)
@@ -93,6 +113,25 @@ def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
     assert len(replies) == 18
     for r in replies:
         assert not model_keys(r) and sorted(extras(r)) == ["n", "p"]
+
+
+def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_end(compose, tiny_overrides):
+    cfg, strategy = make(compose, tiny_overrides, "method=fedhe", "rounds=2", "method.total_rounds=2", *FELO,
+                         "dataset.public=holdout", "dataset.public_fraction=0.2")
+    assert strategy.final_global_test and strategy.public_test is None  # no group models to score on the server
+    grid = InProcessGrid(6)
+    run(strategy, grid, 2)
+    evals = [r for r in grid.replies if r.metadata.message_type == "evaluate"]
+    assert len(evals) == 6
+    sizes = {int(r.content["metrics"]["global_test_size"]) for r in evals}
+    accs = [float(r.content["metrics"]["global_correct"]) / sizes.copy().pop() for r in evals]
+    assert len(sizes) == 1 and sizes.pop() > 100  # every client: the whole held-out split
+    assert strategy.final_metrics["final_global_acc"] == pytest.approx(np.mean(accs))
+    assert len(set(accs)) > 1  # six different models (each client keeps its own)
+    for arch in ("l2", "l3", "l4"):
+        assert 0 <= strategy.final_metrics[f"final_global_acc@{arch}"] <= 1
+    cfg, plain = make(compose, tiny_overrides, "method=fedhe", "rounds=1", "method.total_rounds=1", *FELO)
+    assert not plain.final_global_test  # no public split: the clients' own test splits only
 
 
 def test_architectures_of_different_feature_widths_are_refused(compose, tiny_overrides):
@@ -114,6 +153,8 @@ def test_group_models_are_evaluated_on_the_global_test_set_and_transfer_only_wit
     control, _ = transfer(0.0)
     assert all(0 <= r["global_acc"] <= 1 and {"global_acc@l2", "global_acc@l3", "global_acc@l4"} <= set(r) for r in records)
     assert records[-1]["global_acc"] > 0.3  # chance: 0.1
+    assert felo["final_global_acc"] == records[-1]["global_acc"]
+    assert felo["global_acc_second_half"] == pytest.approx(np.mean([r["global_acc"] for r in records[4:]]))  # rounds 5-8
     print(f"[felo] transfer {felo['transfer_acc_mean']:.3f} vs control {control['transfer_acc_mean']:.3f}")
     # measured 0.42 against 0.14 (chance 0.10; 15 rounds: 0.63)
     assert felo["transfer_acc_mean"] > 0.3 and felo["transfer_acc_mean"] > control["transfer_acc_mean"] + 0.15

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_app.roles.felo_knowledge import ClassKnowledge, distill_terms, felo_loss
+from client_app.roles.felo_knowledge import ClassKnowledge, FeatureSamples, distill_terms, felo_loss
 from models.cvae import CVAE, cvae_loss, train_cvae
 from strategies.felo_math import KnowledgeStore
 
@@ -93,6 +93,33 @@ def test_the_store_is_a_capped_fifo_or_one_entry_per_client_and_checkpoints():
         assert np.array_equal(copy.class_features(), store.class_features())
     with pytest.raises(ValueError, match="knowledge window must be one of"):
         KnowledgeStore(1, 1, window="recent")
+
+
+def test_feature_samples_keep_the_last_n_oldest_first_and_pad_with_minus_one():
+    buf = FeatureSamples(capacity=4, feature_dim=1)
+    buf.add(torch.tensor([[1.0], [2.0]]), torch.tensor([1, 2]))
+    f, y = buf.arrays()
+    assert y.tolist() == [1, 2, -1, -1] and f[:, 0].tolist() == [1, 2, 0, 0]  # a short round: padding rows
+    buf.add(torch.tensor([[3.0], [4.0], [5.0]]), torch.tensor([0, 1, 2]))
+    f, y = buf.arrays()
+    assert f[:, 0].tolist() == [2, 3, 4, 5] and y.tolist() == [2, 0, 1, 2]  # the last 4, oldest first
+    buf.add(torch.arange(6.0)[:, None] + 10, torch.zeros(6, dtype=torch.int64))  # a batch wider than the buffer
+    assert buf.arrays()[0][:, 0].tolist() == [12, 13, 14, 15]
+
+
+def test_the_store_takes_per_sample_features_and_skips_padding():
+    store = KnowledgeStore(num_classes=3, feature_dim=2, feature_cap=2)
+    store.add(0, None, [[1, 0, 0], [0, 1, 0], [0, 0, 0]], [2, 1, 0])  # logits only: the features come as samples
+    store.add_samples(0, [[1, 1], [3, 3], [5, 5], [2, 4], [0, 0]], [0, 0, 0, 1, -1])
+    assert store.mask().tolist() == [1, 1, 0]
+    assert np.array_equal(store.class_features(), [[4, 4], [2, 4], [0, 0]])  # class 0's FIFO keeps the last 2
+    assert np.array_equal(store.class_logits()[0], [1, 0, 0])
+    with pytest.raises(ValueError, match="labels outside"):
+        store.add_samples(1, np.zeros((2, 2)), [0, 3])
+    with pytest.raises(ValueError, match=r"expected \[N, 2\] and \[N\]"):
+        store.add_samples(1, np.zeros((2, 3)), [0, 1])
+    with pytest.raises(ValueError, match="window 'all'"):
+        KnowledgeStore(3, 2, window="latest_per_client").add_samples(0, np.zeros((1, 2)), [0])
 
 
 def test_cvae_shapes_and_seeded_synthesis():

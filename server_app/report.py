@@ -41,7 +41,12 @@ METRIC_NAMES = {
     "best_mean_acc": "best round, trained",
     "best_test_before_acc": "best round",
     "mean_cluster_acc": "cluster mean",
+    "global_acc_second_half": "global test, 2nd half",
+    "final_global_acc": "global test, final",
 }
+# columns a group's table gets only when one of its runs has the value (Felo/Velo/FedHe: the
+# models on the labelled global test set), inserted after "final (all clients)"
+GLOBAL_COLUMNS = ("global test final", "global test 2nd half")
 # summary.json keys the table needs, with the types they must have (None allowed where a run can lack the value)
 SUMMARY_KEYS: dict[str, tuple[type, ...]] = {
     "method": (str,),
@@ -249,7 +254,28 @@ def load_summary(run: str | Path) -> dict[str, Any]:
             raise ReportError(f"{path}: {key} is {summary[key]!r}, not a number or null")
     summary["changed_options"] = changed_method_options(run, summary["method"])
     summary["setup"] = run_setup(run, summary)
+    for key, value in global_numbers(run).items():  # runs written before the summary carried them
+        summary.setdefault(key, value)
     return summary
+
+
+def global_numbers(run: str | Path) -> dict[str, float]:
+    """``final_global_acc`` and ``global_acc_second_half`` from the rounds of metrics.jsonl that
+    evaluated the group models on the global test set (Felo/Velo's ``global_acc``)."""
+    from strategies.evaluation import global_test_numbers
+
+    path = Path(run) / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    records = []
+    for n, line in enumerate(_read_text(path).splitlines(), start=1):
+        if '"global_acc"' in line:  # only these lines: the table needs nothing else of metrics.jsonl
+            record = _json_object(line, f"{path} line {n}")
+            value = record.get("global_acc")
+            if value is not None and not _is_type(value, (int, float)):
+                raise ReportError(f"{path} line {n}: 'global_acc' is {value!r}, not a number")
+            records.append(record)
+    return global_test_numbers(records)
 
 
 def run_setup(run: str | Path, summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,8 +293,9 @@ def run_setup(run: str | Path, summary: Mapping[str, Any]) -> dict[str, Any]:
         return value.get("name") if isinstance(value, dict) else value
 
     dataset = cfg.get("dataset") if isinstance(cfg.get("dataset"), dict) else {}
+    model = cfg.get("model")
     found = {
-        "model": name("model") or summary.get("model"),
+        "model": (mixed_label(model) if isinstance(model, dict) and model.get("name") == "mixed" else name("model")) or summary.get("model"),
         "num_clients": cfg.get("num_clients", summary.get("num_clients")),
         "fraction": cfg.get("fraction"),
         "rounds": summary.get("rounds"),
@@ -276,6 +303,17 @@ def run_setup(run: str | Path, summary: Mapping[str, Any]) -> dict[str, Any]:
         "subsample": dataset.get("subsample", 1.0) if cfg else None,
     }
     return {k: v for k, v in found.items() if v is not None}
+
+
+def mixed_label(model: Mapping[str, Any]) -> str:
+    """A heterogeneous federation's model: the conf/model file with the same architectures
+    (``resnets_previous``), else ``mixed(<architectures>)``."""
+    archs = model.get("archs") or {}
+    for path in sorted((conf_dir() / "model").glob("*.yaml")):
+        known = yaml.safe_load(path.read_text()) or {}
+        if known.get("name") == "mixed" and known.get("archs") == archs and path.stem != "mixed":
+            return path.stem
+    return f"mixed({','.join(map(str, archs))})"
 
 
 def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
@@ -386,6 +424,8 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
         "diff": f"{ours - paper:+.2f}" if paper is not None and ours is not None else "",
         "last-20": _pct(s["last20_test_before_acc"]),
         "final (all clients)": _pct(s.get("final_acc")),
+        "global test final": _pct(s.get("final_global_acc")),
+        "global test 2nd half": _pct(s.get("global_acc_second_half")),
         "MiB/round": f"{mib:.2f}",
         "wall": f"{s['wall_time_s'] / 60:.1f} min",
         "paper set-up": ("differs: " + ", ".join(match.differs)) if match is not None and match.differs else "",
@@ -398,8 +438,12 @@ def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    columns = list(COLUMNS)
+    extra = [c for c in GLOBAL_COLUMNS if any(r.get(c) for r in rows)]
+    at = columns.index("final (all clients)") + 1
+    columns[at:at] = extra
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -440,9 +484,12 @@ def group_runs(runs: Sequence[Path]) -> list[Group]:
 
 
 def legend_labels(group: Group) -> list[str]:
-    """One label per run: its :func:`run_label`, plus the run directory's name where two runs
-    of the group would otherwise share a label."""
+    """One label per run: its :func:`run_label`, its model where the group's runs differ in it,
+    and the run directory's name where two runs would otherwise share a label."""
     labels = [run_label(s) for _, s in group.runs]
+    models = [(s.get("setup") or {}).get("model") for _, s in group.runs]
+    if len(set(models)) > 1:
+        labels = [f"{lab}, {model}" for lab, model in zip(labels, models)]
     return [f"{lab} [{run.name}]" if labels.count(lab) > 1 else lab for lab, (run, _) in zip(labels, group.runs)]
 
 

@@ -63,6 +63,18 @@ def headline(history: Sequence[Mapping[str, float]], key: str = "test_before_acc
     return float(np.mean(values[-window:]))
 
 
+def global_test_numbers(history: Sequence[Mapping[str, float]], key: str = "global_acc") -> dict[str, float]:
+    """Felo/Velo's reported numbers (felo_velo.md §7-J) from the rounds that evaluated the group
+    models on the global test set: the last evaluation (``final_global_acc``) and the mean over
+    the evaluations in the second half of the run (``global_acc_second_half``, what the paper's
+    tables compare). Empty when no round has ``key``."""
+    points = [(int(r["round"]), float(r[key])) for r in history if r.get(key) is not None]
+    if not points:
+        return {}
+    last = points[-1][0]
+    return {"final_global_acc": points[-1][1], "global_acc_second_half": float(np.mean([a for r, a in points if r > last / 2]))}
+
+
 def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[str, float | None]:
     """Headline numbers of a run: last-10 and last-20 means, best round, communication totals."""
     accs = [h.get("test_before_acc") for h in history]

@@ -27,6 +27,7 @@ from models.cvae import CVAE, CVAE_LOSSES, train_cvae
 from protocol.roles import FeloArgs
 
 from .base import PersonalizedStrategy
+from .evaluation import global_test_numbers
 from .felo_math import WINDOWS, KnowledgeStore
 from .validation import ClientUpdate
 
@@ -199,11 +200,7 @@ class Felo(PersonalizedStrategy):
 
     def run_summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
-        evals = [(int(r["round"]), float(r["global_acc"])) for r in self.history if "global_acc" in r]
-        if evals:  # the paper's numbers (felo_velo.md §7-J): the last evaluation and the mean over the second half
-            last = evals[-1][0]
-            out["final_global_acc"] = evals[-1][1]
-            out["global_acc_second_half"] = float(np.mean([a for r, a in evals if r > last / 2]))
+        out.update(global_test_numbers(self.history))  # the paper's numbers: final, and the second half's mean
         if self.public_test is not None:
             matrix = self.transfer_matrix()
             out["transfer_acc"] = matrix

@@ -339,3 +339,37 @@ def test_a_fedtsdp_run_gets_its_hopkins_trajectory_figure(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     with pytest.raises(ReportError, match=r"line 2: 'hopkins' is 'high', not a number"):
         load_curve(run)
+
+
+FELO_SETUP = (
+    "num_clients: 20\nfraction: 0.2\npartition:\n  name: dirichlet\nmodel:\n  name: mixed\n  assign: blocks\n  archs:\n"
+    + "".join(f"    resnet{d}: {{name: resnet{d}}}\n" for d in (10, 14, 18, 22, 26))
+)
+
+
+def test_felo_runs_compare_the_global_test_set_and_name_their_architecture_set(tmp_path):
+    """A mixed federation is named by the conf/model file with its architectures; Felo's paper
+    metric (the second half's mean global-test accuracy) comes from metrics.jsonl when summary.json
+    lacks it; FedHe's from its clients' final evaluation; the global columns appear only then."""
+    felo = fake_run(tmp_path / "felo", config=FELO_SETUP + "method:\n  name: felo\n", method="felo", dataset="cifar10",
+                    alpha=0.5, rounds=400, personal_layer=None)
+    lines = [{"round": r, "test_before_acc": 0.5} | ({"global_acc": r / 1000} if r % 100 == 0 else {}) for r in range(1, 401)]
+    (felo / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    extreme = FELO_SETUP.replace("resnet14: {name: resnet14}", "resnet34: {name: resnet34}").replace(
+        "resnet22: {name: resnet22}", "resnet50: {name: resnet50, feature_dim: 512}")
+    extreme = extreme.replace("    resnet26: {name: resnet26}\n", "").replace("    resnet50:", "    resnet26: {name: resnet26}\n    resnet50:")
+    fake_run(tmp_path / "fedhe", config=extreme, method="fedhe", dataset="cifar10", alpha=0.5, rounds=400,
+             personal_layer=None, final_global_acc=0.40)
+    rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
+    assert rows["felo"]["model"] == "resnets_previous" and rows["fedhe"]["model"] == "resnets_extreme"
+    # evaluations at rounds 100..400: the second half is rounds 300 and 400
+    assert (rows["felo"]["ours"], rows["felo"]["paper"], rows["felo"]["metric"]) == ("35.00", "56.88", "global test, 2nd half")
+    assert rows["felo"]["global test final"] == "40.00" and rows["felo"]["global test 2nd half"] == "35.00"
+    assert (rows["fedhe"]["ours"], rows["fedhe"]["paper"], rows["fedhe"]["metric"]) == ("40.00", "38.97", "global test, final")
+    table = markdown(list(rows.values()))
+    assert "| final (all clients) | global test final | global test 2nd half | MiB/round |" in table
+    assert "| final (all clients) | MiB/round |" in markdown([{**rows["felo"], "global test final": "", "global test 2nd half": ""}])
+    from server_app.report import group_runs, legend_labels
+
+    (group,) = group_runs(find_runs([tmp_path]))
+    assert legend_labels(group) == ["fedhe, resnets_extreme", "felo, resnets_previous"]

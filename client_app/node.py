@@ -11,6 +11,10 @@ engine owns the threads (a Ray actor with one CPU, or the serial backend's per-c
   config ``torch-threads=N`` sets it; by default a node that shares its host with other SuperNodes
   takes its share of the usable cores (``cores // supernodes``, at least 1); a node alone keeps
   torch's default.
+- **Device.** Node config ``device`` (``cpu``, ``cuda``, ``cuda:1``...) overrides the run's
+  ``device`` for this node: a SuperNode pinned to one GPU of a multi-GPU host, or one that must
+  stay on its CPU. (``CUDA_VISIBLE_DEVICES`` on the ``flower-supernode`` process does the same
+  for every ClientApp it starts.)
 - **Cold start.** Seconds from the process's start to its first message (Python, Flower, the
   FAB, torch): reported once per process (``cold_start_s``) so a round's cost can be split
   into start-up and work.
@@ -34,6 +38,7 @@ import torch
 from protocol import wire
 
 THREADS_KEY = "torch-threads"  # node config: torch threads of this node's ClientApp processes
+DEVICE_KEY = "device"  # node config: the torch device this node's ClientApps train on (overrides the run's)
 
 _first_message_seen = False
 _warm_devices: set[str] = set()
@@ -107,6 +112,30 @@ def torch_threads(node_config: Mapping[str, Any]) -> int | None:
         return None
     nodes = supernodes_on_host()
     return max(1, usable_cores() // nodes) if nodes > 1 else None
+
+
+def node_device(node_config: Mapping[str, Any], run_device: str) -> str:
+    """The device this node trains on: node config ``device`` when set (checked: a torch device
+    this machine has), else the run's ``device`` (``auto``: CUDA when present)."""
+    value = node_config.get(DEVICE_KEY)
+    if value is None or str(value).strip() in ("", "auto"):
+        return run_device
+    text = str(value).strip()
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            f"node config {DEVICE_KEY}={value!r} is not a torch device: use cpu, cuda or cuda:<index> "
+            f"(e.g. --node-config \"... {DEVICE_KEY}='cuda:1'\"), or leave it out to follow the run's device"
+        ) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index is not None and device.index >= count):
+            raise ValueError(
+                f"node config {DEVICE_KEY}={text!r}, but this machine's torch sees {count} CUDA device(s): "
+                f"pick one of {['cpu'] + [f'cuda:{i}' for i in range(count)]}"
+            )
+    return text
 
 
 def apply_threads(node_config: Mapping[str, Any]) -> int:

@@ -31,7 +31,7 @@ from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, Task
 from .data import ClientData, DataSpec, load_client_data, load_public_data
 from .data.local import with_node_data_dir
 from .data.node_cache import cache_dir, load_or_build
-from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, warm_up
+from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
 from .roles import RoleContext, build_role
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
@@ -145,7 +145,7 @@ def prepare(message: Message, context: Context) -> Job:
     if node_model and spec.arch and str(node_model) != spec.arch:
         raise ValueError(f"the server sent a {spec.arch} model spec, but this node runs {node_model!r} (node config model)")
     data = client_data(spec, cid, context.node_config)
-    device = pick_device(spec.device)
+    device = pick_device(node_device(context.node_config, spec.device))
     if spec.deterministic:
         deterministic_mode()
     model = fresh_model(spec)

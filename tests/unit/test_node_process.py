@@ -156,6 +156,24 @@ def test_a_deployed_nodes_reply_and_log_carry_its_timings(compose, tiny_override
     assert "cold start" in caplog.text and "setup" in caplog.text
 
 
+def test_node_config_device_overrides_the_run_s_and_is_checked(compose, tiny_overrides, monkeypatch):
+    assert node.node_device({}, "auto") == "auto" and node.node_device({"device": "cpu"}, "cuda") == "cpu"
+    with pytest.raises(ValueError, match="is not a torch device: use cpu, cuda or cuda:<index>"):
+        node.node_device({"device": "gpu1"}, "auto")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert node.node_device({"device": "cuda:1"}, "auto") == "cuda:1"  # a SuperNode pinned to the second GPU
+    with pytest.raises(ValueError, match=r"sees 2 CUDA device\(s\): pick one of \['cpu', 'cuda:0', 'cuda:1'\]"):
+        node.node_device({"device": "cuda:2"}, "auto")
+    monkeypatch.undo()
+    # a run that asks for CUDA trains on the CPU of the nodes that say so (this machine has no CUDA)
+    from server_app.inprocess import InProcessGrid
+    from server_app.runner import build
+
+    strategy = build(compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0", "device=cuda"), "tok")
+    strategy.start(grid=InProcessGrid(4, node_config={"device": "cpu"}), initial_arrays=None, num_rounds=1, timeout=60)
+    assert strategy.history[-1]["clients"] == [0, 1, 2, 3]
+
+
 # ----------------------------------------------------------------------------- reply polling
 
 

@@ -62,7 +62,7 @@ QUICK = [  # seconds, not minutes: synthetic 28x28 images, the same LeNet-5
     "dataset=synthetic", "dataset.options.num_samples=600", "num_clients=6", "fraction=0.5",
     "partition.min_size=20", "alpha=1.0",
 ]
-METHOD_ARGS = {"fedcmd": {"kp": 2}}  # phase 1 for rounds 1..2, then phase 2 (paper: Kp=20 of 200)
+METHOD_ARGS = {"fedcmd": {"kp": 2}, "fedcpmd": {"kp": 2}}  # phase 1 for rounds 1..2, then phase 2 (papers: Kp=20 resp. 60 of 200)
 REFERENCE = "fedavg"
 
 

@@ -24,6 +24,14 @@ MODELS: dict[str, ModelFactory] = {
 }
 
 
+def model_options(name: str) -> list[str]:
+    """The keyword options a registered model takes (besides the input shape and classes)."""
+    import inspect
+
+    params = list(inspect.signature(MODELS[name]).parameters.values())[2:]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def build_model(
     name: str,
     in_shape: tuple[int, int, int],

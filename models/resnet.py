@@ -11,6 +11,7 @@ flattened D-dim feature) and the classifier is H.
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -110,6 +111,8 @@ def _factory(depth: int):
     def build(in_shape: tuple[int, int, int], num_classes: int, **kwargs: Any) -> LayeredNet:
         return resnet(depth, in_shape, num_classes, **kwargs)
 
+    params = list(inspect.signature(resnet).parameters.values())[1:]  # the options, without the depth
+    build.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     build.__name__ = build.__qualname__ = f"resnet{depth}"
     build.__doc__ = f"ResNet{depth}; keyword arguments as in :func:`resnet`."
     return build

@@ -271,7 +271,7 @@ def validate(cfg: DictConfig) -> None:
     """Check names and ranges before any round starts; every message says how to fix it."""
     from client_app.data import DATASETS, dataset_info
     from client_app.data.partition import PARTITIONERS
-    from models import MODELS
+    from models import MODELS, model_options
     from models.schema import assign_archs
     from protocol.wire import OPTIMIZERS
     from strategies import STRATEGIES, method_options
@@ -286,6 +286,17 @@ def validate(cfg: DictConfig) -> None:
     dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
     archs, rule = model_archs(cfg)
     unknown_models = sorted({spec["name"] for spec in archs.values()} - set(MODELS))
+    for arch, spec in archs.items():
+        if spec["name"] not in MODELS:
+            continue
+        stray = sorted(set(spec) - {"name"} - set(model_options(spec["name"])))
+        if stray:
+            where = "model" if model_spec(cfg).get("name") != MIXED else f"model.archs.{arch}"
+            raise ConfigError(
+                f"model {spec['name']!r} has no option {', '.join(map(repr, stray))} (its options: "
+                f"{model_options(spec['name'])}); an experiment file may have set it for another model: "
+                f"drop it with {' '.join(f'~{where}.{k}' for k in stray)}"
+            )
     checks = [
         (cfg.method.name in STRATEGIES, f"unknown method {cfg.method.name!r}; valid methods: {sorted(STRATEGIES)}"),
         (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),

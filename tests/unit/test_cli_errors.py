@@ -24,6 +24,7 @@ CASES = [
     (["method.feature_upload=samples"], ["the chosen method has no option 'feature_upload'"]),
     (["method=felo", "method.feature_upload=all"], ["feature_upload must be one of ['class_mean', 'samples']", "'all'"]),
     (["method=nosuch"], ["unknown method 'nosuch'", "fedavg", "kapc"]),
+    (["experiment=fedcmd_fmnist", "model=resnet18"], ["model 'resnet18' has no option 'fc_layers'", "~model.fc_layers"]),
     (["model=nosuch"], ["unknown model 'nosuch'", "lenet5"]),
     (["-m", "method=fedavg,nosuch"], ["unknown method 'nosuch'"]),  # every value of a sweep is checked
     (["method=fedcmd", "rounds=3"], ["FedCMD kp=20 leaves no phase-2 round", "set method.kp below rounds"]),

@@ -193,10 +193,6 @@ def check_accounting(run: dict[str, Any]) -> list[str]:
             problems.append(f"round {rec['round']}: bytes_down {rec['bytes_down']} != {down} in the messages")
         if rec["bytes_up"] != up:
             problems.append(f"round {rec['round']}: bytes_up {rec['bytes_up']} != {up} in the replies")
-        for direction, sizes in (("down", b.down), ("up", b.up)):
-            for s in sizes:
-                if s.wire < s.arrays:
-                    problems.append(f"round {rec['round']}: a {direction} message is {s.wire} B on the wire < {s.arrays} B of arrays")
     return problems
 
 
@@ -290,7 +286,8 @@ def _travels(run: dict[str, Any], rnds: list[int]) -> str:
 
 def describe_keys(keys: frozenset[str], group_keys: dict[str, list[str]]) -> str:
     """``all``, ``none``, ``all − classifier``, ``all (conv1,conv2 in part)`` or the groups present."""
-    full = [g for g, ks in group_keys.items() if ks and set(ks) <= keys]
+    group_keys = {g: ks for g, ks in group_keys.items() if ks}  # a group without tensors (a pooling) never travels
+    full = [g for g, ks in group_keys.items() if set(ks) <= keys]
     part = [g for g, ks in group_keys.items() if set(ks) & keys and not set(ks) <= keys]
     absent = [g for g in group_keys if g not in full and g not in part]
     if not full and not part:
@@ -351,15 +348,19 @@ def extras_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         for label, rnds in segments(run):
             train = [b for b in run["batches"] if b.kind == "train" and b.server_round in rnds]
-            down = [s for b in train for s in b.down]
-            up = [s for b in train for s in b.up]
-            if not any(s.extra for s in (*down, *up)):
+            # the messages that carry extras (Felo's warm-up round sends none down)
+            down = [s for b in train for s in b.down if s.extra]
+            up = [s for b in train for s in b.up if s.extra]
+            if not down and not up:
                 continue
-            ex_d, ex_u = median(s.extra for s in down), median(s.extra for s in up)
-            mod_d, mod_u = median(s.arrays - s.extra for s in down), median(s.arrays - s.extra for s in up)
+            total = sum(len(b.down) + len(b.up) for b in train)
+            ex_d, ex_u = median(s.extra for s in down) if down else 0, median(s.extra for s in up) if up else 0
+            mod_d = median(s.arrays - s.extra for s in down) if down else 0
+            mod_u = median(s.arrays - s.extra for s in up) if up else 0
             rows.append({
                 "method": run["method"],
                 "rounds": label,
+                "msgs with extras": f"{len(down) + len(up)} of {total}",
                 "extras KiB/msg down / up": f"{ex_d / KIB:.2f} / {ex_u / KIB:.2f}",
                 "model tensors KiB/msg down / up": f"{mod_d / KIB:.1f} / {mod_u / KIB:.1f}",
                 "extras / model tensors down / up": f"{_share(ex_d, mod_d)} / {_share(ex_u, mod_u)}",
@@ -505,7 +506,8 @@ def report(runs: Sequence[dict[str, Any]], command: str, started: float, rounds:
 
 
 EXTRAS_COLUMNS = [
-    "method", "rounds", "extras KiB/msg down / up", "model tensors KiB/msg down / up", "extras / model tensors down / up",
+    "method", "rounds", "msgs with extras", "extras KiB/msg down / up", "model tensors KiB/msg down / up",
+    "extras / model tensors down / up",
     f"extras / {REFERENCE} message down / up",
 ]
 
@@ -517,7 +519,7 @@ def _extras_section(runs: Sequence[dict[str, Any]]) -> list[str]:
     return [
         "## Extras against the model (arrays that are not model tensors)",
         "",
-        "Array bytes per message, medians over the phase's messages: the extras (Felo/Velo: class",
+        "Array bytes per message, medians over the phase's messages that carry extras: the extras (Felo/Velo: class",
         "features S, logits P and mask M down, s, p, n up; FedHe: logits only; FedFomo/FedAMP: peer or",
         "mixed models; FedAP: BN statistics) against the model tensors of the same message, and against",
         f"{REFERENCE}'s whole message on the wire. Felo and Velo's warm-up round sends no knowledge down.",

@@ -43,7 +43,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "flower defaults": {"env": {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}, "node": {"cache-dir": "none", "torch-threads": os.cpu_count() or 1}},
     "pflower": {"env": {}, "node": {}},
     "pflower, torch-threads=1": {"env": {}, "node": {"torch-threads": 1}},
+    # the SuperNode in --isolation process beside a pflower-superexec: ClientApps forked from a
+    # process that imported torch once (client_app/forkserver.py)
+    "pflower, warm ClientApps": {"env": {}, "node": {}, "isolation": "process"},
+    # a measurement, not a setting pflower ships: what Flower's fixed 3 s idle poll of the SuperNode
+    # costs a round (the SuperNode's loop patched to poll every 0.5 s; one node only: the patched
+    # process is not named flower-supernode, so the thread share would not count it)
+    "warm ClientApps, node poll 0.5 s (patched Flower)": {"env": {}, "node": {}, "isolation": "process", "node_poll": 0.5},
 }
+# flower-supernode with its idle poll capped (the variant above): Flower 1.41 sleeps 3 s in
+# start_client_internal's loop when the SuperLink has no message for the node
+PATCHED_SUPERNODE = (
+    "import sys, time, types\n"
+    "import flwr.supernode.start_client_internal as loop\n"
+    "clock = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith('_')})\n"
+    "clock.sleep = lambda s: time.sleep(min(s, {poll}))\n"
+    "loop.time = clock\n"
+    "from flwr.supernode.cli.flower_supernode import flower_supernode\n"
+    "flower_supernode()  # flower-supernode\n"
+)
 
 
 def _cluster_module() -> Any:
@@ -68,8 +86,14 @@ def run_once(nodes: int, rounds: int, variant: str, tmp: Path) -> dict[str, Any]
     """One deployment run; returns the per-round records and the run's wall time."""
     e2e = _cluster_module()
     settings = VARIANTS[variant]
-    cluster = e2e.Cluster(tmp, nodes=nodes, node_config={i: {"cache-dir": str(tmp / f"cache-{i}"), **settings["node"]} for i in range(nodes)})
+    cluster = e2e.Cluster(tmp, nodes=nodes, node_config={i: {"cache-dir": str(tmp / f"cache-{i}"), **settings["node"]} for i in range(nodes)},
+                          isolation=settings.get("isolation"))
     cluster.extra_env = dict(settings["env"])
+    if "node_poll" in settings:
+        if nodes != 1:
+            raise SystemExit(f"variant {variant!r} runs with --nodes 1 only")
+        flower_argv = cluster.node_argv
+        cluster.node_argv = lambda i, **kw: [sys.executable, "-c", PATCHED_SUPERNODE.replace("{poll}", str(settings["node_poll"])), *flower_argv(i, **kw)[1:]]
     try:
         cluster.prepare(["dataset=digits"])  # certificates and data dirs; the run itself uses DATA
         cluster.up()

@@ -94,8 +94,6 @@ def load(path: str | Path = DEFAULT_TOPOLOGY) -> Topology:
         raise ValueError("supernodes.count must be >= 1")
     if topo.serverapp_isolation not in ("process", "subprocess") or topo.node_isolation not in ("process", "subprocess"):
         raise ValueError("isolation must be 'process' or 'subprocess'")
-    if topo.node_isolation == "process":
-        raise ValueError("supernodes.isolation=process needs a ClientApp SuperExec per node, which this topology does not describe")
     return topo
 
 
@@ -211,6 +209,15 @@ def supernode_argv(topo: Topology, place: Placement, i: int, extra_node_config: 
     return argv
 
 
+def clientapp_superexec_argv(topo: Topology, place: Placement, i: int) -> list[str]:
+    """Node i's ClientApp SuperExec (``isolation: process``): ``pflower-superexec`` forks every
+    ClientApp from a process that imported torch once, instead of a fresh process per message.
+    It shares the SuperNode's network namespace and talks to its Runtime API on loopback, as
+    the SuperExec a SuperNode starts itself in ``subprocess`` mode does (no TLS, no SuperExec
+    auth: the Runtime API listens on 127.0.0.1 only)."""
+    return ["pflower-superexec", "--runtime-api-address", f"127.0.0.1:{place.node_runtime_port(i)}", "--insecure"]
+
+
 def register_argv(topo: Topology, place: Placement) -> list[str]:
     """Write the flwr connection and register every node's public key (idempotent)."""
     argv = [place.python, f"{place.scripts.rstrip('/')}/federation.py", "register", topo.name, "--address", place.link]
@@ -225,7 +232,10 @@ def services(topo: Topology, place: Placement) -> list[Service]:
         out.append(Service("serverapp", "serverapp", superexec_argv(topo, place)))
     if topo.supernode_auth and not place.local_insecure:
         out.append(Service("register", "register", register_argv(topo, place)))
-    out += [Service(f"supernode-{i}", "supernode", supernode_argv(topo, place, i), client_id=i) for i in range(topo.nodes)]
+    for i in range(topo.nodes):
+        out.append(Service(f"supernode-{i}", "supernode", supernode_argv(topo, place, i), client_id=i))
+        if topo.node_isolation == "process":
+            out.append(Service(f"clientapp-{i}", "clientapp", clientapp_superexec_argv(topo, place, i), client_id=i))
     return out
 
 
@@ -307,6 +317,16 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
                 "depends_on": {"superlink": {"condition": "service_healthy"}},
                 "restart": "no",
             }
+        elif s.role == "clientapp":  # in its SuperNode's network namespace: the Runtime API is on loopback
+            svc[s.name] = {
+                **edge_image,
+                "command": s.argv,
+                "environment": dict(s.env),
+                "network_mode": f"service:supernode-{s.client_id}",
+                "volumes": [f"./data/client_{s.client_id}:/data:ro", f"supernode-{s.client_id}-state:/state"],  # the ClientApps read and write here
+                "depends_on": {f"supernode-{s.client_id}": {"condition": "service_started"}},
+                "restart": "unless-stopped",
+            }
         else:
             i = s.client_id
             after = "register" if any(x.role == "register" for x in services(topo, place)) else "superlink"
@@ -330,7 +350,8 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
 
 def compose_gpu_dict(topo: Topology) -> dict[str, Any]:
     gpu = {"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}}
-    return {"services": {f"supernode-{i}": gpu for i in range(topo.nodes)}}
+    runs_clientapps = "clientapp" if topo.node_isolation == "process" else "supernode"  # where the ClientApps run
+    return {"services": {f"{runs_clientapps}-{i}": gpu for i in range(topo.nodes)}}
 
 
 class _NoAliases(yaml.SafeDumper):

@@ -205,9 +205,12 @@ class Cluster:
         extra_keys: int = 0,
         netns: NetNS | None = None,
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
+        isolation: str | None = None,
     ) -> None:
         self.tmp = Path(tmp)
         self.topo = replace(topology.load(), nodes=nodes)
+        if isolation is not None:  # "process": every node gets its own pflower-superexec (warm ClientApps)
+            self.topo = replace(self.topo, node_isolation=isolation)
         self.netns = netns
         host = netns.gateway if netns else "127.0.0.1"
         self.runtime_ports = {i: (9094 if netns else free_port()) for i in range(nodes + extra_keys)}
@@ -277,6 +280,8 @@ class Cluster:
                 self.registration = proc.stdout
             elif svc.role == "supernode":
                 self.start_node(svc.client_id)
+            elif svc.role == "clientapp":  # the node's own SuperExec, in its namespace, with its FLWR_HOME
+                self.start(svc.name, svc.argv, f"supernode-{svc.client_id}", netns_index=svc.client_id)
             else:
                 self.start(svc.name, svc.argv, svc.name)
                 if svc.role == "superlink":
@@ -315,8 +320,10 @@ class Cluster:
 
     def kill_node(self, i: int) -> None:
         """SIGKILL the SuperNode and its SuperExec/ClientApp children: a device that dies."""
-        self.procs[f"supernode-{i}"].signal(signal.SIGKILL)
-        self.procs[f"supernode-{i}"].popen.wait(10)
+        for name in (f"supernode-{i}", f"clientapp-{i}"):
+            if name in self.procs:
+                self.procs[name].signal(signal.SIGKILL)
+                self.procs[name].popen.wait(10)
 
     def wait_healthy(self, timeout: float) -> None:
         import httpx

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import pytest
@@ -397,10 +398,14 @@ METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a s
 
 @pytest.fixture(scope="module")
 def methods(tmp_path_factory):
-    """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment
-    (every message starts a ClientApp process: the cost of this test is its message count)."""
+    """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment.
+    The nodes run in ``--isolation process`` beside a ``pflower-superexec`` each: every message's ClientApp
+    is forked from a process that imported torch once (the other deployments here use Flower's default,
+    a fresh process per message)."""
     tmp = tmp_path_factory.mktemp("methods")
-    cluster = Cluster(tmp, nodes=METHOD_NODES, node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)})
+    cluster = Cluster(
+        tmp, nodes=METHOD_NODES, node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)}, isolation="process"
+    )
     try:
         cluster.prepare(DATA)
         cluster.up()
@@ -442,8 +447,28 @@ def test_fedtsdp_runs_over_a_real_deployment_with_node_cached_partitions(methods
     # each node wrote its partition once and read it in every later message
     cache = methods["cluster"].tmp / "cache" / "partitions"
     assert len(list(cache.glob("*.npz"))) == METHOD_NODES
-    node_log = methods["cluster"].procs["supernode-0"].text()
-    assert "cold start" in node_log and "setup" in node_log
+    # the ClientApps ran in the node's pflower-superexec (its log), each one forked, not started afresh
+    apps_log = methods["cluster"].procs["clientapp-0"].text()
+    assert "cold start" in apps_log and "setup" in apps_log
+    assert "cold start" not in methods["cluster"].procs["supernode-0"].text()
+
+
+def test_warm_clientapps_start_without_importing_torch_again(methods):
+    """pflower-superexec: every message's ClientApp is a fork of a process that imported torch, so
+    its cold start (process start to its first message) is shorter than importing torch alone,
+    which a fresh flwr-clientapp process does first (4.5-5.7 s of cold start in benchmarks/)."""
+    import statistics
+    import subprocess
+    import sys
+
+    apps_log = methods["cluster"].procs["clientapp-0"].text()
+    cold = [float(x) for x in re.findall(r"cold start ([0-9.]+) s", apps_log)]
+    assert len(cold) >= sum(rounds for rounds, _, _ in METHOD_RUNS.values()), apps_log[-3000:]  # one per training message
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    torch_import = time.monotonic() - t0
+    assert statistics.median(cold) < torch_import, (cold, torch_import)
+    assert "Traceback" not in apps_log, apps_log[-3000:]
 
 
 def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):

@@ -77,6 +77,28 @@ def test_tls_and_node_auth_everywhere_insecure_only_in_the_named_local_mode(tmp_
         replace(local_placement(tmp_path), superlink_bind="0.0.0.0", local_insecure=True)
 
 
+def test_process_isolation_gives_every_node_its_own_warm_superexec(tmp_path):
+    """supernodes.isolation: process: a pflower-superexec beside each SuperNode, on that node's
+    loopback Runtime API (compose: in the SuperNode's network namespace, with its data and state,
+    and the GPU where the ClientApps run); TLS and auth everywhere else are unchanged."""
+    topo = replace(topology.load(), node_isolation="process")
+    local = topology.services(topo, local_placement(tmp_path))
+    names = [s.name for s in local]
+    for i in range(topo.nodes):
+        assert names.index(f"clientapp-{i}") == names.index(f"supernode-{i}") + 1
+        node = next(s for s in local if s.name == f"supernode-{i}")
+        app = next(s for s in local if s.name == f"clientapp-{i}")
+        assert node.argv[node.argv.index("--isolation") + 1] == "process" and "--host" not in node.argv  # Runtime API on 127.0.0.1
+        assert app.argv == ["pflower-superexec", "--runtime-api-address", f"127.0.0.1:{41000 + i}", "--insecure"]
+    compose = topology.compose_dict(topo)["services"]
+    app = compose["clientapp-1"]
+    assert app["network_mode"] == "service:supernode-1" and app["image"] == compose["supernode-1"]["image"]
+    assert app["volumes"] == ["./data/client_1:/data:ro", "supernode-1-state:/state"]
+    assert [n for n, svc in compose.items() if "--insecure" in svc["command"]] == [f"clientapp-{i}" for i in range(topo.nodes)]
+    assert set(topology.compose_gpu_dict(topo)["services"]) == {f"clientapp-{i}" for i in range(topo.nodes)}
+    assert set(topology.compose_gpu_dict(topology.load())["services"]) == {f"supernode-{i}" for i in range(topo.nodes)}
+
+
 def test_run_and_node_configs_parse_as_flower_reads_them(tmp_path):
     from flwr.common.config import parse_config_args
 

@@ -1,0 +1,226 @@
+"""``pflower-superexec``: a ClientApp SuperExec that forks every ClientApp from a warm process.
+
+Flower 1.41 runs each message to a SuperNode in a fresh ``flwr-clientapp`` process: Python
+starts, imports Flower and torch (2-3 s on a desktop core, far more on an edge board), and
+only then trains. This SuperExec does what ``flower-superexec`` does (same flags, same
+Runtime API protocol, same task loop: it *is* Flower's loop) except how a ClientApp task
+process starts: a fork server (Python's ``multiprocessing`` ``forkserver``) imports torch,
+numpy and Flower's ClientApp runtime once, and each task is a ``fork()`` of it that runs
+Flower's own ``run_clientapp``. The ClientApp code itself still comes from the run's FAB,
+loaded in the forked child as ``flwr-clientapp`` would, so a new FAB needs no restart.
+
+Use it with a SuperNode in ``--isolation process`` (the SuperNode then starts no SuperExec
+of its own)::
+
+    flower-supernode ... --isolation process --port 9094
+    pflower-superexec --runtime-api-address 127.0.0.1:9094 --insecure
+
+Why a fork server and not a fork of this process: the SuperExec holds an HTTP client and
+threads; forking a threaded process can deadlock the child. The fork server is a separate,
+single-threaded process that only imports; it never runs torch, so no OpenMP pool or CUDA
+context exists when it forks (each child sets its own threads and device).
+
+What it cannot keep warm: anything the ClientApp builds per message (data, model) — the
+partition cache (``client_app/data/node_cache.py``) covers the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# imported by the fork server once, before it forks any ClientApp (import names, comma-separated
+# on the command line). Our own packages are left out on purpose: the child loads them from the
+# run's FAB, as Flower does, so the code that runs is the code that was submitted.
+DEFAULT_PRELOAD = ("torch", "numpy", "flwr.supernode.runtime.run_clientapp")
+PRELOAD_FLAG = "--preload"
+# this project's top-level packages (pyproject.toml): a forked child drops any copy it inherited,
+# so that Flower's loader imports them from the run's FAB, as in a fresh flwr-clientapp process
+APP_PACKAGES = frozenset({"client_app", "server_app", "strategies", "models", "protocol", "conf"})
+
+
+def forget_app_modules() -> list[str]:
+    """Remove this project's modules from ``sys.modules`` (the child got them from the fork server
+    or from unpickling its target); returns what was removed."""
+    gone = [name for name in sys.modules if name.partition(".")[0] in APP_PACKAGES]
+    for name in gone:
+        del sys.modules[name]
+    return gone
+
+
+def _run_clientapp_task(
+    runtime_api_address: str,
+    token: str,
+    insecure: bool,
+    root_certificates_path: str | None,
+    parent_pid: int | None,
+    runtime_dependency_install: bool,
+    suppress_output: bool,
+) -> None:
+    """The body of one forked ClientApp process: what ``flwr-clientapp --token ...`` runs."""
+    if suppress_output:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    forget_app_modules()
+
+    run_clientapp(
+        runtime_api_address=runtime_api_address,
+        token=token,
+        insecure=insecure,
+        certificates=validate_and_resolve_root_certificates(root_certificates_path, insecure),
+        parent_pid=parent_pid,
+        runtime_dependency_install=runtime_dependency_install,
+    )
+
+
+def _preloaded(modules: Sequence[str]) -> None:
+    """Runs in a forked child at start-up: exit 3 when a preload module did not import."""
+    missing = [m for m in modules if m not in sys.modules]
+    if missing:
+        sys.stderr.write(f"pflower-superexec: not preloaded: {', '.join(missing)}\n")
+        raise SystemExit(3)
+
+
+class ForkserverExecutor:
+    """Flower's ``Executor`` protocol: ClientApp tasks forked from the fork server, every other
+    task type (a SuperExec may serve ServerApps too) started as Flower starts it.
+
+    ``multiprocessing`` keeps one fork server per process, started with the preload list of the
+    first executor that forks: one executor per process (the command makes one)."""
+
+    def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
+        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+        self.preload = tuple(preload)
+        self._fallback = SubprocessExecutor()
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(list(self.preload))
+        self._running: list[Any] = []
+
+    def warm_up(self, timeout: float = 120.0) -> None:
+        """Start the fork server now (not on the first message) and check its imports."""
+        probe = self._ctx.Process(target=_preloaded, args=(self.preload,), name="pflower-forkserver-probe")
+        probe.start()
+        probe.join(timeout)
+        if probe.exitcode != 0:
+            raise RuntimeError(
+                f"the fork server could not import {list(self.preload)} (exit code {probe.exitcode}); "
+                f"install them in this environment or pass {PRELOAD_FLAG} with modules it has"
+            )
+
+    # --- Flower's Executor protocol -------------------------------------------------------
+    def get_eligible_capacity(self, supported_task_types: set[Any], **kwargs: Any) -> tuple[set[Any], set[str]]:
+        return self._fallback.get_eligible_capacity(supported_task_types, **kwargs)
+
+    def wait_for_capacity(self, task_type: Any = None, **kwargs: Any) -> None:
+        return self._fallback.wait_for_capacity(task_type, **kwargs)
+
+    def launch(self, spec: Any) -> Any:
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self._fallback.launch(spec)
+        proc = self._ctx.Process(
+            target=_run_clientapp_task,
+            args=(
+                spec.runtime_api_address, spec.token, spec.insecure, spec.root_certificates_path,
+                spec.parent_pid, spec.runtime_dependency_install, spec.suppress_output,
+            ),
+            name=f"flwr-clientapp-task-{spec.task_id}",
+        )
+        try:
+            proc.start()
+        except OSError as err:  # the fork server died or cannot fork: Flower expires the task
+            return LaunchResult.failed(f"forking a ClientApp failed: {err}")
+        self._running.append(proc)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Forget finished ClientApps (the fork server reaps them)."""
+        self._running = [p for p in self._running if p.is_alive()]
+
+    def close(self) -> None:
+        """Leave running ClientApps to finish, as Flower's subprocess executor does."""
+        self._fallback.close()
+
+    @property
+    def running(self) -> int:
+        self.reconcile()
+        return len(self._running)
+
+
+def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Take ``--preload a,b`` (or ``--preload=a,b``) out of the command line; the rest is
+    ``flower-superexec``'s."""
+    rest: list[str] = []
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == PRELOAD_FLAG or arg.startswith(PRELOAD_FLAG + "="):
+            if arg == PRELOAD_FLAG:
+                if i + 1 >= len(args):
+                    raise SystemExit(f"pflower-superexec: {PRELOAD_FLAG} needs a comma-separated list of modules")
+                value, i = args[i + 1], i + 2
+            else:
+                value, i = arg.split("=", 1)[1], i + 1
+            preload = tuple(m.strip() for m in value.split(",") if m.strip())
+            continue
+        rest.append(arg)
+        i += 1
+    return preload, rest
+
+
+def install(executor: ForkserverExecutor) -> None:
+    """Make Flower's SuperExec loop start its subprocess-type tasks with ``executor``."""
+    from flwr.supercore.constant import ExecutorType
+    from flwr.supercore.superexec import run_superexec as loop
+
+    if not callable(getattr(loop, "get_executor", None)):
+        import flwr
+
+        raise SystemExit(
+            f"pflower-superexec: this flwr ({getattr(flwr, '__version__', '?')}) has no SuperExec executor "
+            "hook (flwr 1.41 has); run flower-superexec instead (a fresh process per message)"
+        )
+    flower_get_executor = loop.get_executor
+
+    def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
+        if executor_type == ExecutorType.SUBPROCESS:
+            return executor
+        return flower_get_executor(executor_type, executor_config, **kwargs)
+
+    loop.get_executor = get_executor
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``pflower-superexec [--preload m1,m2] <flower-superexec flags>``."""
+    preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
+    if "-h" in rest or "--help" in rest:
+        print(__doc__.split("\n\n")[0] + f"\n\n{PRELOAD_FLAG} M1,M2  modules the fork server imports once "
+              f"(default: {','.join(DEFAULT_PRELOAD)})\nEvery other flag is flower-superexec's:\n")
+    executor = ForkserverExecutor(preload)
+    if not ("-h" in rest or "--help" in rest):
+        try:
+            executor.warm_up()
+        except RuntimeError as err:
+            raise SystemExit(f"pflower-superexec: {err}") from None
+    install(executor)
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+
+    sys.argv = ["pflower-superexec", *rest]
+    flower_superexec()
+
+
+if __name__ == "__main__":
+    main()

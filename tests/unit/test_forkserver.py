@@ -1,0 +1,114 @@
+"""pflower-superexec (client_app/forkserver.py): ClientApps forked from a warm process.
+
+The whole path (a SuperNode in process isolation, this SuperExec, four methods) runs in
+tests/e2e/test_deployment.py (the ``methods`` deployment); here: the parts, without Flower's
+processes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from client_app import forkserver
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_preload_flag_is_taken_out_and_every_other_flag_is_flowers():
+    assert forkserver.split_preload(["--preload", "torch,colorsys", "--insecure"]) == (("torch", "colorsys"), ["--insecure"])
+    assert forkserver.split_preload(["--runtime-api-address", "a:1", "--preload=numpy"]) == (("numpy",), ["--runtime-api-address", "a:1"])
+    assert forkserver.split_preload(["--insecure"]) == (forkserver.DEFAULT_PRELOAD, ["--insecure"])
+    with pytest.raises(SystemExit, match="comma-separated list"):
+        forkserver.split_preload(["--insecure", "--preload"])
+
+
+def _probe(preload: tuple[str, ...], expect: tuple[str, ...]) -> int:
+    """Exit code of a child forked from a fresh fork server that preloaded ``preload``, checking
+    that ``expect`` are imported (multiprocessing keeps one fork server per process: a new one
+    needs a new process)."""
+    script = textwrap.dedent(f"""
+        from client_app import forkserver
+        ex = forkserver.ForkserverExecutor({preload!r})
+        probe = ex._ctx.Process(target=forkserver._preloaded, args=({expect!r},))
+        probe.start(); probe.join(60)
+        raise SystemExit(probe.exitcode)
+    """)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120).returncode
+
+
+def test_the_fork_server_imports_its_modules_once():
+    assert _probe(("colorsys",), ("colorsys",)) == 0  # a module nothing else here imports
+    assert _probe((), ("colorsys",)) == 3  # the check can fail: without preloading, the child lacks it
+
+
+def test_warm_up_refuses_a_module_the_fork_server_cannot_import():
+    script = textwrap.dedent("""
+        from client_app import forkserver
+        try:
+            forkserver.ForkserverExecutor(("colorsys", "no_such_module_xyz")).warm_up(60)
+        except RuntimeError as err:
+            print(err)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "could not import ['colorsys', 'no_such_module_xyz']" in out.stdout and "--preload" in out.stdout
+
+
+def test_a_forked_clientapp_loads_the_app_from_the_runs_fab_not_the_installed_copy(tmp_path):
+    """After forget_app_modules, Flower's loader imports client_app.app from the FAB directory,
+    as a fresh flwr-clientapp process does (the fork server's copy is the node's installed one)."""
+    fab = tmp_path / "fab"
+    (fab / "client_app").mkdir(parents=True)
+    (fab / "client_app" / "__init__.py").write_text("")
+    (fab / "client_app" / "app.py").write_text("app = 'the FAB copy'\n")
+    script = textwrap.dedent(f"""
+        import sys
+        import client_app.node, models  # what a fork of the SuperExec may have inherited
+        from client_app.forkserver import forget_app_modules, APP_PACKAGES
+        from flwr.supercore.object_ref import load_app
+        gone = forget_app_modules()
+        assert "client_app.node" in gone and "models" in gone, gone
+        assert not [m for m in sys.modules if m.partition(".")[0] in APP_PACKAGES]
+        print(load_app("client_app.app:app", ValueError, {str(fab)!r}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "the FAB copy"
+
+
+def test_flowers_loop_gets_this_executor_for_subprocess_tasks_only(monkeypatch):
+    from flwr.supercore.constant import ExecutorType
+    from flwr.supercore.superexec import run_superexec as loop
+
+    calls = []
+    monkeypatch.setattr(loop, "get_executor", lambda kind, config=None, **kw: calls.append(kind) or "flower's")
+    executor = forkserver.ForkserverExecutor(("colorsys",))
+    forkserver.install(executor)
+    assert loop.get_executor(ExecutorType.SUBPROCESS, None, insecure=True) is executor
+    assert loop.get_executor(ExecutorType.KUBERNETES, {"x": 1}) == "flower's" and calls == [ExecutorType.KUBERNETES]
+
+
+def test_other_task_types_start_as_flower_starts_them(monkeypatch):
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
+
+    executor = forkserver.ForkserverExecutor(("colorsys",))
+    started = []
+    monkeypatch.setattr(executor._fallback, "launch", lambda spec: started.append(spec.task_type) or LaunchResult.accepted())
+    spec = ExecutionSpec(task_type=TaskType.SERVER_APP, runtime_api_address="127.0.0.1:1", token="ab" * 16, insecure=True,
+                         root_certificates_path=None, runtime_dependency_install=False, parent_pid=None, suppress_output=True, task_id=1)
+    assert executor.launch(spec).status == "accepted" and started == [TaskType.SERVER_APP]
+    assert executor.running == 0  # nothing was forked
+
+
+def test_the_command_exits_with_the_fix_when_a_preload_module_is_missing():
+    out = subprocess.run(
+        [sys.executable, "-m", "client_app.forkserver", "--preload", "no_such_module_xyz", "--runtime-api-address", "127.0.0.1:9", "--insecure"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0
+    assert "could not import ['no_such_module_xyz']" in out.stderr and "--preload" in out.stderr

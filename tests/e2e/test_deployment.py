@@ -486,3 +486,23 @@ def test_velo_runs_two_architectures_over_a_real_deployment(methods):
     assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@le"} <= set(r) for r in rounds)
     assert set(summary["transfer_acc"]) == {"r10", "le"} and summary["final_clients"] == METHOD_NODES
     assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the class knowledge (S, P, M) in round 2
+
+
+def test_a_warm_superexec_serves_its_supernode_again_after_the_node_restarts(methods):
+    """Runs last on the ``methods`` deployment (the tests above only read its finished runs): the
+    SuperNode is stopped and restarted as a supervisor would; its pflower-superexec (same process)
+    reconnects to the node's Runtime API by itself and forks the next run's ClientApps."""
+    cluster = methods["cluster"]
+    superexec = cluster.procs["clientapp-0"]
+    pid = superexec.pid
+    cluster.procs["supernode-0"].stop()
+    assert superexec.alive()
+    restart_until_active(cluster, 0, time.monotonic() + 200)
+    served_before = len(re.findall(r"cold start", superexec.text()))
+    t0 = time.monotonic()
+    run = cluster.flwr_run(run_config(cluster, 1, "", METHOD_ROUND_TIMEOUT, method="fedavg"), log_name="flwr-run-after-restart")
+    finish(cluster, run, t0 + RUN_DEADLINE)
+    assert run.popen.returncode == 0, run.text()[-3000:]
+    assert [(r["round"], r["clients"]) for r in cluster.rounds("fedavg")] == [(1, list(range(METHOD_NODES)))]
+    assert superexec.alive() and superexec.pid == pid
+    assert len(re.findall(r"cold start", superexec.text())) > served_before

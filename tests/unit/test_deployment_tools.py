@@ -190,6 +190,28 @@ def test_dockerfiles_copy_only_what_exists_and_compose_builds_them():
         assert (ROOT / "docker" / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()
 
 
+def test_the_images_copy_every_package_the_installed_code_imports():
+    """`pip install .` in an image installs what was copied; a package the copied code imports
+    but the Dockerfile leaves out breaks the image (it happened: protocol/ after base v2)."""
+    import ast
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    for name in ("Dockerfile.server", "Dockerfile.edge"):
+        text = (ROOT / "docker" / name).read_text()
+        copied = {s.rstrip("/") for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]}
+        assert packages <= copied, (name, "pyproject packages not copied", packages - copied)
+        for pkg in packages:
+            for path in (ROOT / pkg).rglob("*.py"):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                        [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                    for module in names:
+                        top = module.split(".")[0]
+                        assert not (ROOT / top / "__init__.py").exists() or top in copied, (name, str(path), module)
+
+
 def _program(path: str) -> str:
     """``/venv/bin/python3.11`` and ``python`` are the same program (a venv's pytest runs python3)."""
     return re.sub(r"[\d.]+$", "", path.rsplit("/", 1)[-1])

@@ -59,13 +59,15 @@ def without_timings(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in TIMING_KEYS and not k.endswith("_s")}
 
 
-def test_two_ray_runs_and_a_serial_run_with_the_same_seed_write_the_same_numbers(tmp_path):
+def test_a_ray_run_and_a_serial_run_with_the_same_seed_write_the_same_numbers(tmp_path):
     """Under Ray the replies arrive in a different order each run; the server sums them in
     client-id order, so the numbers depend on the seed and config only. FedAvg, and pFedSim,
     whose server keeps per-client bodies and a similarity matrix between rounds. The serial
-    backend (every client in this process, no Ray) writes the same numbers as Ray."""
+    backend (every client in this process, no Ray, replies in client-id order) writes the same
+    numbers as Ray, which also shows the Ray run did not depend on its arrival order (a second
+    Ray run used to be compared too: a minute of CI for what this equality already covers)."""
     records = []
-    for attempt in ("a", "b", "serial"):
+    for attempt in ("ray", "serial"):
         out = tmp_path / attempt
         backend = ["backend=serial"] if attempt == "serial" else []
         cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "fraction=1.0", *backend]
@@ -75,8 +77,7 @@ def test_two_ray_runs_and_a_serial_run_with_the_same_seed_write_the_same_numbers
         records.append({m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 2)] for m in ("fedavg", "pfedsim")})
         summaries = {m: without_timings(json.loads((runs[f"{m}-digits"] / "summary.json").read_text())) for m in ("fedavg", "pfedsim")}
         records[-1]["summaries"] = [{k: v for k, v in s.items() if k != "run_dir"} for s in summaries.values()]
-    assert records[0] == records[1]
-    assert records[2] == records[0]
+    assert records[1] == records[0]
     assert records[0]["pfedsim"][-1]["phase"] == "personal"  # the server's state was in play
 
 

@@ -26,7 +26,6 @@ partition cache (``client_app/data/node_cache.py``) covers the data.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import sys
@@ -206,11 +205,11 @@ def install(executor: ForkserverExecutor) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflower-superexec [--preload m1,m2] <flower-superexec flags>``."""
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
-    if "-h" in rest or "--help" in rest:
+    executor = ForkserverExecutor(preload)
+    if "-h" in rest or "--help" in rest:  # our flag first, then flower-superexec's help
         print(__doc__.split("\n\n")[0] + f"\n\n{PRELOAD_FLAG} M1,M2  modules the fork server imports once "
               f"(default: {','.join(DEFAULT_PRELOAD)})\nEvery other flag is flower-superexec's:\n")
-    executor = ForkserverExecutor(preload)
-    if not ("-h" in rest or "--help" in rest):
+    else:
         try:
             executor.warm_up()
         except RuntimeError as err:

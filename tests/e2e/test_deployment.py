@@ -27,6 +27,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -457,10 +460,6 @@ def test_warm_clientapps_start_without_importing_torch_again(methods):
     """pflower-superexec: every message's ClientApp is a fork of a process that imported torch, so
     its cold start (process start to its first message) is shorter than importing torch alone,
     which a fresh flwr-clientapp process does first (4.5-5.7 s of cold start in benchmarks/)."""
-    import statistics
-    import subprocess
-    import sys
-
     apps_log = methods["cluster"].procs["clientapp-0"].text()
     cold = [float(x) for x in re.findall(r"cold start ([0-9.]+) s", apps_log)]
     assert len(cold) >= sum(rounds for rounds, _, _ in METHOD_RUNS.values()), apps_log[-3000:]  # one per training message

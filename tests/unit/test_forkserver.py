@@ -58,6 +58,13 @@ def test_warm_up_refuses_a_module_the_fork_server_cannot_import():
     assert "could not import ['colorsys', 'no_such_module_xyz']" in out.stdout and "--preload" in out.stdout
 
 
+def test_the_packages_a_child_forgets_are_the_projects_packages():
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert forkserver.APP_PACKAGES == {p.rstrip("*") for p in include}
+
+
 def test_a_forked_clientapp_loads_the_app_from_the_runs_fab_not_the_installed_copy(tmp_path):
     """After forget_app_modules, Flower's loader imports client_app.app from the FAB directory,
     as a fresh flwr-clientapp process does (the fork server's copy is the node's installed one)."""

@@ -107,11 +107,42 @@ def handle_hello(message: Message, context: Context) -> Message:
     spec = parse_spec(message)
     cid = client_id_of(context)
     data = client_data(spec, cid, context.node_config)
-    metrics = {wire.CLIENT_KEY: cid, wire.NUM_TRAIN: data.num_train, wire.NUM_TEST: data.num_test}
+    state = ClientState(context, cid, spec.run, state_dir_of(spec, context.node_config))
+    metrics = {
+        wire.CLIENT_KEY: cid, wire.NUM_TRAIN: data.num_train, wire.NUM_TEST: data.num_test,
+        wire.STATE_ROUND: state.newest_round(),
+    }
     if wire.NUM_PARTITIONS in context.node_config:  # simulation: lets the server check the node count
         metrics[wire.NUM_PARTITIONS] = int(context.node_config[wire.NUM_PARTITIONS])
+    hello: dict[str, str] = {}
     announced = context.node_config.get(wire.NODE_MODEL)
-    return _metrics_reply(message, metrics, hello={wire.NODE_MODEL: str(announced)} if announced else None)
+    if announced:
+        hello[wire.NODE_MODEL] = str(announced)
+    origin = data_origin(data)
+    if origin is not None:
+        hello[wire.DATA_ORIGIN] = json.dumps(origin, sort_keys=True)
+    return _metrics_reply(message, metrics, hello=hello or None)
+
+
+def state_dir_of(spec: TaskSpec, node_config: dict[str, Any]) -> str | None:
+    """Where this client's state file lives: its node's ``state-dir``; in simulation the run's
+    ``client_state_dir`` (a path on the server's machine, so a deployed node never uses it)."""
+    own = node_config.get(wire.NODE_STATE_DIR)
+    if own:
+        return str(own)
+    return None if is_deployed(node_config) else spec.client_state_dir
+
+
+def data_origin(data: ClientData) -> dict[str, Any] | None:
+    """What a node's own data directory says it holds (meta.json: its dataset name and, for a
+    directory written by ``scripts/export_partitions.py``, the partition it was cut from)."""
+    meta = (data.extra or {}).get("meta")
+    if not isinstance(meta, dict):
+        return None
+    origin: dict[str, Any] = {"name": meta.get("name")}
+    if isinstance(meta.get("exported_from"), dict):
+        origin["exported_from"] = meta["exported_from"]
+    return origin
 
 
 @dataclass
@@ -149,8 +180,7 @@ def prepare(message: Message, context: Context) -> Job:
     if spec.deterministic:
         deterministic_mode()
     model = fresh_model(spec)
-    state_dir = context.node_config.get(wire.NODE_STATE_DIR) or spec.client_state_dir
-    state = ClientState(context, cid, spec.run, state_dir, versions=spec.state_versions)
+    state = ClientState(context, cid, spec.run, state_dir_of(spec, context.node_config), versions=spec.state_versions)
     server_round = int(config[wire.ROUND_KEY])
     # training round r starts from the state saved before r (a replayed round after a server crash
     # sees what it saw the first time); the evaluation after round r uses round r's

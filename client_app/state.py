@@ -28,6 +28,9 @@ from flwr.common import log
 
 STATE_KEY = "pflower.personal"
 _VERSIONED = re.compile(r"^r(\d+)/(.+)$")
+# an empty tensor saved with every version: a client whose model keeps no tensor (no BN, no
+# personal layer) still shows which rounds it saved, so "kept nothing" differs from "lost it"
+MARKER = "__saved__"
 
 Versions = dict[int, dict[str, torch.Tensor]]  # round -> tensors saved after it
 
@@ -58,12 +61,17 @@ class ClientState:
             eligible = [min(saved)]
         return saved[max(eligible)]
 
+    def newest_round(self) -> int:
+        """The newest round this client saved state after, for this run (0: it holds none)."""
+        return max(self._all(), default=0)
+
     def save(self, tensors: dict[str, torch.Tensor], server_round: int = 0) -> None:
         """Add round ``server_round``'s tensors; drop saves of this and later rounds, keep the newest ``versions``."""
         kept = {r: t for r, t in self._all().items() if r < server_round}
         kept[server_round] = {k: v.detach().cpu() for k, v in tensors.items()}
         kept = {r: kept[r] for r in sorted(kept)[-self.versions :]}
         flat = {f"r{r}/{k}": v for r, t in kept.items() for k, v in t.items()}
+        flat.update({f"r{r}/{MARKER}": torch.zeros(0) for r in kept})
         arrays = {k: Array(v.numpy()) for k, v in flat.items()}
         arrays["__run__"] = Array(np.frombuffer(self.run_token.encode(), dtype=np.uint8).copy())
         self.context.state[STATE_KEY] = ArrayRecord(array_dict=arrays)
@@ -108,7 +116,9 @@ def _split(flat: dict[str, torch.Tensor]) -> Versions:
     for key, value in flat.items():
         match = _VERSIONED.match(key)
         rnd, name = (int(match.group(1)), match.group(2)) if match else (0, key)
-        out.setdefault(rnd, {})[name] = value
+        tensors = out.setdefault(rnd, {})
+        if name != MARKER:
+            tensors[name] = value
     return out
 
 

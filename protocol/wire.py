@@ -24,6 +24,12 @@ HELLO_RECORD = "hello"  # the ConfigRecord of a discovery reply (strings: the an
 NUM_EXAMPLES = "num-examples"  # training samples (FedAvg weight), checked against NUM_TRAIN
 NUM_TRAIN, NUM_TEST = "num-train", "num-test"  # announced at discovery
 NUM_PARTITIONS = "num-partitions"  # simulation only: lets the server check the node count
+# announced at discovery: the newest round whose state the client holds for this run (0: none), so a
+# resumed server can tell a client that kept its personal state from one that lost it
+STATE_ROUND = "state-round"
+# hello record (a JSON string): where a node's own data came from (dataset=local: meta.json's
+# name and exported_from), so the run records the partition the nodes really hold
+DATA_ORIGIN = "data-origin"
 TEST_SIZE = "test_size"
 GLOBAL_TEST_SIZE = "global_test_size"  # evaluate replies with spec.global_test: the global test set's size
 

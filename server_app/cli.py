@@ -7,13 +7,13 @@ in-process through Flower's simulation engine, one simulated SuperNode per clien
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from strategies.checkpoint import CheckpointError
 
 from .config import ConfigError, conf_dir, resume_config, validate
 from .progress import Sweep, job_label, parse_sweep
@@ -55,12 +55,18 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
         # as a SuperNode does; clients run one after the other in client-id order, on one torch
         # thread each as a Ray actor with client-resources num_cpus=1 does (the same numbers)
         return run_experiment(InProcessGrid(int(cfg.num_clients), record=False, client_threads=1), cfg, sweep=sweep)
+    from .failures import USER_ERRORS
+
     out: dict[str, Any] = {}
+    refused: list[Exception] = []
     server_app = ServerApp()
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        out.update(run_experiment(grid, cfg, sweep=sweep))
+        try:
+            out.update(run_experiment(grid, cfg, sweep=sweep))
+        except USER_ERRORS as exc:  # one line from pflower, not Flower's traceback
+            refused.append(exc)
 
     # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
     # in-process entry (a sweep runs several ServerApps in this process); client_app.logs drops
@@ -68,6 +74,8 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": _gpu_share()}, "init_args": {"log_to_driver": True}}
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
+    if refused:
+        raise refused[0]
     if not out:
         raise RuntimeError("the simulation ended without a result; see the log above for the ServerApp's error")
     return out
@@ -80,23 +88,60 @@ def split_sweep(value: str) -> list[str]:
     return value.split(",")
 
 
-def precheck(argv: list[str]) -> None:
-    """Compose and validate the command line's config before hydra runs it: one line for an unknown
-    key or group choice, a value of the wrong type or range (each value of a sweep is tried)."""
-    from .config import compose_config
+def sweep_combinations(argv: list[str]) -> list[list[str]]:
+    """The overrides of every run a command line asks for: one list for a single run; for ``-m``
+    every combination of the swept values (hydra's basic sweeper: the cartesian product)."""
+    import itertools
 
     overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
-    firsts = {o: o.split("=", 1)[0] + "=" + split_sweep(o.split("=", 1)[1])[0] for o in overrides}
-    combos = [list(firsts.values())]
-    if "-m" in argv or "--multirun" in argv:
-        for o in overrides:
-            key, value = o.split("=", 1)
-            for v in split_sweep(value)[1:]:
-                combos.append([f"{key}={v}" if x == o else firsts[x] for x in overrides])
+    if "-m" not in argv and "--multirun" not in argv:
+        return [[f"{o.split('=', 1)[0]}={split_sweep(o.split('=', 1)[1])[0]}" for o in overrides]]
+    choices = [[f"{o.split('=', 1)[0]}={v}" for v in split_sweep(o.split("=", 1)[1])] for o in overrides]
+    return [list(c) for c in itertools.product(*choices)]
+
+
+def precheck(argv: list[str]) -> None:
+    """Compose and validate the command line's config before hydra runs it: one line for an unknown
+    key or group choice, a value of the wrong type or range. A sweep (``-m``) goes further: every
+    combination is composed, validated and its strategy built (as a single run is before it
+    starts), and the data partition made once per distinct data set-up, so a sweep that would stop
+    halfway is refused before its first run, with every bad combination listed."""
+    from .config import compose_config, data_spec_dict
+    from .failures import USER_ERRORS
+    from .runner import check_data, check_strategy
+
+    sweep = "-m" in argv or "--multirun" in argv
+    problems: list[str] = []
+    seen_data: dict[str, str | None] = {}
+    combos = sweep_combinations(argv)
+    varying = {i for i in range(len(combos[0])) if len({c[i] for c in combos}) > 1} if combos else set()
     for combo in combos:
         if any("(" in c for c in combo):  # hydra sweep functions (range, glob...) are hydra's to expand
             continue
-        compose_config(combo)
+        try:
+            cfg = compose_config(combo)
+            if sweep:
+                check_strategy(cfg)
+                key = json.dumps(data_spec_dict(cfg), sort_keys=True, default=str)
+                if key not in seen_data:
+                    try:
+                        check_data(cfg)
+                        seen_data[key] = None
+                    except USER_ERRORS as exc:
+                        seen_data[key] = str(exc)
+                if seen_data[key]:
+                    raise ConfigError(seen_data[key])
+        except USER_ERRORS as exc:
+            if not sweep:
+                raise
+            label = " ".join(c for i, c in enumerate(combo) if i in varying) or " ".join(combo) or "(defaults)"
+            problems.append(f"  {label}: {exc}")
+    if len(problems) == 1:
+        raise ConfigError(f"the sweep's run {problems[0].strip()} (no run of the sweep was started)")
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n" + "\n".join(problems)
+        )
 
 
 def _gpu_share() -> float:
@@ -140,6 +185,8 @@ def _sim_main(argv: list[str]) -> int:
         print(sim_help())
         return 0
     quiet_flower_logs()
+    from .failures import USER_ERRORS
+
     sweeps: list[Sweep] = []
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
@@ -152,7 +199,7 @@ def _sim_main(argv: list[str]) -> int:
 
                 cfg = resume_config(cfg, HydraConfig.get().overrides.task)
             simulate(cfg, sweep)
-        except (ConfigError, CheckpointError) as exc:
+        except USER_ERRORS as exc:
             # hydra would print a traceback for an Exception; a SystemExit passes through it
             print(f"pflower: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -164,7 +211,7 @@ def _sim_main(argv: list[str]) -> int:
     # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
     try:
         precheck(argv)
-    except (ConfigError, CheckpointError) as exc:
+    except USER_ERRORS as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
     sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=none",

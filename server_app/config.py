@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 GROUPS = ("experiment", "method", "dataset", "model", "partition")
 # keys a resumed run may set differently from the run it continues (output_dir is ignored: the
 # run directory is given); everything else comes from the run's saved config.yaml
-RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "progress", "output_dir")
+RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "progress", "resume_force", "output_dir")
+RESUME_CHANGEABLE = RESUME_FREE[1:6]  # what a resume's command line may set (resume itself and output_dir aside)
 
 
 class ConfigError(ValueError):
@@ -137,7 +138,9 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
     if key:
         name = key.group(1)
         full = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name)
-        close = difflib.get_close_matches(full, config_keys(), n=1)
+        group, _, leaf = full.rpartition(".")
+        alias = KEY_ALIASES.get(leaf)
+        close = [f"{group}.{alias}" if group else alias] if alias else difflib.get_close_matches(full, [*config_keys(), *GROUPS], n=1)
         if close and close[0] == full and "." in full:  # another method/dataset/model/partition file has it
             group = full.split(".", 1)[0]
             chosen = next((o.split("=", 1)[1] for o in reversed(list(overrides)) if o.split("=", 1)[0] == group), None)
@@ -149,6 +152,14 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         return f"unknown key {full!r}: {hint}(the keys: the README's table and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
+
+
+# names users reach for that mean another key (difflib alone offers dataset.options for data_dir)
+KEY_ALIASES = {
+    "data_dir": "root", "datadir": "root", "data_root": "root", "data_path": "root", "dir": "root",
+    "epochs": "local_epochs", "num_rounds": "rounds", "clients": "num_clients",
+    "learning_rate": "lr",
+}
 
 
 def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -165,11 +176,11 @@ def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             conflicts.append(f"{path}: given {mine!r} (by `{by[0]}`), the run has {theirs!r}")
     if conflicts:
         raise ConfigError(
-            f"resume={run_dir} continues that run with its saved config.yaml; only {', '.join(RESUME_FREE[1:5])} "
+            f"resume={run_dir} continues that run with its saved config.yaml; only {', '.join(RESUME_CHANGEABLE)} "
             f"may change. Drop these overrides (or start a new run): {'; '.join(conflicts)}"
         )
     out = saved.copy()
-    for key in RESUME_FREE[1:5]:
+    for key in RESUME_CHANGEABLE:
         if key in touched or key not in out:
             out[key] = cfg[key]
     out.resume = str(run_dir)
@@ -319,6 +330,7 @@ def validate(cfg: DictConfig) -> None:
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
     checks += [
         (isinstance(cfg.get("deterministic", False), bool), f"deterministic must be true or false, got {cfg.get('deterministic')!r}"),
+        (isinstance(cfg.get("resume_force", False), bool), f"resume_force must be true or false, got {cfg.get('resume_force')!r}"),
         (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
         (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
         (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),

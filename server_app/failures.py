@@ -28,11 +28,26 @@ USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, CheckpointError, Federa
 
 
 class _DropUserErrorTraceback(logging.Filter):
-    """Flower logs a ServerApp's exception with its traceback; a user error was already logged as one line."""
+    """Flower logs a ServerApp's exception with its traceback; a user error was already logged as
+    one line. Its exit message then calls any failure "an unhandled exception"; after a user error
+    that sentence is replaced by what happened (the exit code stays: the run failed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.user_error = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, USER_ERRORS)
+        if isinstance(exc, USER_ERRORS):
+            return False
+        if self.user_error and isinstance(record.msg, str) and record.msg.startswith("Exit Code:"):
+            code = record.msg.split("\n", 1)[0]
+            record.msg, record.args = f"{code}\n{USER_ERROR_EXIT}", ()
+        return True
+
+
+# what the exit message of a run stopped by a user error says instead of Flower's generic text
+USER_ERROR_EXIT = "pflower stopped the run on the setting named in the `pflower:` line above (nothing to debug: fix it and run again)."
 
 
 _FILTER = _DropUserErrorTraceback()
@@ -45,6 +60,7 @@ def one_line_errors() -> Iterator[None]:
         yield
     except USER_ERRORS as exc:
         log(ERROR, "pflower: %s", exc)
+        _FILTER.user_error = True
         if _FILTER not in FLOWER_LOGGER.filters:
             FLOWER_LOGGER.addFilter(_FILTER)
         raise

@@ -396,7 +396,29 @@ def run_label(summary: Mapping[str, Any]) -> str:
     notes = [f"{k}={v}" for k, v in sorted((summary.get("changed_options") or {}).items())]
     if summary.get("personal_layer"):
         notes.append(f"l*={summary['personal_layer']}")
+    notes += resume_notes(summary)
     return summary["method"] + (f" ({', '.join(notes)})" if notes else "")
+
+
+def resume_notes(summary: Mapping[str, Any]) -> list[str]:
+    """How a run was interrupted, for its row: ``resumed after 5`` (exact: the clients kept their
+    state), ``CLIENT STATE LOST at 6`` (a forced resume: its numbers differ from an uninterrupted run)."""
+    after = summary.get("resumed_after_rounds")
+    if after is None and summary.get("resumed_after_round") is not None:
+        after = [summary["resumed_after_round"]]
+    notes = [f"resumed after {', '.join(str(a) for a in after)}"] if after else []
+    lost = summary.get("client_state_lost")
+    if lost:
+        notes.append(f"CLIENT STATE LOST at {', '.join(str(r) for r in sorted(lost, key=int))}")
+    return notes
+
+
+def wall_text(summary: Mapping[str, Any]) -> str:
+    """The run's wall time over all its segments; a run resumed before summaries summed them
+    (no ``resumed_after_rounds``) recorded its last segment only, shown as a lower bound."""
+    minutes = f"{summary['wall_time_s'] / 60:.1f} min"
+    partial = summary.get("resumed_after_round") is not None and "resumed_after_rounds" not in summary
+    return f">= {minutes} (last segment)" if partial else minutes
 
 
 def _pct(value: float | None) -> str:
@@ -427,7 +449,7 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
         "global test final": _pct(s.get("final_global_acc")),
         "global test 2nd half": _pct(s.get("global_acc_second_half")),
         "MiB/round": f"{mib:.2f}",
-        "wall": f"{s['wall_time_s'] / 60:.1f} min",
+        "wall": wall_text(s),
         "paper set-up": ("differs: " + ", ".join(match.differs)) if match is not None and match.differs else "",
     }
 
@@ -524,6 +546,7 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     labels = legend_labels(group)
     with matplotlib.style.context("default"):  # a user's matplotlibrc does not change the bytes
@@ -535,9 +558,12 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
             xs, ys = curve_points(curve, x, smooth)
             style = STYLES[(i // len(colors)) % len(STYLES)]
             ax.plot(xs, ys, label=label, color=colors[i % len(colors)], linestyle=style, linewidth=1.2)
-        how = "per round" if smooth == 1 else f"rolling mean over {smooth} rounds"
-        ax.set_title(f"{group.title}: test_before accuracy ({how})")
+        how = "" if smooth == 1 else f", rolling mean over {smooth} rounds"
+        against = "by round" if x == "round" else "against cumulative MiB, one point per round"
+        ax.set_title(f"{group.title}: test_before accuracy {against}{how}")
         ax.set_xlabel("round" if x == "round" else "cumulative communication, down + up (MiB)")
+        if x == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test_before accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
@@ -567,6 +593,7 @@ def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | No
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     with matplotlib.style.context("default"):
         fig = Figure(figsize=(8, 3.5))
@@ -585,6 +612,7 @@ def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | No
                 ax.axhline(float(h_th), color=color, linestyle="--", linewidth=0.8, label=f"{label}: h_th = {h_th:g}")
         ax.set_title(f"{group.title}: Hopkins statistic H of the clients' public-batch outputs")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("H")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

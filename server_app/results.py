@@ -65,6 +65,7 @@ def plot_accuracy(rounds: Sequence[Mapping[str, Any]], path: Path, title: str) -
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("test_before_acc", "test_before (headline)"), ("test_after_acc", "test_after")):
@@ -72,6 +73,7 @@ def plot_accuracy(rounds: Sequence[Mapping[str, Any]], path: Path, title: str) -
         if pts:
             ax.plot(*zip(*pts), label=label)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 1.5 on a short run
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -21,6 +21,7 @@ from client_app.data import DataSpec, load_public_data, partition_sizes
 from client_app.data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
+from strategies.base import format_value
 from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
 
@@ -75,6 +76,7 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
         seed=int(cfg.seed),
         final_eval=bool(cfg.final_eval),
     )
+    strategy.resume_force = bool(cfg.get("resume_force", False))
     if getattr(strategy, "needs_public_data", False):
         strategy.attach_public(public_images(cfg))
     elif str(cfg.dataset.get("public", "none")) != "none":
@@ -166,18 +168,17 @@ def _run_in(
     summary: dict[str, Any] = {
         "method": cfg.method.name,
         "dataset": cfg.dataset.name,
+        **data_record(cfg, strategy),
         "model": cfg.model.name,
-        "partition": cfg.partition.name,
-        "alpha": cfg.partition.get("alpha"),
         "num_clients": int(cfg.num_clients),
         **summarize(writer.rounds, int(cfg.headline_window)),
         **{k: v for k, v in strategy.final_metrics.items() if k != "dropped"},
         **strategy_summary(strategy),
-        "wall_time_s": time.perf_counter() - t0,
+        # every segment of a resumed run (rounds a crash lost after their checkpoint not counted)
+        "wall_time_s": strategy.elapsed_before + (time.perf_counter() - t0),
         "run_dir": str(run_dir),
+        **resume_record(run_dir, writer.rounds),
     }
-    if checkpoint is not None:
-        summary["resumed_after_round"] = checkpoint.round  # wall_time_s is this part's only
     artifacts = strategy.write_artifacts(run_dir)
     if artifacts:
         summary["artifacts"] = [str(Path(a).name) for a in artifacts]
@@ -186,6 +187,49 @@ def _run_in(
     for line in summary_table(summary).splitlines():
         log(INFO, "%s", line)
     return summary
+
+
+def data_record(cfg: DictConfig, strategy: PersonalizedStrategy) -> dict[str, Any]:
+    """The summary's partition, alpha (and for node-held data, where it came from).
+
+    With ``dataset=local`` the config's partition keys say nothing about the data: each node
+    reports its directory's meta.json at discovery, and the run records what they report (the
+    partition the directories were exported from, if they all agree)."""
+    if not DataSpec.from_dict(data_spec_dict(cfg)).info.node_local:
+        return {"partition": cfg.partition.name, "alpha": cfg.partition.get("alpha")}
+    origins = {cid: info.origin for cid, info in sorted(strategy.clients.items())}
+    exported = [o.get("exported_from") if isinstance(o, dict) else None for o in origins.values()]
+    names = sorted({str(o.get("name")) for o in origins.values() if isinstance(o, dict) and o.get("name")})
+    record: dict[str, Any] = {"data_source": "nodes", "node_dataset": names[0] if len(names) == 1 else names or None}
+    keys = ("dataset", "partitioner", "alpha", "num_clients", "seed")
+    described = [tuple(e.get(k) for k in keys) for e in exported if isinstance(e, dict)]
+    if exported and len(described) == len(exported) and len(set(described)) == 1:
+        dataset, partitioner, alpha, num_clients, seed = described[0]
+        record.update({
+            "partition": partitioner, "alpha": alpha if partitioner == "dirichlet" else None,
+            "node_dataset": dataset, "partition_clients": num_clients, "partition_seed": seed,
+        })
+    elif described:
+        record.update({"partition": "mixed", "alpha": None, "node_partitions": sorted({str(d) for d in described})})
+    else:  # the nodes' own data: no partition to speak of
+        record.update({"partition": "node-local", "alpha": None})
+    return record
+
+
+def resume_record(run_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the summary says of a run's segments: the rounds it was resumed after (from
+    provenance.json) and the clients that had lost their state at a forced resume."""
+    from .provenance import read_provenance
+
+    resumes = [int(r["after_round"]) for r in (read_provenance(run_dir) or {}).get("resumes", []) if "after_round" in r]
+    out: dict[str, Any] = {}
+    if resumes:
+        out["resumed_after_rounds"] = resumes
+        out["resumed_after_round"] = resumes[-1]
+    lost = {int(r["round"]): list(r["client_state_lost"]) for r in rounds if r.get("client_state_lost")}
+    if lost:
+        out["client_state_lost"] = {str(k): v for k, v in lost.items()}  # round -> clients
+    return out
 
 
 def resumable(cfg: DictConfig) -> Checkpoint:
@@ -255,5 +299,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{100 * value:.2f}%" if "acc" in key else f"{value:.3f}"
+        elif isinstance(value, (list, tuple)):
+            value = format_value(value)  # per-layer lists: 4 significant digits (summary.json keeps them all)
         rows.append(f"| {key} | {value} |")
     return "\n".join(rows)

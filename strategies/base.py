@@ -44,6 +44,7 @@ Values that cannot be encoded are refused before round 1.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ BASE_ATTRS = frozenset({
     "schemas", "default_arch", "arch_of", "arch_arrays", "client_spec", "lr_schedule", "num_clients", "fraction",
     "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "clients",
     "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down", "_message_ttl", "_announced",
-    "_round_timeout", "_store_mode", "_store_dir",
+    "_round_timeout", "_store_mode", "_store_dir", "resume_force", "elapsed_before",
 })
 
 STORE_MODES = ("memory", "disk", "auto")
@@ -133,6 +134,12 @@ class ClientInfo:
     node_id: int
     num_train: int
     num_test: int
+    state_round: int = 0  # the newest round whose state the client holds for this run (0: none)
+    origin: dict[str, Any] | None = None  # its node's data directory's description (dataset=local)
+
+
+class ClientStateLost(FederationError):
+    """Clients that trained before a resumed run's checkpoint no longer hold their state."""
 
 
 class PersonalizedStrategy(Strategy):
@@ -227,6 +234,10 @@ class PersonalizedStrategy(Strategy):
         self._groups_down: set[str] = set()
         self._message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
         self._round_timeout: float | None = None  # set by start(): the wait for a round's replies
+        # a resumed run goes on although clients lost their state (config resume_force): they are
+        # recorded in the round's ``client_state_lost``; without it the resume is refused
+        self.resume_force = False
+        self.elapsed_before = 0.0  # seconds of the rounds run before this process's segment (set by start)
 
     # ------------------------------------------------------------------ architectures
     def schema(self, client_id: int | None = None) -> ModelSchema:
@@ -523,6 +534,7 @@ class PersonalizedStrategy(Strategy):
             run=str(self.client_spec.get("run", "")), seed=int(self.client_spec.get("seed", 0)),
             model=dict(self.schema().spec), arch=self.default_arch, data=dict(self.client_spec.get("data", {})),
             train=dict(self.client_spec.get("train", {})), task="query",
+            client_state_dir=self.client_spec.get("client_state_dir"),
         )
         config = ConfigRecord({wire.SPEC_KEY: spec.to_json()})
         messages = [
@@ -547,6 +559,10 @@ class PersonalizedStrategy(Strategy):
                 cid, n_train, n_test = (int(metrics[k]) for k in (wire.CLIENT_KEY, wire.NUM_TRAIN, wire.NUM_TEST))
                 hello = reply.content.config_records.get(wire.HELLO_RECORD)
                 announced = str(hello[wire.NODE_MODEL]) if hello is not None and wire.NODE_MODEL in hello else None
+                state_round = int(metrics.get(wire.STATE_ROUND, 0))
+                origin = json.loads(str(hello[wire.DATA_ORIGIN])) if hello is not None and wire.DATA_ORIGIN in hello else None
+                if origin is not None and not isinstance(origin, dict):
+                    raise ValueError(f"{wire.DATA_ORIGIN} is not a JSON object")
             except (StopIteration, KeyError, TypeError, ValueError) as exc:
                 errors.append(f"node {node}: malformed hello ({exc!r})")
                 continue
@@ -567,8 +583,48 @@ class PersonalizedStrategy(Strategy):
                 continue
             if cid in self.clients:
                 log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
-            self.clients[cid] = ClientInfo(node, n_train, n_test)
+            self.clients[cid] = ClientInfo(node, n_train, n_test, state_round, origin)
         return errors
+
+    # ------------------------------------------------------------------ resume: the clients' state
+    def trained_rounds(self) -> dict[int, int]:
+        """Client id -> the last round it trained in (from the round history)."""
+        last: dict[int, int] = {}
+        for record in self.history:
+            for cid in record.get("clients", []):
+                last[int(cid)] = int(record["round"])
+        return last
+
+    def clients_without_state(self, client_ids: Iterable[int] | None = None) -> list[int]:
+        """Connected clients that trained before and hold no state saved after their last round:
+        their personal tensors and BN statistics are gone (a new simulation without a client state
+        directory, a SuperNode restarted without ``state-dir``)."""
+        trained = self.trained_rounds()
+        ids = sorted(self.clients if client_ids is None else client_ids)
+        return [c for c in ids if c in self.clients and self.clients[c].state_round < trained.get(c, 0)]
+
+    def check_client_state(self, resumed_after: int) -> list[int]:
+        """At a resume: refuse (``ClientStateLost``) when clients lost their state, unless
+        ``resume_force``; then returns them (the next round records them as ``client_state_lost``)."""
+        lost = self.clients_without_state()
+        if not lost:
+            return []
+        where = self.client_spec.get("client_state_dir")
+        how = (
+            f"the run keeps client state under {where}; it holds none for these clients"
+            if where else "the run kept client state only in its processes' memory (client_state_dir: null)"
+        )
+        message = (
+            f"cannot resume after round {resumed_after} exactly: client(s) {_id_list(lost)} trained before and hold no "
+            f"state for this run ({how}; a deployed SuperNode keeps it across restarts only with --node-config "
+            "\"state-dir='<dir>'\"). Continuing would restart their personal layers and BN statistics and change the "
+            "results. Start the run again, bring back the nodes with their state, or pass resume_force=true to go on "
+            "anyway (the run is marked: client_state_lost in its metrics and summary)"
+        )
+        if not self.resume_force:
+            raise ClientStateLost(message)
+        log(WARNING, "resume_force: %s", message)
+        return lost
 
     def _check_announced(self, client_id: int, announced: str | None) -> str | None:
         """Take the architecture a node announced (node config ``model``); the refusal reason, if any."""
@@ -643,6 +699,8 @@ class PersonalizedStrategy(Strategy):
                 extra = [k for k in update.arrays if k.startswith(WIRE_EXTRA_PREFIX)]
                 update.extra = {k[len(WIRE_EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
                 updates.append(update)
+                if task == "train" and info is not None:  # it saved its state before it replied
+                    info.state_round = max(info.state_round, server_round)
             except InvalidReply as exc:
                 # a rejected reply's arrays crossed the network all the same: they count in bytes_up
                 nbytes = sum(record_bytes(r) for r in msg.content.array_records.values())
@@ -833,19 +891,25 @@ class PersonalizedStrategy(Strategy):
         if initial_arrays is not None and first == 1:
             for k, arr in initial_arrays.items():
                 self.arch_arrays[self.default_arch][k] = arr.numpy()
+        started = time.perf_counter()
+        self.elapsed_before = run_elapsed(self.history)
         self.discover(grid)
+        lost = self.check_client_state(first - 1) if first > 1 else []
         result = Result()
         for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
             replies = send_and_receive(grid, self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
             arrays, metrics = self.aggregate_train(rnd, replies)
             record = self.history[-1]
+            if lost:
+                record["client_state_lost"], lost = lost, []
             if evaluate_fn is not None:
                 server = evaluate_fn(rnd, self.global_record())
                 if server is not None:
                     record.update({f"server_{k}": float(v) for k, v in server.items()})
                     result.evaluate_metrics_serverapp[rnd] = server
             record["round_time_s"] = time.perf_counter() - t0
+            record["run_elapsed_s"] = self.elapsed_before + (time.perf_counter() - started)
             result.arrays = arrays
             if metrics is not None:
                 result.train_metrics_clientapp[rnd] = metrics
@@ -861,12 +925,36 @@ class PersonalizedStrategy(Strategy):
         return result
 
 
+def run_elapsed(history: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds the run took up to its last recorded round, over all its segments (a resumed run
+    adds its own): the last record's ``run_elapsed_s``, or the rounds' times in older records."""
+    if not history:
+        return 0.0
+    if "run_elapsed_s" in history[-1]:
+        return float(history[-1]["run_elapsed_s"])
+    return float(sum(r.get("round_time_s", 0.0) for r in history))
+
+
+def _id_list(ids: Sequence[int], most: int = 12) -> str:
+    shown = ", ".join(map(str, ids[:most]))
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def format_value(value: Any) -> str:
+    """A diagnostic on the round line: floats to 4 significant digits, lists of them too."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
 def format_round(record: Mapping[str, Any], num_rounds: int) -> str:
     """One human line per round, printed while the run goes."""
     def pct(key: str) -> str:
         return f"{100 * record[key]:6.2f}%" if key in record else "   n/a "
 
-    extra = "".join(f" | {k} {record[k]}" for k in record.get("log_keys", []))
+    extra = "".join(f" | {k} {format_value(record[k])}" for k in record.get("log_keys", []))
     return (
         f"[round {record['round']:>3}/{num_rounds}] test_before {pct('test_before_acc')} "
         f"test_after {pct('test_after_acc')} | clients {len(record['clients'])}"

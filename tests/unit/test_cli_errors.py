@@ -90,3 +90,48 @@ def test_a_bad_setting_under_flwr_run_is_one_log_line_and_a_failed_run(run_confi
     for text in expected:
         assert text in message, message
     assert not [p for p in out.glob("*/*")], list(out.rglob("*"))  # no half-made run directory
+
+
+@pytest.mark.parametrize(
+    "methods, bad",
+    [("fedavg,fedcmd", ["fedcmd"]), ("kapc,fedcpmd,fedcmd", ["fedcpmd", "fedcmd"])],
+)
+def test_a_sweep_is_refused_before_its_first_run_with_every_bad_combination(methods, bad, tmp_path, capsys):
+    """Every combination builds its strategy first: FedAvg does not run for minutes before the sweep
+    stops at FedCMD's kp (issue 28)."""
+    out = tmp_path / "outputs"
+    assert main(["sim", "-m", f"method={methods}", "rounds=5", f"output_dir={out}", "num_clients=4", "dataset=digits"]) == 2
+    err = capsys.readouterr().err
+    for method in bad:
+        assert f"method={method}" in err and {"fedcmd": "FedCMD kp=20", "fedcpmd": "FedCPMD kp=60"}[method] in err, err
+    assert "method=kapc" not in err and "method=fedavg" not in err
+    assert ("2 of the sweep's runs cannot start" in err) == (len(bad) == 2)
+    assert not out.exists()
+
+
+def test_the_sweep_checks_every_combination_of_two_swept_keys(tmp_path, capsys):
+    out = tmp_path / "outputs"
+    args = ["sim", "-m", "method=fedavg,fedcmd", "rounds=5,40", f"output_dir={out}", "num_clients=4", "dataset=digits"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "method=fedcmd rounds=5" in err and "rounds=40" not in err, err  # fedcmd at 40 rounds is fine
+    assert not out.exists()
+
+
+def test_flowers_exit_message_after_a_user_error_says_what_happened(tmp_path):
+    """Flower ends a failed run with 'Exit Code: 700 ... An unhandled exception occurred': after a
+    pflower line that named the setting, that text is replaced (the exit code stays)."""
+    from server_app.failures import USER_ERROR_EXIT
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**SMALL_RUN, "output_dir": str(tmp_path), "lr": "abc"})
+    lines = Lines()
+    FLOWER_LOGGER.addHandler(lines)
+    try:
+        with pytest.raises(USER_ERRORS):
+            server_app_main(InProcessGrid(4), context)
+        log(logging.ERROR, "Exit Code: 700\n\nAn unhandled exception occurred when running the simulation.\n\nFor more information, visit: <x>")
+    finally:
+        FLOWER_LOGGER.removeHandler(lines)
+    messages = [r.getMessage() for r in lines.records if r.levelno >= logging.ERROR]
+    assert messages[-1] == f"Exit Code: 700\n{USER_ERROR_EXIT}" and "unhandled" not in "".join(messages)

@@ -104,3 +104,38 @@ def test_the_shape_nodes_must_hold_is_a_server_option(tmp_path):
     spec = local_spec(path, channels=3, image_size=32, num_classes=100)
     assert spec.info.in_shape == (3, 32, 32) and spec.info.num_classes == 100 and spec.info.node_local
     assert load_local_data(spec, 0).x_train.shape == (12, 3, 32, 32)
+
+
+def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compose):
+    """The config's alpha (0.3 by default) says nothing about node-held data: the summary and the
+    report take what the nodes' meta.json says (exported with alpha 1.0 from digits)."""
+    from server_app.inprocess import InProcessGrid
+    from server_app.report import group_runs
+    from server_app.runner import run_experiment
+
+    export_partitions(SIM, tmp_path / "nodes")
+    grid = InProcessGrid(0)
+    for cid in range(3):
+        grid.add_node(cid, 1000 + cid, {"client-id": cid, "data-dir": str(tmp_path / "nodes" / f"client_{cid}")})
+    cfg = compose("dataset=local", "num_clients=3", "rounds=1", "method=fedavg", "local_epochs=1")
+    assert cfg.partition.alpha == 0.3
+    summary = run_experiment(grid, cfg, check_partition=False)
+    assert (summary["partition"], summary["alpha"], summary["partition_clients"]) == ("dirichlet", 1.0, 3)
+    assert summary["node_dataset"] == "digits" and summary["data_source"] == "nodes"
+    saved = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    assert saved["alpha"] == 1.0
+    (group,) = group_runs([Path(summary["run_dir"])])
+    assert group.alpha == 1.0
+
+
+def test_nodes_with_their_own_data_record_no_partition(tmp_path, compose):
+    from server_app.inprocess import InProcessGrid
+    from server_app.runner import run_experiment
+
+    grid = InProcessGrid(0)
+    for cid in range(2):
+        write_local_dir(tmp_path / f"n{cid}", *(2 * [(np.zeros((8, 1, 8, 8), np.uint8) + cid, np.arange(8) % 2)]), name="mine", num_classes=10)
+        grid.add_node(cid, 1000 + cid, {"client-id": cid, "data-dir": str(tmp_path / f"n{cid}")})
+    cfg = compose("dataset=local", "dataset.options.image_size=8", "num_clients=2", "rounds=1", "method=fedavg", "local_epochs=1")
+    summary = run_experiment(grid, cfg, check_partition=False)
+    assert (summary["partition"], summary["alpha"], summary["node_dataset"]) == ("node-local", None, "mine")

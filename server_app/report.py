@@ -44,6 +44,10 @@ METRIC_NAMES = {
     "global_acc_second_half": "global test, 2nd half",
     "final_global_acc": "global test, final",
 }
+# a metric runs record only since a version, and what an older run is shown with instead (the
+# row's metric column says so): best_mean_acc is in every method's summary since KAPC's cube fix
+OLDER_METRIC = {"best_mean_acc": "best_test_before_acc"}
+OLDER_METRIC_NAMES = {"best_test_before_acc": "best_mean_acc"}
 # columns a group's table gets only when one of its runs has the value (Felo/Velo/FedHe: the
 # models on the labelled global test set), inserted after "final (all clients)"
 GLOBAL_COLUMNS = ("global test final", "global test 2nd half")
@@ -316,6 +320,17 @@ def mixed_label(model: Mapping[str, Any]) -> str:
     return f"mixed({','.join(map(str, archs))})"
 
 
+def method_defaults(method: str) -> dict[str, Any]:
+    """conf/method/<method>.yaml with the files its ``defaults`` list inherits (kapc_bls: kapc's options)."""
+    data = yaml.safe_load((conf_dir() / "method" / f"{method}.yaml").read_text()) or {}
+    merged: dict[str, Any] = {}
+    for entry in data.get("defaults") or []:
+        if isinstance(entry, str) and entry != "_self_" and (conf_dir() / "method" / f"{entry}.yaml").exists():
+            merged.update(method_defaults(entry))
+    merged.update({k: v for k, v in data.items() if k != "defaults"})
+    return merged
+
+
 def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
     """The run's ``method.<key>`` values that differ from conf/method/<method>.yaml (a control
     such as ``force_layer=fc2`` or ``finetune_epochs=0``), read from its config.yaml."""
@@ -326,7 +341,8 @@ def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
         used = (yaml.safe_load(config.read_text()) or {}).get("method") or {}
     except yaml.YAMLError as exc:
         raise ReportError(f"{config}: not valid YAML ({exc})") from exc
-    default = yaml.safe_load(defaults.read_text()) or {}
+    default = method_defaults(method)
+
     def interpolated(value: Any) -> bool:  # e.g. total_rounds: ${rounds}, resolved in the run's copy
         return isinstance(value, str) and "${" in value
 
@@ -431,6 +447,10 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
     match = paper_match(s, tables)
     metric = match.metric if match is not None and match.value is not None else HEADLINE
     value = s.get(metric)
+    label = METRIC_NAMES.get(metric, metric)
+    if value is None and metric in OLDER_METRIC:  # a run recorded before every method had the metric
+        metric = OLDER_METRIC[metric]
+        value, label = s.get(metric), f"{METRIC_NAMES.get(metric, metric)} (test_before: the run predates {OLDER_METRIC_NAMES[metric]})"
     ours = 100 * value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     mib = (s["total_mib_down"] + s["total_mib_up"]) / max(s["rounds"], 1)
     paper = match.value if match is not None else None
@@ -441,7 +461,7 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
         "alpha": s.get("alpha"),
         "rounds": s["rounds"],
         "ours": "" if ours is None else f"{ours:.2f}",
-        "metric": METRIC_NAMES.get(metric, metric),
+        "metric": label,
         "paper": "" if paper is None else f"{paper:.2f}",
         "diff": f"{ours - paper:+.2f}" if paper is not None and ours is not None else "",
         "last-20": _pct(s["last20_test_before_acc"]),

@@ -26,6 +26,11 @@ def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict
         n = sum(m["test_size"] for m in present)
         out[f"{phase}_acc"] = sum(m[f"{phase}_correct"] for m in present) / n
         out[f"{phase}_loss"] = sum(m[f"{phase}_loss_sum"] for m in present) / n
+    after = [m["test_after_correct"] / m["test_size"] for m in client_metrics if m.get("test_size") and "test_after_correct" in m]
+    if after:
+        # the unweighted mean over the round's clients of their trained models' accuracy (KAPC's
+        # round metric; its "best mean accuracy" is the best round's): every method records it
+        out["mean_client_acc"] = float(np.mean(after))
     if client_metrics and all("train_loss" in m for m in client_metrics):
         weights = [m["num-examples"] for m in client_metrics]
         out["train_loss"] = float(np.average([m["train_loss"] for m in client_metrics], weights=weights))
@@ -85,6 +90,7 @@ def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[
         "last20_test_before_acc": headline(history, "test_before_acc", 20),
         "headline_test_after_acc": headline(history, "test_after_acc", window),
         "best_test_before_acc": max(valid) if valid else None,
+        "best_mean_acc": max(means) if (means := [h["mean_client_acc"] for h in history if h.get("mean_client_acc") is not None]) else None,
         "total_mib_down": sum(h.get("bytes_down", 0) for h in history) / 2**20,
         "total_mib_up": sum(h.get("bytes_up", 0) for h in history) / 2**20,
         "mean_round_time_s": float(np.mean([h["round_time_s"] for h in history])) if history else None,

@@ -12,6 +12,9 @@ BLS (``bls``): the server leaves out layer l of s_i when the client's self-weigh
 (ALG3; all layers at a client's first participation), and the client uploads only the first Omega
 layers, Omega from the generalization-bound rule (ALG4, :mod:`client_app.roles.kapc`), at least
 ``omega_min`` (default L - 2, the spec's calibrated guard, A1; ``omega_min=1`` is the literal rule).
+The layers after a client's last Omega are not sent either: Eq. 20's partial regularizer coaches
+them toward the client's own weights (the server never received them, so its s_i for them would be
+the initial model's: a pull toward w^0).
 """
 
 from __future__ import annotations
@@ -26,21 +29,23 @@ from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
-from .kapc_math import cube_step, downlink_mask, initial_cube, slice_rows, write_back
+from .kapc_math import CUBE_LRS, cube_step, downlink_mask, initial_cube, slice_rows, write_back
 from .model_distance import gram_matrix
 from .validation import ClientUpdate
 
 
 class KAPC(PersonalizedStrategy):
-    """Options: ``lam`` (coaching weight), ``beta`` (pull of R toward uniform), ``cube_lr`` (a number,
-    or ``theory``: 1/(beta + 2 lam lambda_max(G^l)) per layer), ``cube_steps`` (E_r), ``cube_init``
+    """Options: ``lam`` (coaching weight), ``beta`` (pull of R toward uniform), ``cube_lr``
+    (``centered``: 1/(beta + 2 lam lambda_max(C G^l C)) per layer on the centred Gram, the default;
+    ``theory``: the same on the raw Gram; a number: a fixed step, the paper's 0.01; see
+    :mod:`strategies.kapc_math`), ``cube_steps`` (E_r), ``cube_init``
     (random | uniform), ``write_back`` (scaled | literal, A6), ``bls``, ``mu`` (downlink threshold;
     BLS only), ``omega_min`` (null = L - 2)."""
 
     name = "kapc"
     role = "kapc"
     client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
-    checkpoint_exclude = ("_self_weights",)  # per-round scratch
+    checkpoint_exclude = ("_self_weights", "_cube_delta")  # per-round scratch
     bls_default = False
 
     def __init__(
@@ -48,7 +53,7 @@ class KAPC(PersonalizedStrategy):
         *args: Any,
         lam: float = 1.0,
         beta: float = 0.005,
-        cube_lr: float | str = 0.01,
+        cube_lr: float | str = "centered",
         cube_steps: int = 1,
         cube_init: str = "random",
         write_back: str = "scaled",
@@ -61,8 +66,8 @@ class KAPC(PersonalizedStrategy):
         self.layers = [list(keys) for keys in self.schema().layers]
         n_layers = len(self.layers)
         self.bls = self.bls_default if bls is None else bool(bls)
-        if not (cube_lr == "theory" or (isinstance(cube_lr, (int, float)) and cube_lr > 0)):
-            raise ValueError(f"KAPC cube_lr must be > 0 or 'theory', got {cube_lr!r}")
+        if not (cube_lr in CUBE_LRS or (isinstance(cube_lr, (int, float)) and not isinstance(cube_lr, bool) and cube_lr > 0)):
+            raise ValueError(f"KAPC cube_lr must be a number > 0 or one of {list(CUBE_LRS)}, got {cube_lr!r}")
         if not beta >= 0 or cube_steps < 0 or write_back not in ("scaled", "literal") or not 0 <= mu <= 1:
             raise ValueError(
                 f"KAPC needs beta >= 0, cube_steps >= 0, write_back scaled|literal, 0 <= mu <= 1 "
@@ -79,6 +84,7 @@ class KAPC(PersonalizedStrategy):
         model_bytes = sum(v.nbytes for v in self.global_arrays.values())
         self.models = self.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
         self.q = np.zeros(self.num_clients, dtype=np.int64)  # participations
+        self.omega_of = np.full(self.num_clients, n_layers, dtype=np.int64)  # each client's last upload prefix (BLS)
         self.masks: dict[int, list[int]] = {}  # this round's downlink masks
 
     # ------------------------------------------------------------------ hooks
@@ -109,12 +115,17 @@ class KAPC(PersonalizedStrategy):
             return {}
         ids = list(client_ids)
         models = [self.stored(c) for c in ids]
-        block = slice_rows(self.cube, ids)
+        before = slice_rows(self.cube, ids)
+        block = before
         if self.cube_steps:
             grams = np.stack([gram_matrix(models, keys) for keys in self.layers])
             block = cube_step(block, grams, self.lam, self.beta, self.cube_lr, self.cube_steps)
+        self._cube_delta = np.abs(block - before).mean(axis=(0, 2))  # per layer: how far this round moved R
         write_back(self.cube, ids, block, self.write_back)
-        mask = downlink_mask(block, self.mu if self.bls else None, [self.q[c] == 0 for c in ids])
+        mask = downlink_mask(
+            block, self.mu if self.bls else None, [self.q[c] == 0 for c in ids],
+            prefix=[int(self.omega_of[c]) for c in ids] if self.bls else None,
+        )
         out: dict[int, dict[str, np.ndarray]] = {c: {} for c in ids}
         for layer, keys in enumerate(self.layers):
             for c, s in zip(ids, mixing_average(models, block[:, layer, :], keys=keys)):
@@ -133,38 +144,49 @@ class KAPC(PersonalizedStrategy):
             if u.arrays:
                 self.models[u.client_id] = {**self.models.get(u.client_id, {}), **u.arrays}  # the reply's arrays, not a copy
             self.q[u.client_id] += 1
-        record: dict[str, Any] = {"log_keys": ["mean_client_acc"]}
-        accs = [
-            u.metrics["test_after_correct"] / u.metrics["test_size"]
-            for u in updates if u.metrics.get("test_size") and "test_after_correct" in u.metrics
-        ]
-        if accs:
-            record["mean_client_acc"] = float(np.mean(accs))  # the paper's round metric: unweighted, trained models
+        # mean_client_acc, the paper's round metric (unweighted, trained models), is in every method's record
+        record: dict[str, Any] = {"log_keys": ["mean_client_acc", "cube_delta"]}
         omegas = [u.metrics.get("omega", len(self.layers)) for u in updates]
+        for u, omega in zip(updates, omegas):
+            self.omega_of[u.client_id] = int(omega)
         if omegas:
             record["omega_mean"] = float(np.mean(omegas))
             record["omega"] = {u.client_id: int(o) for u, o in zip(updates, omegas)}
         if self.bls:
-            record["omega_floor_bound"] = int(sum(u.metrics.get("omega_floor", 0.0) for u in updates))
-            record["masked_layers"] = int(sum(self.masks.get(u.client_id, []).count(0) for u in updates))
-            record["log_keys"] += ["omega_mean"]
+            # who decided Omega: the floor omega_min (the walk down stopped at it), ALG4's reset to
+            # L - 1 (first participation, or Omega_prev = L), or the generalization bound
+            floor = int(sum(u.metrics.get("omega_floor", 0.0) for u in updates))
+            reset = int(sum(u.metrics.get("omega_reset", 0.0) for u in updates))
+            record["omega_floor_bound"] = floor
+            record["omega_reset"] = reset
+            record["omega_by_bound"] = len(updates) - floor - reset
+            masks = np.array([self.masks[u.client_id] for u in updates if self.masks.get(u.client_id)], dtype=int)
+            record["masked_layers"] = int((masks == 0).sum())
+            if len(masks):
+                record["masked_by_layer"] = [int(v) for v in (masks == 0).sum(axis=0)]
+            record["log_keys"] += ["omega_mean", "masked_layers"]
         weights = getattr(self, "_self_weights", None)
         if weights is not None and len(weights):
             record["self_weight_by_layer"] = [float(v) for v in weights.mean(axis=0)]
+        delta = getattr(self, "_cube_delta", None)
+        if delta is not None:
+            record["cube_delta"] = float(delta.mean())  # mean |R_new - R_old| over the round's block
+            record["cube_delta_by_layer"] = [float(v) for v in delta]
         self.masks = {}
         return record
 
     # ------------------------------------------------------------------ reporting
     def run_summary(self) -> dict[str, Any]:
-        """The paper's headline: the best round's unweighted mean accuracy of the participants'
-        trained models (kapc_bls.md §2.9), and the cube's mean self-weight per layer."""
-        curve = [r["mean_client_acc"] for r in self.history if "mean_client_acc" in r]
+        """The cube's mean self-weight per layer and how far it moved; the BLS counts. (The paper's
+        headline, ``best_mean_acc``, every method's summary has.)"""
         out: dict[str, Any] = {"layers": len(self.layers), "bls": self.bls}
-        if curve:
-            out["best_mean_acc"] = float(max(curve))
         out["cube_self_weight_by_layer"] = [float(v) for v in np.mean(np.einsum("ili->il", self.cube), axis=0)]
+        deltas = [r["cube_delta"] for r in self.history if "cube_delta" in r]
+        if deltas:
+            out["cube_delta_mean"] = float(np.mean(deltas))
         if self.bls:
-            out["omega_floor_bound"] = int(sum(r.get("omega_floor_bound", 0) for r in self.history))
+            for key in ("omega_floor_bound", "omega_by_bound", "omega_reset", "masked_layers"):
+                out[key] = int(sum(r.get(key, 0) for r in self.history))
         return out
 
     def write_artifacts(self, run_dir: Path) -> list[Path]:

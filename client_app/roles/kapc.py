@@ -102,10 +102,13 @@ class KAPCRole(Role):
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         metrics = {"train_loss": loss, "omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
         if self.args.bls:
+            reset = self.args.first or int(ctx.extra_state.get(STATE + "omega", torch.tensor([len(layers)])).item()) >= len(layers)
             omega, floor = self._omega(model, layers, targets, data.num_classes, ctx)
             keep = {k for keys in layers[:omega] for k in keys}
             ctx.upload_keys = [k for k in ctx.upload_keys if k in keep]
-            metrics.update({"omega": float(omega), "omega_floor": float(floor)})
+            # who chose Omega: ALG4's reset to L - 1 (first participation or Omega_prev = L), the
+            # floor omega_min, or else the bound
+            metrics.update({"omega": float(omega), "omega_floor": float(floor), "omega_reset": float(reset)})
         return metrics
 
     def _omega(self, model: nn.Module, layers, targets, classes: int, ctx: RoleContext) -> tuple[int, bool]:

@@ -55,11 +55,15 @@ def test_options_pick_their_own_entry_and_a_paper_picks_its_metric(tmp_path):
     kapc_a = "num_clients: 10\nfraction: 1.0\nmodel:\n  name: cnn_kapc\npartition:\n  name: dirichlet\ndataset:\n  subsample: 0.1\n"
     fake_run(tmp_path / "kapc", config=kapc_a, method="kapc", rounds=50, personal_layer=None, best_mean_acc=0.97)
     fake_run(tmp_path / "local", config=kapc_a, method="local", rounds=50, personal_layer=None, best_test_before_acc=0.9)
+    fake_run(tmp_path / "fedavg", config=kapc_a, method="fedavg", rounds=50, personal_layer=None, best_mean_acc=0.6, best_test_before_acc=0.5)
     rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
     assert (rows["fedcpmd"]["paper"], rows["fedcpmd"]["ours"], rows["fedcpmd"]["metric"]) == ("93.50", "95.00", "cluster mean")
     assert (rows["fedcpmd (distance=w2)"]["paper"], rows["fedcpmd (distance=w2)"]["ours"]) == ("95.28", "96.00")
     assert (rows["kapc"]["paper"], rows["kapc"]["ours"], rows["kapc"]["metric"]) == ("96.71", "97.00", "best round, trained")
-    assert (rows["local"]["paper"], rows["local"]["ours"], rows["local"]["metric"]) == ("88.33", "90.00", "best round")
+    # one metric for every method; a run made before every method recorded it says what it shows instead
+    assert (rows["fedavg"]["paper"], rows["fedavg"]["ours"], rows["fedavg"]["metric"]) == ("57.85", "60.00", "best round, trained")
+    assert (rows["local"]["paper"], rows["local"]["ours"]) == ("88.33", "90.00")
+    assert rows["local"]["metric"] == "best round (test_before: the run predates best_mean_acc)"
 
 
 def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):

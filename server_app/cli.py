@@ -22,6 +22,9 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
        pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT...
                                   (Markdown table of finished runs vs the papers; with --out
                                    also DIR/report.md and accuracy-vs-round/-MiB plots)
+       pflower leaderboard status|run|write [PROTOCOL ...]
+                                  (every method on the shared protocols of conf/leaderboard.yaml,
+                                   several seeds: run what is missing, write docs/leaderboard.md)
        pflower superlink status|stop     (the local SuperLink `flwr run .` uses from this shell:
                                    its ports and working directory; stop only that one)
 
@@ -239,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report import main as report_main
 
         return report_main(rest)
+    if command == "leaderboard":
+        from .leaderboard import main as leaderboard_main
+
+        return leaderboard_main(rest)
     print(f"pflower: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,340 @@
+"""``pflower leaderboard run|status|write``: every method on shared protocols, several seeds, one metric.
+
+``conf/leaderboard.yaml`` says which entries (a method with the options it needs) run on which
+protocol (``conf/experiment/protocol_*.yaml``) and with which seeds. Each (protocol, entry, seed)
+has a fixed place, ``<out>/runs/<protocol>/<entry>/seed<k>/``, so ``run`` skips what finished,
+resumes what stopped (its checkpoint; exact, see README "Checkpoint and resume") and starts the
+rest, after checking that every one of them can start. ``write`` turns the finished runs into
+``docs/leaderboard.md``: per protocol a table (mean ± std over seeds of the one headline metric,
+with the budget each entry used: clients trained a round, local work, MiB up and down), the
+entries within the seed spread of the best marked, accuracy-vs-round curves with seed bands and
+accuracy-vs-MiB points. Every number comes from the runs' summary.json and metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .config import ConfigError, conf_dir
+
+PLAN_FILE = "leaderboard.yaml"
+USAGE = """pflower leaderboard status [PROTOCOL ...]          (what is done, stopped, not started)
+       pflower leaderboard run [PROTOCOL ...] [--entries E ...] [--dry-run]
+       pflower leaderboard write [--page docs/leaderboard.md]"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the table: an entry of a protocol with one seed, at its fixed place."""
+
+    protocol: str
+    experiment: str
+    entry: str
+    seed: int
+    overrides: tuple[str, ...]
+    root: Path  # <out>/runs/<protocol>/<entry>/seed<k>: the run directory is the one folder under it
+
+    def config(self) -> list[str]:
+        return [f"experiment={self.experiment}", *self.overrides, f"seed={self.seed}", f"output_dir={self.root}", "progress=false"]
+
+    def run_dir(self) -> Path | None:
+        found = sorted(p.parent for p in self.root.glob("*/*/config.yaml"))
+        if len(found) > 1:
+            raise ConfigError(f"{self.root} holds {len(found)} runs; a leaderboard place holds one: remove the extra ones")
+        return found[0] if found else None
+
+    def status(self) -> str:
+        run = self.run_dir()
+        if run is None:
+            return "new"
+        if (run / "summary.json").exists():
+            return "done"
+        return "stopped" if (run / "checkpoint.npz").exists() else "broken"
+
+
+def load_plan(path: Path | None = None) -> dict[str, Any]:
+    """conf/leaderboard.yaml, checked: every protocol names an experiment and an entry group that exist."""
+    path = path or conf_dir() / PLAN_FILE
+    plan = yaml.safe_load(path.read_text()) or {}
+    for name, proto in (plan.get("protocols") or {}).items():
+        if proto.get("entries") not in (plan.get("entries") or {}):
+            raise ConfigError(f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries")
+        if not (conf_dir() / "experiment" / f"{proto.get('experiment')}.yaml").exists():
+            raise ConfigError(f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/")
+    for group in (plan.get("entries") or {}).values():
+        for entry, spec in group.items():
+            if spec.get("seeds", "seeds") not in plan or not isinstance(plan[spec.get("seeds", "seeds")], list):
+                raise ConfigError(f"{path}: entry {entry} names seeds {spec.get('seeds')!r}, not a list of the plan")
+    return plan
+
+
+def plan_jobs(plan: dict[str, Any], root: Path, protocols: Sequence[str] = (), entries: Sequence[str] = ()) -> list[Job]:
+    known = plan.get("protocols") or {}
+    unknown = sorted(set(protocols) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown protocol(s) {unknown}; the leaderboard's: {sorted(known)}")
+    jobs = []
+    for name, proto in known.items():
+        if protocols and name not in protocols:
+            continue
+        for entry, spec in plan["entries"][proto["entries"]].items():
+            if entries and entry not in entries:
+                continue
+            for seed in plan[spec.get("seeds", "seeds")]:
+                jobs.append(Job(name, proto["experiment"], entry, int(seed), tuple(spec.get("overrides") or ()),
+                                root / "runs" / name / entry / f"seed{seed}"))
+    return jobs
+
+
+def check_jobs(jobs: Sequence[Job]) -> None:
+    """Every job that still has to run composes, validates and builds its strategy: refuse them all at once otherwise."""
+    from .config import compose_config
+    from .runner import check_strategy
+
+    problems = []
+    for job in jobs:
+        if job.status() != "new":
+            continue
+        try:
+            check_strategy(compose_config(job.config()))
+        except ValueError as exc:  # ConfigError is one
+            problems.append(f"  {job.protocol}/{job.entry}/seed{job.seed}: {exc}")
+    if problems:
+        raise ConfigError(f"{len(problems)} leaderboard run(s) cannot start, so none was started:\n" + "\n".join(problems))
+
+
+def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]]:
+    """Run what is not done, one after another (each run in this process, its protocol's engine)."""
+    from .cli import simulate
+    from .config import compose_config
+
+    check_jobs(jobs)
+    done = []
+    for i, job in enumerate(jobs, 1):
+        state = job.status()
+        if state == "broken":
+            raise ConfigError(f"{job.run_dir()} has no checkpoint and no summary: remove it to run {job.entry} seed {job.seed} again")
+        action = {"done": "skip (done)", "stopped": "resume", "new": "start"}[state]
+        print(f"[{i}/{len(jobs)}] {job.protocol} {job.entry} seed {job.seed}: {action}", flush=True)
+        if not dry_run and state != "done":
+            overrides = job.config() + ([f"resume={job.run_dir()}"] if state == "stopped" else [])
+            simulate(compose_config(overrides))
+        done.append((job, action))
+    return done
+
+
+# ---------------------------------------------------------------------------- the page
+
+
+def run_numbers(run: Path, metric: str) -> dict[str, Any]:
+    """What the table and figures need from one finished run."""
+    summary = json.loads((run / "summary.json").read_text())
+    rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    config = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    n = max(len(rounds), 1)
+    return {
+        "metric": summary.get(metric),
+        "final_acc": summary.get("final_acc"),
+        "clients": float(np.mean([len(r.get("clients", [])) for r in rounds])) if rounds else 0.0,
+        "local": f"{config.get('local_steps')} steps" if config.get("local_steps") else f"{config.get('local_epochs')} epochs",
+        "mib_up": sum(r.get("bytes_up", 0) for r in rounds) / 2**20 / n,
+        "mib_down": sum(r.get("bytes_down", 0) for r in rounds) / 2**20 / n,
+        "wall_min": float(summary.get("wall_time_s", 0.0)) / 60,
+        "curve": [(int(r["round"]), r.get("test_before_acc")) for r in rounds],
+        "cum_mib": float(np.sum([r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in rounds]) / 2**20),
+    }
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def protocol_rows(jobs: Sequence[Job], metric: str, planned_seeds: dict[str, int]) -> list[dict[str, Any]]:
+    """One row per entry with finished runs: the metric's mean ± std over seeds, the budget, the runs."""
+    by_entry: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        if job.status() == "done":
+            by_entry.setdefault(job.entry, []).append({**run_numbers(job.run_dir(), metric), "run": job.run_dir()})
+    rows = []
+    for entry, runs in by_entry.items():
+        values = [100 * r["metric"] for r in runs if r["metric"] is not None]
+        if not values:
+            continue
+        mean, std = mean_std(values)
+        rows.append({
+            "entry": entry, "seeds": len(values), "planned": planned_seeds.get(entry, len(values)), "mean": mean, "std": std,
+            "final": mean_std([100 * r["final_acc"] for r in runs if r["final_acc"] is not None])[0] if any(r["final_acc"] is not None for r in runs) else None,
+            "clients": float(np.mean([r["clients"] for r in runs])), "local": runs[0]["local"],
+            "mib_up": float(np.mean([r["mib_up"] for r in runs])), "mib_down": float(np.mean([r["mib_down"] for r in runs])),
+            "wall": float(np.sum([r["wall_min"] for r in runs])), "runs": runs,
+        })
+    return mark_ties(rows)
+
+
+def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sort by mean (best first) and mark a row ``tie`` when its gap to the best is within the two
+    entries' seed spreads (std + std); an entry with one seed, or a best with one, ties nothing."""
+    rows.sort(key=lambda r: -r["mean"])
+    if rows:
+        best = rows[0]
+        for row in rows:
+            row["tie"] = row is not best and best["seeds"] > 1 and row["seeds"] > 1 and best["mean"] - row["mean"] <= best["std"] + row["std"]
+    return rows
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| entry | seeds | headline (mean ± std) | final, all clients | clients trained / round | local work | MiB up / round | MiB down / round | CPU time |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        mark = " (best)" if i == 0 else (" (tie with best)" if r["tie"] else "")
+        seeds = f"{r['seeds']}" + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "") + (" (one seed)" if r["planned"] == 1 else "")
+        final = "" if r["final"] is None else f"{r['final']:.2f}"
+        lines.append(f"| {r['entry']}{mark} | {seeds} | {r['mean']:.2f} ± {r['std']:.2f} | {final} | {r['clients']:.1f} | {r['local']} | "
+                     f"{r['mib_up']:.2f} | {r['mib_down']:.2f} | {r['wall']:.0f} min |")
+    return "\n".join(lines)
+
+
+def verdict(rows: Sequence[dict[str, Any]]) -> str:
+    """Who wins on a protocol, and who is within the seed spread of it, in words from the numbers."""
+    if not rows:
+        return "No finished runs yet."
+    best = rows[0]
+    ties = [r["entry"] for r in rows if r["tie"]]
+    text = f"Best: **{best['entry']}**, {best['mean']:.2f} ± {best['std']:.2f} over {best['seeds']} seed(s)."
+    if best["seeds"] < 2:
+        return text + " One seed only: no spread to compare with."
+    if ties:
+        text += " Within the seed spread of it (a tie, not a win): " + ", ".join(ties) + "."
+    else:
+        text += " No other entry with several seeds is within the seed spread of it."
+    return text
+
+
+def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """accuracy-vs-round with a band of ± one std over seeds, and headline-vs-MiB points."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    paths = []
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(8, 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for row in rows:
+            curves = [dict(r["curve"]) for r in row["runs"]]
+            rounds = sorted(set.intersection(*(set(c) for c in curves)))
+            acc = np.array([[100 * (c[k] or 0.0) for k in rounds] for c in curves])
+            mean, std = acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(acc) > 1 else np.zeros(len(rounds))
+            line, = ax.plot(rounds, mean, label=row["entry"], linewidth=1.0)
+            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.set_title(f"{name}: test_before accuracy by round (mean over seeds, band ± 1 std)")
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("test_before accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+        paths.append(out / f"{name}_accuracy_vs_round.png")
+        fig.savefig(paths[-1], format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+
+        fig = Figure(figsize=(8, 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for row in rows:
+            mib = float(np.mean([r["cum_mib"] for r in row["runs"]]))
+            ax.errorbar([mib], [row["mean"]], yerr=[row["std"]], fmt="o", capsize=3, label=row["entry"])
+        ax.set_title(f"{name}: headline accuracy against the run's total communication (mean ± std over seeds)")
+        ax.set_xlabel("total communication, down + up (MiB)")
+        ax.set_ylabel("headline accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+        paths.append(out / f"{name}_accuracy_vs_mib.png")
+        fig.savefig(paths[-1], format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    return paths
+
+
+def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
+    """docs/leaderboard.md from the finished runs (figures beside the runs, under ``root``)."""
+    import os
+
+    metric = str(plan.get("metric", "headline_test_before_acc"))
+    parts = [
+        "# Leaderboard: every method on shared protocols",
+        "",
+        "Generated by `pflower leaderboard write` from the finished runs under "
+        f"`{os.path.relpath(root, page.parent)}/runs/` (the plan: `conf/leaderboard.yaml`; run what is missing with "
+        "`pflower leaderboard run`). Metric, the same for every row: "
+        f"`{metric}` (the mean test_before accuracy of the sampled clients over the last 10 rounds), "
+        "mean ± sample std over seeds. A row marked *tie with best* is within the two entries' seed spreads "
+        "of the best one. Budget columns: clients trained a round (measured from the runs), the local work per "
+        "round (config), MiB a round (the messages' arrays), CPU time summed over the seeds.",
+    ]
+    for name, proto in (plan.get("protocols") or {}).items():
+        jobs = plan_jobs(plan, root, [name])
+        planned = {}
+        for job in jobs:
+            planned[job.entry] = planned.get(job.entry, 0) + 1
+        rows = protocol_rows(jobs, metric, planned)
+        done = sum(j.status() == "done" for j in jobs)
+        parts += ["", f"## {name} (`experiment={proto['experiment']}`)", "",
+                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}", ""]
+        if rows:
+            parts.append(table(rows))
+            for path in plot_protocol(name, rows, root):
+                parts += ["", f"![{path.stem}]({os.path.relpath(path, page.parent)})"]
+            commits = sorted({c for r in rows for run in r["runs"] if (c := _commit(run["run"]))})
+            parts += ["", "Commits of these runs: " + ", ".join(f"`{c}`" for c in commits) + "."]
+        missing = sorted({j.entry for j in jobs if j.status() != "done"})
+        if missing:
+            parts += ["", "Not finished yet: " + ", ".join(missing) + "."]
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(parts) + "\n")
+    return page
+
+
+def _commit(run: Path) -> str | None:
+    from .provenance import short_commit
+
+    return short_commit(run)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="pflower leaderboard", usage=USAGE)
+    parser.add_argument("verb", choices=("status", "run", "write"))
+    parser.add_argument("protocols", nargs="*")
+    parser.add_argument("--entries", nargs="*", default=[], help="only these entries (labels in conf/leaderboard.yaml)")
+    parser.add_argument("--dry-run", action="store_true", help="run: say what would run, run nothing")
+    parser.add_argument("--page", default="docs/leaderboard.md", help="write: the page's path")
+    parser.add_argument("--root", help="where the runs live (default: the plan's out)")
+    try:
+        args = parser.parse_intermixed_args(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        plan = load_plan()
+        root = Path(args.root or plan.get("out", "docs/leaderboard"))
+        if args.verb == "write":
+            print(f"wrote {write_page(plan, root, Path(args.page))}")
+            return 0
+        jobs = plan_jobs(plan, root, args.protocols, args.entries)
+        if args.verb == "status":
+            for job in jobs:
+                print(f"{job.protocol:<16} {job.entry:<24} seed {job.seed}: {job.status()}")
+            return 0
+        run_jobs(jobs, dry_run=args.dry_run)
+    except ConfigError as exc:
+        print(f"pflower leaderboard: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,85 @@
+"""`pflower leaderboard`: fixed places per (protocol, entry, seed), done runs skipped, stopped ones
+resumed, every bad entry refused before anything runs, and a page whose numbers are the runs'."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from server_app.config import ConfigError
+from server_app.leaderboard import load_plan, mark_ties, plan_jobs, protocol_rows, run_jobs, verdict, write_page
+
+TINY = ["dataset=digits", "num_clients=4", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20",
+        "backend=serial", "alpha=1.0"]
+
+
+def tiny_plan(tmp_path: Path, entries: dict) -> tuple[dict, Path]:
+    plan = {"out": str(tmp_path / "lb"), "metric": "headline_test_before_acc", "seeds": [1, 2], "one_seed": [1],
+            "protocols": {"tiny": {"experiment": "smoke", "entries": "all"}}, "entries": {"all": entries}}
+    path = tmp_path / "leaderboard.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return load_plan(path), tmp_path / "lb"
+
+
+def test_the_plan_places_every_run_and_refuses_what_it_does_not_know(tmp_path):
+    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
+                                      "local": {"overrides": ["method=local", *TINY], "seeds": "one_seed"}})
+    jobs = plan_jobs(plan, root)
+    assert [(j.entry, j.seed) for j in jobs] == [("fedavg", 1), ("fedavg", 2), ("local", 1)]
+    assert jobs[1].root == root / "runs" / "tiny" / "fedavg" / "seed2" and jobs[1].status() == "new"
+    assert "seed=2" in jobs[1].config() and "experiment=smoke" in jobs[1].config()
+    with pytest.raises(ConfigError, match="unknown protocol"):
+        plan_jobs(plan, root, ["nosuch"])
+    bad = yaml.safe_load((tmp_path / "leaderboard.yaml").read_text())
+    bad["protocols"]["tiny"]["experiment"] = "nosuch"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="not in conf/experiment"):
+        load_plan(tmp_path / "bad.yaml")
+
+
+def test_a_bad_entry_stops_the_whole_plan_before_any_run(tmp_path):
+    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
+                                      "fedcmd": {"overrides": ["method=fedcmd", *TINY]}})  # kp=20 >= 2 rounds
+    with pytest.raises(ConfigError, match=r"(?s)2 leaderboard run\(s\) cannot start.*tiny/fedcmd/seed1: FedCMD kp=20"):
+        run_jobs(plan_jobs(plan, root))
+    assert not (root / "runs").exists()
+
+
+def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numbers(tmp_path, capsys):
+    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
+                                      "local": {"overrides": ["method=local", *TINY]}})
+    jobs = plan_jobs(plan, root)
+    run_jobs(jobs)
+    assert [j.status() for j in jobs] == ["done"] * 4
+    stopped = jobs[0].run_dir()
+    (stopped / "summary.json").unlink()  # as if the process died after the last checkpoint
+    capsys.readouterr()
+    actions = [a for _, a in run_jobs(jobs)]
+    assert actions == ["resume", "skip (done)", "skip (done)", "skip (done)"] and jobs[0].status() == "done"
+    assert json.loads((stopped / "summary.json").read_text())["resumed_after_rounds"] == [2]
+
+    page = write_page(plan, root, tmp_path / "docs" / "leaderboard.md")
+    text = page.read_text()
+    rows = protocol_rows(jobs, "headline_test_before_acc", {"fedavg": 2, "local": 2})
+    accs = {j.entry: [] for j in jobs}
+    for j in jobs:
+        accs[j.entry].append(100 * json.loads((j.run_dir() / "summary.json").read_text())["headline_test_before_acc"])
+    for row in rows:
+        values = accs[row["entry"]]
+        assert row["mean"] == pytest.approx(sum(values) / 2) and row["seeds"] == 2
+        assert f"{row['mean']:.2f} ± {row['std']:.2f}" in text
+    assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
+    assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
+
+
+def test_ties_need_the_seed_spread_of_both_entries():
+    def row(entry, mean, std, seeds=3):
+        return {"entry": entry, "mean": mean, "std": std, "seeds": seeds}
+
+    rows = mark_ties([row("c", 87.0, 0.5), row("a", 90.0, 1.0), row("d", 89.9, 0.0, seeds=1), row("b", 88.5, 0.6)])
+    assert [(r["entry"], r["tie"]) for r in rows] == [("a", False), ("d", False), ("b", True), ("c", False)]  # 1.5 <= 1.6; 3.0 > 1.5
+    assert verdict(rows) == "Best: **a**, 90.00 ± 1.00 over 3 seed(s). Within the seed spread of it (a tie, not a win): b."
+    assert verdict([row("x", 80.0, 0.0, seeds=1) | {"tie": False}]).endswith("One seed only: no spread to compare with.")

@@ -113,6 +113,16 @@ def run_variant(overrides: list[str], root: Path, out: Path) -> dict[str, Any]:
     return row
 
 
+def shown_path(path: str) -> str:
+    """``path`` as the header shows it: relative to the checkout when it is inside it (no machine's paths in a result)."""
+    from .common import REPO
+
+    try:
+        return str(Path(path).resolve().relative_to(REPO.resolve()))
+    except ValueError:
+        return Path(path).name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="also write the report here (e.g. benchmarks/results/kapc_cube.md)")
@@ -131,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                "layers not sent", "MiB down", "s"]
     text = "\n\n".join([
         "# KAPC's cube on a two-group federation",
-        run_header("python -m benchmarks.kapc_cube" + (f" --out {args.out}" if args.out else "")),
-        __doc__.split("\n\n")[1].replace("\n", " "),
+        run_header("python -m benchmarks.kapc_cube" + (f" --out {shown_path(args.out)}" if args.out else "")),
+        __doc__.split("\n\n")[1].replace("\n", " ").removesuffix("::") + ".",
         "Layers (cnn_kapc): conv1, conv2, fc1, fc2, classifier. Set-up: " + " ".join(SETUP) + "; everything else at its default.",
         markdown_table(rows, columns),
     ])

@@ -28,7 +28,7 @@ from protocol.roles import FeloArgs
 
 from .base import PersonalizedStrategy
 from .evaluation import global_test_numbers
-from .felo_math import WINDOWS, KnowledgeStore
+from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
 from .validation import ClientUpdate
 
 KNOWLEDGE = "knowledge/"
@@ -244,7 +244,7 @@ class Velo(Felo):
 
     name = "velo"
     # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
-    checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae")
+    checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae", "_s_quality")
 
     def __init__(
         self,
@@ -289,7 +289,18 @@ class Velo(Felo):
             return self.store.class_features()
         draw = torch.Generator().manual_seed(int(self.seed) * 100_003 + server_round)  # one draw per round, same for all
         synthetic, _ = self.cvae.synthesize(draw)
-        return synthetic.numpy().astype(np.float32)
+        synthetic = synthetic.numpy().astype(np.float32)
+        # how near S is to the class means the CVAE imitates (the round's record: s_rel_dist, s_nearest_own)
+        self._s_quality = class_feature_distance(synthetic, self.store.class_features(), self.store.mask())
+        return synthetic
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        self._s_quality = {}
+        record = super().aggregate(server_round, updates)
+        record.update(self._s_quality)
+        if "s_rel_dist" in self._s_quality:
+            record["log_keys"] = [*record["log_keys"], "s_rel_dist"]
+        return record
 
     def extra_state(self) -> dict[str, Any]:
         weights = {k: v.detach().cpu().clone() for k, v in self.cvae.state_dict().items()}

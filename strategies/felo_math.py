@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -129,3 +130,19 @@ class KnowledgeStore:
 
 def _values(store):  # noqa: ANN001, ANN202
     return store.values() if isinstance(store, OrderedDict) else store
+
+
+def class_feature_distance(s: np.ndarray, means: np.ndarray, known: np.ndarray) -> dict[str, Any]:
+    """How near synthetic class features S [C, D] are to the stored class means [C, D], over the
+    known classes: per class the relative distance ||S_c - mean_c|| / ||mean_c|| (0: S is the mean;
+    about sqrt(2) for an unrelated vector of the same norm), their mean, and the share of classes
+    whose S_c is nearer its own mean than any other class's (1: S tells the classes apart). Velo's
+    diagnostic: its CVAE should imitate the class means it is trained on."""
+    s, means = np.asarray(s, np.float64), np.asarray(means, np.float64)
+    idx = np.flatnonzero(np.asarray(known, bool))
+    if len(idx) == 0:
+        return {}
+    rel = np.linalg.norm(s[idx] - means[idx], axis=1) / np.maximum(np.linalg.norm(means[idx], axis=1), 1e-12)
+    dist = np.linalg.norm(s[idx][:, None, :] - means[idx][None, :, :], axis=2)  # S_c against every known mean
+    own = float(np.mean(np.argmin(dist, axis=1) == np.arange(len(idx))))
+    return {"s_rel_dist": float(rel.mean()), "s_rel_dist_by_class": [float(v) for v in rel], "s_nearest_own": own}

@@ -83,6 +83,37 @@ def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
     np.testing.assert_allclose(strategy.class_features, again.numpy(), rtol=1e-6)
 
 
+def test_velo_s_approaches_the_class_means_and_random_features_would_not(compose, tiny_overrides):
+    """The CVAE imitates the class means it trains on: S's relative distance to them is logged
+    every round, falls as the CVAE trains (8 rounds here), and ends below what features of the
+    same size drawn at random give; random S would fail every assertion."""
+    from strategies.felo_math import class_feature_distance
+
+    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=8", "method.total_rounds=8", *FELO, *SMALL_CVAE,
+                         "method.cvae_epochs=20")
+    records = run(strategy, InProcessGrid(6), 8)
+    dist = [r["s_rel_dist"] for r in records if "s_rel_dist" in r]
+    assert len(dist) >= 7 and dist[-1] < dist[0], dist
+    means, known = strategy.store.class_features(), strategy.store.mask()
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(means.shape).astype(np.float32)
+    noise *= np.linalg.norm(means, axis=1, keepdims=True) / np.linalg.norm(noise, axis=1, keepdims=True)
+    random_s = class_feature_distance(noise, means, known)
+    assert records[-1]["s_rel_dist"] < random_s["s_rel_dist"]
+    assert records[-1]["s_nearest_own"] > random_s["s_nearest_own"]
+
+
+def test_class_feature_distance_by_hand():
+    from strategies.felo_math import class_feature_distance
+
+    means = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
+    s = np.array([[3.0, 4.0], [0.0, 2.0], [9.0, 9.0]])  # class 2 is unknown: ignored
+    out = class_feature_distance(s, means, np.array([1, 1, 0]))
+    assert out["s_rel_dist_by_class"] == [0.0, 1.0] and out["s_rel_dist"] == 0.5 and out["s_nearest_own"] == 1.0
+    swapped = class_feature_distance(means[[1, 0, 2]], means, np.array([1, 1, 0]))
+    assert swapped["s_nearest_own"] == 0.0
+
+
 def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=3", "method.total_rounds=3", *FELO, *SMALL_CVAE,
                          "method.feature_upload=samples", "method.feature_samples=100")

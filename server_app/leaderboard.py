@@ -226,7 +226,8 @@ def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+
+    from .report import finish_figure
 
     paths = []
     with matplotlib.style.context("default"):
@@ -240,14 +241,8 @@ def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[
             mean, std = acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(acc) > 1 else np.zeros(len(rounds))
             line, = ax.plot(rounds, mean, label=row["entry"], linewidth=1.0)
             ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
-        ax.set_title(f"{name}: test_before accuracy by round (mean over seeds, band ± 1 std)")
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("test_before accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        paths.append(out / f"{name}_accuracy_vs_round.png")
-        fig.savefig(paths[-1], format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        paths.append(finish_figure(fig, ax, f"{name}: test_before accuracy by round (mean over seeds, band ± 1 std)", "round",
+                                   "test_before accuracy (%)", out / f"{name}_accuracy_vs_round.png", whole_rounds=True, legend_size=7))
 
         fig = Figure(figsize=(8, 4.5))
         FigureCanvasAgg(fig)
@@ -255,13 +250,9 @@ def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[
         for row in rows:
             mib = float(np.mean([r["cum_mib"] for r in row["runs"]]))
             ax.errorbar([mib], [row["mean"]], yerr=[row["std"]], fmt="o", capsize=3, label=row["entry"])
-        ax.set_title(f"{name}: headline accuracy against the run's total communication (mean ± std over seeds)")
-        ax.set_xlabel("total communication, down + up (MiB)")
-        ax.set_ylabel("headline accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        paths.append(out / f"{name}_accuracy_vs_mib.png")
-        fig.savefig(paths[-1], format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        paths.append(finish_figure(fig, ax, f"{name}: headline accuracy against the run's total communication (mean ± std over seeds)",
+                                   "total communication, down + up (MiB)", "headline accuracy (%)", out / f"{name}_accuracy_vs_mib.png",
+                                   legend_size=7))
     return paths
 
 

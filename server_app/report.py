@@ -566,7 +566,6 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     labels = legend_labels(group)
     with matplotlib.style.context("default"):  # a user's matplotlibrc does not change the bytes
@@ -580,14 +579,26 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
             ax.plot(xs, ys, label=label, color=colors[i % len(colors)], linestyle=style, linewidth=1.2)
         how = "" if smooth == 1 else f", rolling mean over {smooth} rounds"
         against = "by round" if x == "round" else "against cumulative MiB, one point per round"
-        ax.set_title(f"{group.title}: test_before accuracy {against}{how}")
-        ax.set_xlabel("round" if x == "round" else "cumulative communication, down + up (MiB)")
-        if x == "round":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("test_before accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        finish_figure(fig, ax, f"{group.title}: test_before accuracy {against}{how}",
+                      "round" if x == "round" else "cumulative communication, down + up (MiB)",
+                      "test_before accuracy (%)", path, whole_rounds=x == "round")
+    return path
+
+
+def finish_figure(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, path: Path, whole_rounds: bool = False,
+                  legend_size: int = 8) -> Path:
+    """Title, labels, grid, the legend beside the axes, and a PNG with no date or software in it
+    (the same runs give the same bytes). ``whole_rounds``: x ticks on whole rounds only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    if whole_rounds:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=legend_size, frameon=False)
+    fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
     return path
 
 
@@ -613,7 +624,6 @@ def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | No
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     with matplotlib.style.context("default"):
         fig = Figure(figsize=(8, 3.5))
@@ -630,13 +640,8 @@ def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | No
             h_th = method_option(run, "h_th")
             if isinstance(h_th, (int, float)) and math.isfinite(h_th):
                 ax.axhline(float(h_th), color=color, linestyle="--", linewidth=0.8, label=f"{label}: h_th = {h_th:g}")
-        ax.set_title(f"{group.title}: Hopkins statistic H of the clients' public-batch outputs")
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("H")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        finish_figure(fig, ax, f"{group.title}: Hopkins statistic H of the clients' public-batch outputs", "round", "H", path,
+                      whole_rounds=True)
     return path
 
 

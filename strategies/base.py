@@ -595,13 +595,12 @@ class PersonalizedStrategy(Strategy):
                 last[int(cid)] = int(record["round"])
         return last
 
-    def clients_without_state(self, client_ids: Iterable[int] | None = None) -> list[int]:
+    def clients_without_state(self) -> list[int]:
         """Connected clients that trained before and hold no state saved after their last round:
         their personal tensors and BN statistics are gone (a new simulation without a client state
         directory, a SuperNode restarted without ``state-dir``)."""
         trained = self.trained_rounds()
-        ids = sorted(self.clients if client_ids is None else client_ids)
-        return [c for c in ids if c in self.clients and self.clients[c].state_round < trained.get(c, 0)]
+        return [c for c in sorted(self.clients) if self.clients[c].state_round < trained.get(c, 0)]
 
     def check_client_state(self, resumed_after: int) -> list[int]:
         """At a resume: refuse (``ClientStateLost``) when clients lost their state, unless

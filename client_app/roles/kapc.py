@@ -102,8 +102,7 @@ class KAPCRole(Role):
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         metrics = {"train_loss": loss, "omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
         if self.args.bls:
-            reset = self.args.first or int(ctx.extra_state.get(STATE + "omega", torch.tensor([len(layers)])).item()) >= len(layers)
-            omega, floor = self._omega(model, layers, targets, data.num_classes, ctx)
+            omega, floor, reset = self._omega(model, layers, targets, data.num_classes, ctx)
             keep = {k for keys in layers[:omega] for k in keys}
             ctx.upload_keys = [k for k in ctx.upload_keys if k in keep]
             # who chose Omega: ALG4's reset to L - 1 (first participation or Omega_prev = L), the
@@ -111,7 +110,8 @@ class KAPCRole(Role):
             metrics.update({"omega": float(omega), "omega_floor": float(floor), "omega_reset": float(reset)})
         return metrics
 
-    def _omega(self, model: nn.Module, layers, targets, classes: int, ctx: RoleContext) -> tuple[int, bool]:
+    def _omega(self, model: nn.Module, layers, targets, classes: int, ctx: RoleContext) -> tuple[int, bool, bool]:
+        """(Omega, whether the floor stopped the walk, whether ALG4 reset it to L - 1 untested)."""
         params = dict(model.named_parameters())
         weights = [params[keys[0]].detach() for keys in layers]  # the bound reads each layer's weight matrix
         b_cur = [float(w.norm()) for w in weights]
@@ -129,4 +129,4 @@ class KAPCRole(Role):
             STATE + "bmax": torch.from_numpy(b_max), STATE + "tmax": torch.from_numpy(tau_max),
             STATE + "omega": torch.tensor([omega]),
         })
-        return omega, floor
+        return omega, floor, bool(self.args.first or prev >= len(layers))  # select_omega's reset condition

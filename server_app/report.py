@@ -22,7 +22,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -350,15 +350,76 @@ def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Panel:
+    """One per-round diagnostic of a method's mechanism: ``key`` in metrics.jsonl (a number, or
+    a list of numbers drawn as one line per entry, e.g. per layer), its axis label, the method
+    option drawn as a dashed threshold, and the record key whose truthy rounds get a dot."""
+
+    key: str
+    label: str
+    threshold: str | None = None
+    events: str | None = None
+
+
+# What shows each mechanism at work, drawn by plot_mechanism (one figure per method and group)
+MECHANISMS: dict[str, tuple[Panel, ...]] = {
+    "kapc": (
+        Panel("cube_delta", "mean |ΔR| a round"),
+        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
+    ),
+    "kapc_bls": (
+        Panel("cube_delta", "mean |ΔR| a round"),
+        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
+        Panel("masked_by_layer", "clients not sent layer l"),
+        Panel("omega_by_bound", "clients whose Ω came from the bound"),
+        Panel("omega_floor_bound", "clients whose Ω came from the floor"),
+    ),
+    "fedtsdp": (
+        Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
+        Panel("shared_units", "shared prefix (units)"),
+        Panel("num_clusters", "clusters"),
+    ),
+    "cfl": (
+        Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
+        Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
+        Panel("num_clusters", "clusters"),
+    ),
+    "velo": (Panel("s_rel_dist", "distance of S to the class means (relative)"),),
+}
+MECHANISM_KEYS = frozenset(k for panels in MECHANISMS.values() for p in panels for k in (p.key, p.events) if k)
+
+
+@dataclass(frozen=True)
 class Curve:
-    """A run's rounds with ``test_before`` accuracy (%; None where the round has none) and the
-    cumulative communication after each round (MiB, down + up)."""
+    """A run's rounds with ``test_before`` accuracy (%; None where the round has none), the
+    cumulative communication after each round (MiB, down + up), and the mechanism diagnostics
+    of :data:`MECHANISMS` it recorded (key -> one value per round, None where absent)."""
 
     rounds: tuple[int, ...]
     acc: tuple[float | None, ...]
     mib: tuple[float, ...]
-    hopkins: tuple[float | None, ...] = ()  # FedTSDP's Hopkins statistic H per round (empty: none recorded)
-    reclustered: tuple[int, ...] = ()  # rounds where H crossed the threshold and the clients were re-clustered
+    diagnostics: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def hopkins(self) -> tuple[float | None, ...]:
+        """FedTSDP's Hopkins statistic H per round (empty: none recorded)."""
+        return self.diagnostics.get("hopkins", ())
+
+    @property
+    def reclustered(self) -> tuple[int, ...]:
+        """Rounds where H crossed the threshold and the clients were re-clustered."""
+        return tuple(r for r, t in zip(self.rounds, self.diagnostics.get("triggered", ())) if t)
+
+
+def _diagnostic(value: Any, key: str, where: str) -> Any:
+    """A mechanism value as drawn: a number, a list of numbers, or None; anything else is named."""
+    if value is None:
+        return None
+    if _is_type(value, (int, float)):
+        return float(value)
+    if isinstance(value, list) and all(_is_type(v, (int, float)) for v in value):
+        return tuple(float(v) for v in value)
+    raise ReportError(f"{where}: {key!r} is {value!r}, not a number")
 
 
 def load_curve(run: str | Path) -> Curve:
@@ -367,8 +428,7 @@ def load_curve(run: str | Path) -> Curve:
     rounds: list[int] = []
     acc: list[float | None] = []
     mib: list[float] = []
-    hopkins: list[float | None] = []
-    reclustered: list[int] = []
+    seen: dict[str, list[Any]] = {}
     total = 0
     for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
@@ -388,19 +448,16 @@ def load_curve(run: str | Path) -> Curve:
             if not _is_type(b, (int, float)) or b < 0:
                 raise ReportError(f"{where}: {key!r} is {b!r}, not a byte count")
             total += b
-        h = record.get("hopkins")
-        if h is not None and not _is_type(h, (int, float)):
-            raise ReportError(f"{where}: 'hopkins' is {h!r}, not a number")
+        for key in MECHANISM_KEYS & record.keys():
+            seen.setdefault(key, [None] * len(rounds))
+        for key, values in seen.items():
+            values.append(_diagnostic(record.get(key), key, where))
         rounds.append(rnd)
         acc.append(None if value is None or math.isnan(value) else 100 * value)
         mib.append(total / 2**20)
-        hopkins.append(None if h is None else float(h))
-        if record.get("triggered"):
-            reclustered.append(rnd)
     if not rounds:
         raise ReportError(f"{path}: holds no rounds")
-    recorded = any(h is not None for h in hopkins)
-    return Curve(tuple(rounds), tuple(acc), tuple(mib), tuple(hopkins) if recorded else (), tuple(reclustered))
+    return Curve(tuple(rounds), tuple(acc), tuple(mib), {k: tuple(v) for k, v in seen.items()})
 
 
 # ---------------------------------------------------------------------------- the table
@@ -614,34 +671,56 @@ def method_option(run: str | Path, key: str) -> Any:
     return method.get(key) if isinstance(method, dict) else None
 
 
-def plot_hopkins(group: Group, curves: Sequence[Curve], path: Path) -> Path | None:
-    """FedTSDP's trajectory: the Hopkins statistic H per round of each run that records it, its
-    threshold h_th (dashed) and the rounds that re-clustered (dots). None: no run records H."""
-    runs = [(label, run, c) for label, (run, _), c in zip(legend_labels(group), group.runs, curves) if c.hopkins]
-    if not runs:
+def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Path) -> Path | None:
+    """The panels of :data:`MECHANISMS` for ``method``: each of its runs in the group as one line
+    (one per entry of a list, e.g. per layer), the threshold option as a dashed line, the
+    event rounds (re-clusterings, splits) as dots. None: no run of ``method`` recorded any."""
+    panels = MECHANISMS.get(method, ())
+    runs = [(label, run, c) for label, (run, s), c in zip(legend_labels(group), group.runs, curves)
+            if s.get("method") == method and any(p.key in c.diagnostics for p in panels)]
+    panels = tuple(p for p in panels if any(p.key in c.diagnostics for _, _, c in runs))
+    if not runs or not panels:
         return None
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     with matplotlib.style.context("default"):
-        fig = Figure(figsize=(8, 3.5))
+        fig = Figure(figsize=(8, 2.2 * len(panels) + 0.6))
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, (label, run, c) in enumerate(runs):
-            color = colors[i % len(colors)]
-            pts = [(r, h) for r, h in zip(c.rounds, c.hopkins) if h is not None]
-            ax.plot([r for r, _ in pts], [h for _, h in pts], label=label, color=color, linewidth=1.0)
-            fired = dict(pts)
-            xs = [r for r in c.reclustered if r in fired]
-            ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4, label=f"{label}: re-clustered")
-            h_th = method_option(run, "h_th")
-            if isinstance(h_th, (int, float)) and math.isfinite(h_th):
-                ax.axhline(float(h_th), color=color, linestyle="--", linewidth=0.8, label=f"{label}: h_th = {h_th:g}")
-        finish_figure(fig, ax, f"{group.title}: Hopkins statistic H of the clients' public-batch outputs", "round", "H", path,
-                      whole_rounds=True)
+        for ax, panel in zip(axes, panels):
+            for i, (label, run, c) in enumerate(runs):
+                color = colors[i % len(colors)]
+                pts = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.key, ())) if v is not None]
+                if not pts:
+                    continue
+                width = max(len(v) if isinstance(v, tuple) else 1 for _, v in pts)
+                for j in range(width):
+                    line = [(r, v[j] if isinstance(v, tuple) else v) for r, v in pts if not isinstance(v, tuple) or j < len(v)]
+                    ax.plot([r for r, _ in line], [y for _, y in line], color=color, linewidth=1.0,
+                            alpha=1.0 if width == 1 else 0.35 + 0.65 * (j + 1) / width,
+                            label=label if j == width - 1 else None)
+                if panel.events and width == 1:
+                    fired = dict(pts)
+                    xs = [r for r, e in zip(c.rounds, c.diagnostics.get(panel.events, ())) if e and r in fired]
+                    ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4)
+                limit = method_option(run, panel.threshold) if panel.threshold else None
+                if _is_type(limit, (int, float)) and math.isfinite(limit):
+                    ax.axhline(float(limit), color=color, linestyle="--", linewidth=0.8)
+            ax.set_ylabel(panel.label, fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+        notes = [f"{p.key}: dashed = {p.threshold}" for p in panels if p.threshold]
+        notes += [f"dots = {p.events} rounds" for p in panels if p.events]
+        title = f"{group.title}: {method}'s mechanism" + (f" ({'; '.join(notes)})" if notes else "")
+        axes[0].set_title(title, fontsize=9)
+        axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        axes[-1].set_xlabel("round")
+        fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
     return path
 
 
@@ -688,10 +767,11 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)
             lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
-        png = plot_hopkins(group, [curves[run] for run, _ in group.runs], out / f"{group.stem}_hopkins.png")
-        if png is not None:
-            written.append(png)
-            lines.append(f"![{group.title}: Hopkins statistic per round]({png.name})")
+        for method in sorted({s.get("method") for _, s in group.runs} & MECHANISMS.keys()):
+            png = plot_mechanism(group, [curves[run] for run, _ in group.runs], method, out / f"{group.stem}_{method}_mechanism.png")
+            if png is not None:
+                written.append(png)
+                lines.append(f"![{group.title}: {method}'s mechanism per round]({png.name})")
         lines += ["", "Runs:", ""]
         lines += [f"- {label}{_commit_note(run)}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
     report = out / "report.md"

@@ -18,8 +18,23 @@ Partial participation (the paper lets every client train every round): a member 
 train this round joins the half whose members' updates were most similar to its own, on
 average, the last time they were in the same round (a persistent N x N similarity matrix, as
 in pFedSim); one with no such history joins the larger half.
-Defaults are the reference code's: eps1 = 0.4, eps2 = 1.6 (fedtsdp.md §5), clusters of more
-than 2 members, splits from round 20.
+Defaults are the reference code's: eps1 = 0.4, eps2 = 1.6, clusters of more than 2 members,
+splits from round 20.
+
+Units. The paper reads a weight update as a gradient approximation (dW ~ -lr * grad), and its
+thresholds are fixed numbers; under a decaying learning-rate schedule every update shrinks with
+the rate, so fixed thresholds become unreachable (FedTSDP's FMNIST set-up, lr x0.95 a round:
+the largest update fell from 1.27 to 0.45 by round 21 and CFL never split). With
+``lr_normalized`` (default) both norms are rescaled to the run's base rate, ||dW|| * lr_0 / lr_r,
+before the comparison; under a constant rate nothing changes. The thresholds themselves are in
+the units of the model and the local training: eps2 must lie above the largest update of
+clients that share one distribution (the paper's condition that the stationary point leaves
+only noise for congruent clients) and below that of incongruent ones. ``docs/methods/cfl.md``
+gives the calibration for the leaderboard's FMNIST protocol, from logged norms.
+
+Every round with at least two participants in a cluster logs the bi-partition it would make:
+``cross_cos_max``, the largest cosine between updates on the two sides (the paper's
+alpha_cross_max; low or negative when the halves pull apart), whether or not it splits.
 """
 
 from __future__ import annotations
@@ -32,7 +47,7 @@ import numpy as np
 from flwr.common import log
 
 from .base import PersonalizedStrategy
-from .clustering import bipartition
+from .clustering import bipartition, cross_cosine_max
 from .clusters import Clusters, cluster_fedavg
 from .model_distance import update_statistics
 from .similarity import cosine_from_gram
@@ -42,7 +57,8 @@ from .validation import ClientUpdate
 class CFL(PersonalizedStrategy):
     """Options: ``eps1``, ``eps2`` (split thresholds on the mean and the max update norm),
     ``min_cluster_size`` (only a cluster with more members, and more participants in the
-    round, splits), ``start_round``."""
+    round, splits), ``start_round``, ``lr_normalized`` (compare norms rescaled to the base
+    learning rate)."""
 
     name = "cfl"
 
@@ -53,6 +69,7 @@ class CFL(PersonalizedStrategy):
         eps2: float = 1.6,
         min_cluster_size: int = 2,
         start_round: int = 20,
+        lr_normalized: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -60,6 +77,8 @@ class CFL(PersonalizedStrategy):
             raise ValueError(f"CFL needs eps1, eps2 >= 0 and min_cluster_size >= 1 (got {eps1}, {eps2}, {min_cluster_size})")
         self.eps1, self.eps2 = float(eps1), float(eps2)
         self.min_cluster_size, self.start_round = int(min_cluster_size), int(start_round)
+        self.lr_normalized = bool(lr_normalized)
+        self.split_rounds: list[int] = []
         self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
         self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round
 
@@ -73,7 +92,8 @@ class CFL(PersonalizedStrategy):
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         keys = list(self.global_arrays)
         clusters, models = [], []
-        mean_norms, max_norms, splits = [], [], 0
+        mean_norms, max_norms, cross, splits = [], [], [], 0
+        scale = 1.0 / self.lr_schedule.lr(1.0, server_round) if self.lr_normalized else 1.0
         by_cluster = self.clusters.group(updates)
         for c, members in enumerate(self.clusters.members):
             ups = by_cluster.get(c, [])
@@ -90,9 +110,10 @@ class CFL(PersonalizedStrategy):
                 cos = cosine_from_gram(gram)
                 ids = [u.client_id for u in ups]
                 self.sim[np.ix_(ids, ids)] = cos
-                max_norm = float(np.sqrt(np.diag(gram).max()))
+                mean_norm, max_norm = scale * mean_norm, scale * float(np.sqrt(np.diag(gram).max()))
                 mean_norms.append(mean_norm)
                 max_norms.append(max_norm)
+                cross.append(cross_cosine_max(cos, bipartition(cos)))
                 if (
                     server_round >= self.start_round
                     and min(len(members), len(ups)) > self.min_cluster_size
@@ -101,6 +122,7 @@ class CFL(PersonalizedStrategy):
                 ):
                     halves = self._split(members, ups, cos)
                     splits += 1
+                    self.split_rounds.append(server_round)
                     log(INFO, "CFL round %d: cluster %s split into %s", server_round, members, [h[0] for h in halves])
             for half_members, half_ups in halves:
                 clusters.append(half_members)
@@ -109,7 +131,7 @@ class CFL(PersonalizedStrategy):
         record: dict[str, Any] = {"num_clusters": len(clusters), "clusters": self.clusters.members, "splits": splits}
         record["log_keys"] = ["num_clusters"]
         if mean_norms:
-            record.update({"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms)})
+            record.update({"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms), "cross_cos_max": min(cross)})
         return record
 
     def _split(self, members: list[int], ups: Sequence[ClientUpdate], cos: np.ndarray) -> list[tuple[list[int], list]]:
@@ -128,4 +150,4 @@ class CFL(PersonalizedStrategy):
         return [(sorted(g), side) for g, side in zip(groups, sides)]
 
     def run_summary(self) -> dict[str, Any]:
-        return {"clusters": self.clusters.members}
+        return {"clusters": self.clusters.members, "num_clusters": len(self.clusters), "split_rounds": list(self.split_rounds)}

@@ -53,6 +53,13 @@ def bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
     return (first, second) if 0 in first else (second, first)
 
 
+def cross_cosine_max(similarity: np.ndarray, halves: tuple[list[int], list[int]]) -> float:
+    """The largest similarity between an item of one half and one of the other (CFL's
+    alpha_cross_max: a bi-partition separates incongruent clients when it is low)."""
+    first, second = halves
+    return float(np.asarray(similarity)[np.ix_(first, second)].max())
+
+
 def groups_by_label(labels: dict[int, object]) -> list[list[int]]:
     """Clients with equal labels, as sorted member lists, ordered by their smallest member.
 

@@ -63,3 +63,40 @@ def test_cfl_does_not_split_before_its_thresholds_say_so(compose, tiny_overrides
     records = run(strategy, InProcessGrid(4), rounds=1)  # eps2 = 1.6: one epoch moves far less
     assert records[0]["clusters"] == [[0, 1, 2, 3]] and records[0]["max_update_norm"] < 1.6
 
+
+
+def test_cfl_rescales_update_norms_to_the_base_learning_rate(compose, tiny_overrides):
+    """Under lr x0.5 a round, round 2's logged norms are the raw ones times 2 (lr_normalized,
+    the default); with lr_normalized=false they are the raw ones. Same seed, same training."""
+    decay = ["method=cfl", "fraction=1.0", "+lr_schedule={kind: exponential, gamma: 0.5}", "method.start_round=1000"]
+    _, scaled = make(compose, tiny_overrides, *decay)
+    _, raw = make(compose, tiny_overrides, *decay, "method.lr_normalized=false")
+    a, b = run(scaled, InProcessGrid(4), rounds=2), run(raw, InProcessGrid(4), rounds=2)
+    assert a[0]["max_update_norm"] == b[0]["max_update_norm"]
+    np.testing.assert_allclose(a[1]["max_update_norm"], 2 * b[1]["max_update_norm"], rtol=1e-12)
+    np.testing.assert_allclose(a[1]["mean_update_norm"], 2 * b[1]["mean_update_norm"], rtol=1e-12)
+    assert -1 <= a[1]["cross_cos_max"] <= 1
+
+
+def test_cfl_recovers_the_label_groups_of_a_two_classes_per_client_split(tmp_path):
+    """benchmarks/cfl_split: 12 digits clients, 2 classes each, 3 label groups. eps2 set by the
+    rule the method docs give (1.25 x the largest update of the same clients sharing one
+    distribution) splits twice and ends with exactly the label groups (ARI 1); the reference
+    code's eps2 = 1.6 never splits at this scale."""
+    import sys
+    from pathlib import Path
+
+    from sklearn.metrics import adjusted_rand_score
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is a folder of the checkout
+    from benchmarks.cfl_split import CLIENTS, calibrated_eps2, cluster_labels, run_cfl, write_label_group_federation
+
+    truth = write_label_group_federation(tmp_path / "groups")
+    write_label_group_federation(tmp_path / "one", groups=False)
+    short = ["rounds=10"]
+    _, one = run_cfl(tmp_path / "one", tmp_path / "out", [*short, "method.start_round=1000"])
+    eps2 = calibrated_eps2(one, start_round=5)
+    summary, rounds = run_cfl(tmp_path / "groups", tmp_path / "out", [*short, f"method.eps2={eps2}"])
+    assert len(summary["split_rounds"]) == 2 and summary["num_clusters"] == 3, summary["split_rounds"]
+    assert adjusted_rand_score(truth, cluster_labels(summary["clusters"], CLIENTS)) == 1.0
+    assert max(r["max_update_norm"] for r in rounds) > eps2 > max(r["max_update_norm"] for r in one if r["round"] >= 5)

@@ -322,7 +322,7 @@ def test_an_iid_or_shards_run_finds_its_table_by_partition_name(tmp_path):
     assert paper_numbers()[("fedtsdp", "cifar10", 0.5)][0] == 79.29
 
 
-def test_a_fedtsdp_run_gets_its_hopkins_trajectory_figure(tmp_path):
+def test_a_fedtsdp_run_gets_its_mechanism_figure_with_the_hopkins_trajectory(tmp_path):
     """H per round, the re-clustering rounds and the threshold from the run's config.yaml; runs
     without H (the baselines of the group) add nothing to that figure."""
     run = real_run(tmp_path / "runs" / "10-00-00-fedtsdp-fmnist", method="fedtsdp", rounds=4)
@@ -337,12 +337,38 @@ def test_a_fedtsdp_run_gets_its_hopkins_trajectory_figure(tmp_path):
     assert load_curve(tmp_path / "runs" / "10-05-00-fedavg-fmnist").hopkins == ()
     out = tmp_path / "report"
     names = {p.name for p in write_report(find_runs([tmp_path / "runs"]), out)}
-    assert "fmnist_a0.1_hopkins.png" in names and (out / "fmnist_a0.1_hopkins.png").stat().st_size > 5000
-    assert "![fmnist, α = 0.1: Hopkins statistic per round](fmnist_a0.1_hopkins.png)" in (out / "report.md").read_text()
+    png = "fmnist_a0.1_fedtsdp_mechanism.png"
+    assert png in names and (out / png).stat().st_size > 5000 and not any("fedavg_mechanism" in n for n in names)
+    assert f"![fmnist, α = 0.1: fedtsdp's mechanism per round]({png})" in (out / "report.md").read_text()
     lines[1]["hopkins"] = "high"
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     with pytest.raises(ReportError, match=r"line 2: 'hopkins' is 'high', not a number"):
         load_curve(run)
+
+
+def test_kapc_and_cfl_runs_get_their_mechanism_panels_per_layer_and_per_split(tmp_path):
+    """A list value (per layer) is read as one line per entry; CFL's split rounds are its events;
+    a value that is neither a number nor a list of numbers is named."""
+    kapc = real_run(tmp_path / "runs" / "10-00-00-kapc_bls-fmnist", method="kapc_bls", rounds=3)
+    cfl = real_run(tmp_path / "runs" / "10-01-00-cfl-fmnist", method="cfl", rounds=3)
+    for run, extra in ((kapc, [{"cube_delta": 0.1, "self_weight_by_layer": [0.1, 0.2], "masked_by_layer": [0, 1]},
+                               {"cube_delta": 0.05, "self_weight_by_layer": [0.3, 0.8], "masked_by_layer": [0, 4]},
+                               {"cube_delta": 0.01, "self_weight_by_layer": [0.4, 0.9], "masked_by_layer": [1, 5]}]),
+                       (cfl, [{"max_update_norm": 0.5, "splits": 0, "num_clusters": 1},
+                              {"max_update_norm": 0.6, "splits": 1, "num_clusters": 2},
+                              {"max_update_norm": 0.3, "splits": 0, "num_clusters": 2}])):
+        lines = [json.loads(line) | e for line, e in zip((run / "metrics.jsonl").read_text().splitlines(), extra)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    (cfl / "config.yaml").write_text("method:\n  name: cfl\n  eps2: 0.4\n")
+    assert load_curve(kapc).diagnostics["self_weight_by_layer"] == ((0.1, 0.2), (0.3, 0.8), (0.4, 0.9))
+    assert load_curve(cfl).diagnostics["splits"] == (0.0, 1.0, 0.0)
+    out = tmp_path / "report"
+    names = {p.name for p in write_report(find_runs([tmp_path / "runs"]), out)}
+    assert {"fmnist_a0.1_kapc_bls_mechanism.png", "fmnist_a0.1_cfl_mechanism.png"} <= names
+    lines[0]["max_update_norm"] = [0.5, "x"]
+    (cfl / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    with pytest.raises(ReportError, match=r"line 1: 'max_update_norm' is \[0.5, 'x'\], not a number"):
+        load_curve(cfl)
 
 
 FELO_SETUP = (

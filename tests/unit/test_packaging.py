@@ -36,3 +36,19 @@ def test_conf_dir_is_found_from_the_package():
     from server_app.config import conf_dir
 
     assert (conf_dir() / "config.yaml").exists()
+
+
+def test_no_shipped_file_points_at_the_developers_shared_folder():
+    """Users get the repository, not the developers' ../shared folder (papers, specs): no code,
+    config or doc of the project may send them there (cite the paper by title instead)."""
+    shipped = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not shipped:
+        pytest.skip("not a git checkout")
+    offenders = []
+    for name in shipped:
+        if Path(name).suffix not in {".py", ".yaml", ".yml", ".md", ".toml", ".txt", ".cfg", ""} or name.startswith("tests/unit/test_packaging"):
+            continue
+        path = ROOT / name
+        if path.is_file() and "../shared" in path.read_text(errors="replace"):
+            offenders.append(name)
+    assert not offenders, f"these files point at ../shared, which users do not have: {offenders}"

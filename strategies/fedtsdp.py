@@ -55,7 +55,9 @@ class FedTSDP(PersonalizedStrategy):
     input group), ``min_pts``, ``psi`` and ``decay`` (``float`` | ``int``) for the shared-unit
     counter, ``public_batch``, ``amend`` (``literal``: + N_pub / B to the batch's weights,
     eqs. 7-8; ``bounded``: + ``amend_increment`` per trigger, default 1 / N_pub, so a batch gains
-    mass slowly), ``m_tilde`` (Hopkins sample; null: max(2, round(0.1 m))), ``upsilon``."""
+    mass slowly), ``m_tilde`` (Hopkins sample; null: max(2, round(0.1 m))), ``hopkins_repeats``
+    (H is the mean of this many draws; 1: the paper's single draw, which with m_tilde = 2 spreads
+    about ±0.07 round to round), ``upsilon``."""
 
     name = "fedtsdp"
     client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
@@ -76,6 +78,7 @@ class FedTSDP(PersonalizedStrategy):
         amend: str = "literal",
         amend_increment: float | None = None,
         m_tilde: int | None = None,
+        hopkins_repeats: int = 1,
         upsilon: float = 1e-6,
         **kwargs: Any,
     ) -> None:
@@ -89,6 +92,7 @@ class FedTSDP(PersonalizedStrategy):
             (int(public_batch) < 1, f"public_batch must be >= 1, got {public_batch}"),
             (amend not in AMEND_MODES, f"amend must be one of {list(AMEND_MODES)}, got {amend!r}"),
             (m_tilde is not None and int(m_tilde) < 1, f"m_tilde must be >= 1 (or null), got {m_tilde}"),
+            (int(hopkins_repeats) < 1, f"hopkins_repeats must be >= 1, got {hopkins_repeats}"),
         ]
         for bad, message in problems:
             if bad:
@@ -98,6 +102,7 @@ class FedTSDP(PersonalizedStrategy):
         self.public_batch, self.amend, self.upsilon = int(public_batch), amend, float(upsilon)
         self.amend_increment = None if amend_increment is None else float(amend_increment)
         self.m_tilde = None if m_tilde is None else int(m_tilde)
+        self.hopkins_repeats = int(hopkins_repeats)
         self.units = self.schema().keys(buffers=True)  # state-dict order: input to output
         self.trainable_units = self.schema().keys()
         self.shared_counter = float(len(self.units))  # Ls: every unit shared at the start
@@ -153,7 +158,8 @@ class FedTSDP(PersonalizedStrategy):
             batch = draw_batch(self.public_weights, self.public_batch, self.tsdp_rng)
             probs = self._public_outputs(ups, batch)
             m_tilde = self.m_tilde or default_m_tilde(len(ups))
-            h = hopkins(probs.reshape(len(ups), -1), m_tilde, self.tsdp_rng)
+            points = probs.reshape(len(ups), -1)
+            h = float(np.mean([hopkins(points, m_tilde, self.tsdp_rng) for _ in range(self.hopkins_repeats)]))
             triggered = h > self.h_th
             record["hopkins"] = h
             if triggered:

@@ -113,6 +113,20 @@ def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
         np.testing.assert_array_equal(v, tsdp.global_arrays[k])
 
 
+def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_draw(compose, tiny_overrides, monkeypatch):
+    import strategies.fedtsdp as fedtsdp_module
+
+    base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
+    for repeats, expected in ((1, 0.2), (4, 0.5)):
+        draws = iter([0.2, 0.4, 0.6, 0.8])
+        monkeypatch.setattr(fedtsdp_module, "hopkins", lambda points, m, rng: next(draws))
+        _, tsdp = make(compose, base, "method=fedtsdp", "method.h_th=inf", f"method.hopkins_repeats={repeats}")
+        record = run(tsdp, InProcessGrid(4), 1)[0]
+        assert record["hopkins"] == pytest.approx(expected)
+    with pytest.raises(Exception, match="hopkins_repeats must be >= 1"):
+        make(compose, base, "method=fedtsdp", "method.hopkins_repeats=0")
+
+
 def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(compose, tiny_overrides, monkeypatch):
     original = runtime.client_data
 

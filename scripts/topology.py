@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOPOLOGY = ROOT / "docker" / "topology.yaml"
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 COMPOSE_GPU_FILE = ROOT / "docker" / "compose.gpu.yaml"
+COMPOSE_ENV_FILE = ROOT / "docker" / ".env"
 ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # never `uv sync` app dependencies at run time
     # a SuperExec (the ServerApp's, and the one each SuperNode starts for its ClientApps) looks for
@@ -253,6 +254,18 @@ COMPOSE = Placement(
     node_state=lambda i: "/state",
 )
 
+# Host-side settings of the compose file, each with the default a user gets. A test (or a second
+# demo beside the first) sets them to use its own directory, port and images.
+BUILD_ARGS = {
+    "BASE": "${PFLOWER_BASE:-python:3.11-slim}",  # docker/Dockerfile; an offline base: scripts/docker_offline.py
+    "TORCH": "${PFLOWER_TORCH:-torch torchvision}",
+}
+DEMO_DIR = "${PFLOWER_DEMO_DIR:-.}"  # certs/, data/, outputs/ (relative paths: next to compose.yaml)
+HOST_PORT = "${PFLOWER_PORT:-%d}"  # the SuperLink's port published on the host
+USER = "${PFLOWER_UID:-1000}:${PFLOWER_GID:-1000}"  # who the processes run as: must read the mounted keys
+COMPOSE_ENV = {"FLWR_HOME": "/tmp/flwr"}  # flwr's own files, writable whatever the user
+
+
 HEADER = """\
 # GENERATED from docker/topology.yaml by `python scripts/topology.py compose --write`.
 # Do not edit by hand: edit topology.yaml and regenerate (a test compares the two).
@@ -268,10 +281,16 @@ def _placement_for_compose(topo: Topology) -> Placement:
 
 def compose_dict(topo: Topology) -> dict[str, Any]:
     place = _placement_for_compose(topo)
-    # every service names its image and how to build it (BuildKit's cache builds each once),
-    # so `docker compose up --build` never tries to pull these local images
-    server_image = {"image": f"{topo.name}-server:latest", "build": {"context": "..", "dockerfile": "docker/Dockerfile.server"}}
-    edge_image = {"image": f"{topo.name}-edge:latest", "build": {"context": "..", "dockerfile": "docker/Dockerfile.edge"}}
+    # every service names its image and how to build it (the builder's cache builds each once),
+    # so `docker compose up --build` never tries to pull these local images. Both images come
+    # from one Dockerfile and share all but their last layers.
+    def image(target: str) -> dict[str, Any]:
+        return {
+            "image": f"{topo.name}-{target}:latest",
+            "build": {"context": "..", "dockerfile": "docker/Dockerfile", "target": target, "args": dict(BUILD_ARGS)},
+        }
+
+    server_image, edge_image = image("server"), image("edge")
     svc: dict[str, Any] = {}
     health = (
         "import httpx; httpx.get('https://localhost:%d/health', verify='/certs/ca.crt').raise_for_status()" % topo.port
@@ -281,10 +300,11 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
             svc[s.name] = {
                 **server_image,
                 "command": s.argv,
-                "environment": dict(s.env),
-                "ports": [f"{topo.port}:{topo.port}"],
+                "user": USER,
+                "environment": {**s.env, **COMPOSE_ENV},
+                "ports": [f"{HOST_PORT % topo.port}:{topo.port}"],
                 "volumes": [  # only what the SuperLink needs: never the CA key or node private keys
-                    *[f"./certs/{f}:/certs/{f}:ro" for f in ("ca.crt", "server.pem", "server.key", "superexec.secret")],
+                    *[f"{DEMO_DIR}/certs/{f}:/certs/{f}:ro" for f in ("ca.crt", "server.pem", "server.key", "superexec.secret")],
                     "superlink-state:/state",
                 ],
                 "healthcheck": {
@@ -299,9 +319,10 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
             svc[s.name] = {
                 **server_image,
                 "command": s.argv,
-                "environment": dict(s.env),
+                "user": USER,
+                "environment": {**s.env, **COMPOSE_ENV},
                 "working_dir": "/outputs",
-                "volumes": ["./certs/ca.crt:/certs/ca.crt:ro", "./certs/superexec.secret:/certs/superexec.secret:ro", "./outputs:/outputs"],
+                "volumes": [f"{DEMO_DIR}/certs/ca.crt:/certs/ca.crt:ro", f"{DEMO_DIR}/certs/superexec.secret:/certs/superexec.secret:ro", f"{DEMO_DIR}/outputs:/outputs"],
                 "depends_on": {"superlink": {"condition": "service_healthy"}},
                 "restart": "unless-stopped",
             }
@@ -309,10 +330,11 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
             svc[s.name] = {
                 **server_image,
                 "command": s.argv,
-                "environment": {**s.env, "FLWR_HOME": "/tmp/flwr"},
+                "user": USER,
+                "environment": {**s.env, **COMPOSE_ENV},
                 "volumes": [  # public keys only
-                    "./certs/ca.crt:/certs/ca.crt:ro",
-                    *[f"./certs/nodes/node-{i}.pub:/certs/nodes/node-{i}.pub:ro" for i in range(topo.nodes)],
+                    f"{DEMO_DIR}/certs/ca.crt:/certs/ca.crt:ro",
+                    *[f"{DEMO_DIR}/certs/nodes/node-{i}.pub:/certs/nodes/node-{i}.pub:ro" for i in range(topo.nodes)],
                 ],
                 "depends_on": {"superlink": {"condition": "service_healthy"}},
                 "restart": "no",
@@ -321,9 +343,10 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
             svc[s.name] = {
                 **edge_image,
                 "command": s.argv,
-                "environment": dict(s.env),
+                "user": USER,
+                "environment": {**s.env, **COMPOSE_ENV},
                 "network_mode": f"service:supernode-{s.client_id}",
-                "volumes": [f"./data/client_{s.client_id}:/data:ro", f"supernode-{s.client_id}-state:/state"],  # the ClientApps read and write here
+                "volumes": [f"{DEMO_DIR}/data/client_{s.client_id}:/data:ro", f"supernode-{s.client_id}-state:/state"],  # the ClientApps read and write here
                 "depends_on": {f"supernode-{s.client_id}": {"condition": "service_started"}},
                 "restart": "unless-stopped",
             }
@@ -334,18 +357,20 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
             svc[s.name] = {
                 **edge_image,
                 "command": s.argv,
-                "environment": dict(s.env),
+                "user": USER,
+                "environment": {**s.env, **COMPOSE_ENV},
                 "volumes": [
-                    "./certs/ca.crt:/certs/ca.crt:ro",
-                    f"./certs/nodes/node-{i}.key:/certs/nodes/node-{i}.key:ro",
-                    f"./data/client_{i}:/data:ro",
+                    f"{DEMO_DIR}/certs/ca.crt:/certs/ca.crt:ro",
+                    f"{DEMO_DIR}/certs/nodes/node-{i}.key:/certs/nodes/node-{i}.key:ro",
+                    f"{DEMO_DIR}/data/client_{i}:/data:ro",
                     f"{s.name}-state:/state",
                 ],
                 "depends_on": {after: {"condition": cond}},
                 "restart": "unless-stopped",
             }
     volumes = {"superlink-state": {}, **{f"supernode-{i}-state": {} for i in range(topo.nodes)}}
-    return {"name": topo.name, "services": svc, "volumes": volumes}
+    # no top-level `name:` (docker-compose 1.29 refuses it): the project name is in docker/.env
+    return {"services": svc, "volumes": volumes}
 
 
 def compose_gpu_dict(topo: Topology) -> dict[str, Any]:
@@ -376,6 +401,24 @@ def render_compose_gpu(topo: Topology) -> str:
     return head + _dump(compose_gpu_dict(topo)) if topo.gpu else head
 
 
+def render_env(topo: Topology) -> str:
+    """docker/.env: read by `docker compose` v2 and docker-compose 1.29 from compose.yaml's directory;
+    a variable set in the shell wins over this file."""
+    return (
+        "# GENERATED from docker/topology.yaml (scripts/topology.py compose --write).\n"
+        f"COMPOSE_PROJECT_NAME={topo.name}\n"
+        "# Host-side settings of compose.yaml, with their defaults (set them here or in the shell):\n"
+        + "".join(f"# {line}\n" for line in (
+            "PFLOWER_BASE=python:3.11-slim        # base image; offline: local/debian-py311:bookworm (scripts/docker_offline.py base)",
+            "PFLOWER_TORCH=torch torchvision      # torch requirement(s) of the images; offline CPU: torch==2.13.0+cpu, say",
+            "PFLOWER_DEMO_DIR=.                   # where certs/, data/ and outputs/ are",
+            f"PFLOWER_PORT={topo.port}                    # the SuperLink port published on the host",
+            "PFLOWER_UID=1000                     # the user the services run as: the owner of the key files",
+            "PFLOWER_GID=1000",
+        ))
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render docker/topology.yaml")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -398,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in services(topo, _placement_for_compose(topo)):
             print(f"# {s.name}\n{shlex.join(s.argv)}")
         return 0
-    files = {COMPOSE_FILE: render_compose(topo), COMPOSE_GPU_FILE: render_compose_gpu(topo)}
+    files = {COMPOSE_FILE: render_compose(topo), COMPOSE_GPU_FILE: render_compose_gpu(topo), COMPOSE_ENV_FILE: render_env(topo)}
     if args.check:
         stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
         if stale:

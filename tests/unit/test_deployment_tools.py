@@ -93,7 +93,7 @@ def test_process_isolation_gives_every_node_its_own_warm_superexec(tmp_path):
     compose = topology.compose_dict(topo)["services"]
     app = compose["clientapp-1"]
     assert app["network_mode"] == "service:supernode-1" and app["image"] == compose["supernode-1"]["image"]
-    assert app["volumes"] == ["./data/client_1:/data:ro", "supernode-1-state:/state"]
+    assert app["volumes"] == ["${PFLOWER_DEMO_DIR:-.}/data/client_1:/data:ro", "supernode-1-state:/state"]
     assert [n for n, svc in compose.items() if "--insecure" in svc["command"]] == [f"clientapp-{i}" for i in range(topo.nodes)]
     assert set(topology.compose_gpu_dict(topo)["services"]) == {f"clientapp-{i}" for i in range(topo.nodes)}
     assert set(topology.compose_gpu_dict(topology.load())["services"]) == {f"supernode-{i}" for i in range(topo.nodes)}
@@ -174,20 +174,34 @@ def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match
         validate_reply(content, node_id=1, expected_client=0, expected_arrays=expected, expected_train_size=50, expected_test_size=10)
 
 
-def test_dockerfiles_copy_only_what_exists_and_compose_builds_them():
-    import re
+def _dockerfile_sources() -> list[str]:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    return [s for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for s in line.split()[:-1]]
 
+
+def _docker_context_keeps(path: str) -> bool:
+    """Whether the root .dockerignore (an allowlist after `**`) sends ``path`` to the builder."""
+    rules = [r.strip() for r in (ROOT / ".dockerignore").read_text().splitlines() if r.strip() and not r.startswith("#")]
+    assert rules[0] == "**", "the .dockerignore starts by excluding everything"
+    top = path.rstrip("/").split("/")
+    return any(r.startswith("!") and r[1:].rstrip("/").split("/") == top[: len(r[1:].rstrip("/").split("/"))] for r in rules)
+
+
+def test_dockerfile_copies_only_what_exists_and_the_context_sends_it_and_compose_builds_it():
     import yaml
 
-    for name in ("Dockerfile.server", "Dockerfile.edge"):
-        text = (ROOT / "docker" / name).read_text()
-        sources = [s for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]]
-        assert sources and all((ROOT / s).exists() for s in sources), (name, sources)
-        ignore = (ROOT / "docker" / f"{name}.dockerignore").read_text().splitlines()
-        assert all(f"!{s.rstrip('/')}" in {i.rstrip("/") for i in ignore} for s in sources), (name, "dockerignore")
+    sources = _dockerfile_sources()
+    assert sources and all((ROOT / s).exists() for s in sources), sources
+    assert all(_docker_context_keeps(s) for s in sources), [s for s in sources if not _docker_context_keeps(s)]
+    for never in (".venv", "docker/certs", "docker/data", "docker/outputs", "docs/results", "tests"):
+        assert not _docker_context_keeps(never), never
     compose = yaml.safe_load(topology.COMPOSE_FILE.read_text())
-    for svc in compose["services"].values():
-        assert (ROOT / "docker" / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()
+    targets = set(re.findall(r"^FROM \S+ AS (\w+)$", (ROOT / "docker" / "Dockerfile").read_text(), re.M))
+    for name, svc in compose["services"].items():
+        build = svc["build"]
+        assert (ROOT / "docker" / build["context"] / build["dockerfile"]).exists(), name
+        assert build["target"] in targets and svc["image"].endswith(f"-{build['target']}:latest"), name
+        assert set(build["args"]) == {"BASE", "TORCH"}, name
 
 
 def test_the_images_copy_every_package_the_installed_code_imports():
@@ -198,18 +212,65 @@ def test_the_images_copy_every_package_the_installed_code_imports():
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {p.rstrip("*") for p in include}
-    for name in ("Dockerfile.server", "Dockerfile.edge"):
-        text = (ROOT / "docker" / name).read_text()
-        copied = {s.rstrip("/") for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]}
-        assert packages <= copied, (name, "pyproject packages not copied", packages - copied)
-        for pkg in packages:
-            for path in (ROOT / pkg).rglob("*.py"):
-                for node in ast.walk(ast.parse(path.read_text())):
-                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                        [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-                    for module in names:
-                        top = module.split(".")[0]
-                        assert not (ROOT / top / "__init__.py").exists() or top in copied, (name, str(path), module)
+    copied = {s.rstrip("/") for s in _dockerfile_sources()}
+    assert packages <= copied, ("pyproject packages not copied", packages - copied)
+    for pkg in packages:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                for module in names:
+                    top = module.split(".")[0]
+                    assert not (ROOT / top / "__init__.py").exists() or top in copied, (str(path), module)
+
+
+def test_image_requirements_are_the_project_dependencies_without_torch():
+    import tomllib
+
+    reqs = script("image_requirements").requirements(ROOT / "pyproject.toml")
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [d for d in deps if not d.startswith(("torch>", "torchvision>", "torch=", "torchvision="))] == reqs
+    assert not any(r.split(">")[0].split("=")[0].strip() in ("torch", "torchvision") for r in reqs)
+
+
+def test_offline_base_reads_the_mirror_apt_uses(tmp_path):
+    offline = script("docker_offline")
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+    )
+    assert offline.debian_mirror((str(deb822),)) == "http://mirror.example/debian"
+    legacy = tmp_path / "sources.list"
+    legacy.write_text("deb http://security.example/debian-security bookworm-security main\ndeb [arch=amd64] http://m.example/debian/ bookworm main\n")
+    assert offline.debian_mirror((str(legacy),)) == "http://m.example/debian"
+    assert offline.debian_mirror((str(tmp_path / "missing"),)) == offline.DEFAULT_MIRROR
+
+
+def test_offline_wheels_are_wheels_only_the_host_builds_source_packages(tmp_path, monkeypatch):
+    """fill_wheels downloads with the host's pip and turns a source-only package (hydra's antlr4
+    runtime) into a wheel there, so the image build needs no build backend or index."""
+    import subprocess
+
+    offline = script("docker_offline")
+    (tmp_path / "stale-0.1-py3-none-any.whl").write_text("from an earlier set")
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        if "download" in cmd:
+            (tmp_path / "pkg-1.0.tar.gz").write_text("sdist")
+            (tmp_path / "dep-1.0-py3-none-any.whl").write_text("wheel")
+        elif "wheel" in cmd:
+            (tmp_path / "pkg-1.0-py3-none-any.whl").write_text("built")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(offline.subprocess, "run", fake_run)
+    wheels = offline.fill_wheels("torch==1.0+cpu", dest=tmp_path, pip=("pip",))
+    assert [w.name for w in wheels] == ["dep-1.0-py3-none-any.whl", "pkg-1.0-py3-none-any.whl"]
+    assert not (tmp_path / "pkg-1.0.tar.gz").exists()
+    assert "torch==1.0+cpu" in calls[0] and "flwr[simulation]>=1.42,<1.43" in calls[0] and "setuptools>=69" in calls[0]
+    assert calls[1][:2] == ["pip", "wheel"] and calls[1][-1].endswith("pkg-1.0.tar.gz")
 
 
 def _program(path: str) -> str:

@@ -33,6 +33,7 @@ from image_requirements import requirements  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / "docker" / "buildenv" / "wheels"
+SET_FILE = "requirements.txt"  # in WHEELS: what the set was downloaded for (part of the build context)
 DEFAULT_TAG = "local/debian-py311:bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
@@ -88,16 +89,29 @@ def make_base(tag: str = DEFAULT_TAG, mirror: str | None = None, suite: str = "b
     return tag
 
 
+def wheel_set(torch: str) -> list[str]:
+    """The requirements an image's wheel set is downloaded for: the torch spec, pflower's
+    dependencies, and setuptools/wheel (the image installs pflower without build isolation)."""
+    return [*torch.split(), *requirements(ROOT / "pyproject.toml"), "setuptools>=69", "wheel"]
+
+
+def wheels_are_for(torch: str, dest: Path = WHEELS) -> bool:
+    """Whether ``dest`` holds a complete set made by :func:`fill_wheels` for this torch spec."""
+    stamp = dest / SET_FILE
+    return stamp.is_file() and stamp.read_text() == "\n".join(wheel_set(torch)) + "\n"
+
+
 def fill_wheels(torch: str = "torch torchvision", dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> list[Path]:
     """Download the image's wheels (torch spec + pflower's dependencies + setuptools) into ``dest``.
 
     The host's pip settings apply (its index, mirror, find-links, CA bundle); nothing of them is
-    written into ``dest``. Old wheels are removed first, so the directory is exactly one set.
+    written into ``dest``. Old wheels are removed first, so the directory is exactly one set, and
+    ``requirements.txt`` there records what it is for (written last: a broken download leaves none).
     """
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("*.whl"):
-        old.unlink()
-    reqs = [*torch.split(), *requirements(ROOT / "pyproject.toml"), "setuptools>=69", "wheel"]
+    for old in [*dest.glob("*.whl"), dest / SET_FILE]:
+        old.unlink(missing_ok=True)
+    reqs = wheel_set(torch)
     # the image's python is Debian's or python:3.11-slim's: CPython 3.11 on this machine's
     # architecture, which is what the host's pip downloads for when it runs Python 3.11
     if sys.version_info[:2] != (3, 11):
@@ -111,6 +125,7 @@ def fill_wheels(torch: str = "torch torchvision", dest: Path = WHEELS, pip: tupl
         subprocess.run([*pip, "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), str(sdist)], check=True)
         sdist.unlink()
     wheels = sorted(dest.glob("*.whl"))
+    (dest / SET_FILE).write_text("\n".join(reqs) + "\n")
     size = sum(p.stat().st_size for p in wheels) / 2**20
     print(f"{len(wheels)} wheels, {size:.0f} MiB in {dest}")
     return wheels

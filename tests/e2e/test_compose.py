@@ -88,13 +88,10 @@ def cpu_torch_on_disk() -> str | None:
 
 
 def ensure_wheels(torch: str) -> None:
-    """docker/buildenv/wheels holds exactly this torch spec's set (downloaded once, then reused)."""
-    stamp = offline.WHEELS / ".spec"
-    want = json.dumps({"torch": torch, "requirements": load_script("image_requirements").requirements(ROOT / "pyproject.toml")})
-    if stamp.exists() and stamp.read_text() == want and any(offline.WHEELS.glob("torch-*.whl")):
-        return
-    offline.fill_wheels(torch)
-    stamp.write_text(want)
+    """docker/buildenv/wheels holds this torch spec's set (downloaded once, then reused: the same
+    files a user's `docker_offline.py wheels` makes, so the two share the build cache)."""
+    if not offline.wheels_are_for(torch):
+        offline.fill_wheels(torch)
 
 
 class Demo:

@@ -271,6 +271,7 @@ def test_offline_wheels_are_wheels_only_the_host_builds_source_packages(tmp_path
     assert not (tmp_path / "pkg-1.0.tar.gz").exists()
     assert "torch==1.0+cpu" in calls[0] and "flwr[simulation]>=1.42,<1.43" in calls[0] and "setuptools>=69" in calls[0]
     assert calls[1][:2] == ["pip", "wheel"] and calls[1][-1].endswith("pkg-1.0.tar.gz")
+    assert offline.wheels_are_for("torch==1.0+cpu", tmp_path) and not offline.wheels_are_for("torch", tmp_path)
 
 
 def _program(path: str) -> str:

@@ -38,7 +38,7 @@ from benchmarks.common import REPO, markdown_table, median, publish, run_header
 
 DATA = ["dataset=fmnist", "alpha=1.0"]
 RUN = {"method": "fedavg", "local_epochs": 1, "batch_size": 32}
-# settings compared: what Flower does by default against what pflower sets (README, deployment)
+# settings compared: what Flower does by default against what pflower sets (docs/deployment.md)
 VARIANTS: dict[str, dict[str, Any]] = {
     "flower defaults": {"env": {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}, "node": {"cache-dir": "none", "torch-threads": os.cpu_count() or 1}},
     "pflower": {"env": {}, "node": {}},

@@ -119,7 +119,7 @@ def sim_help() -> str:
         "  pflower sim method=fedper dataset=fmnist alpha=0.1 rounds=50",
         "  pflower sim -m method=fedavg,fedper,local alpha=0.1      (a sweep: one run per method)",
         "",
-        "The same keys work in `flwr run . --run-config \"key=value\"` (README: Choosing method, dataset, model, partition).",
+        "The same keys work in `flwr run . --run-config \"key=value\"` (docs/configuration.md).",
     ]
     return "\n".join(lines)
 
@@ -149,7 +149,7 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
             return (f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "
                     f"its options are in {path}; drop the override or pick a {group} that has it")
         hint = f"did you mean {close[0]}? " if close else ""
-        return f"unknown key {full!r}: {hint}(the keys: the README's table and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
+        return f"unknown key {full!r}: {hint}(the keys: docs/configuration.md and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
 

@@ -3,7 +3,7 @@
 ``conf/leaderboard.yaml`` says which entries (a method with the options it needs) run on which
 protocol (``conf/experiment/protocol_*.yaml``) and with which seeds. Each (protocol, entry, seed)
 has a fixed place, ``<out>/runs/<protocol>/<entry>/seed<k>/``, so ``run`` skips what finished,
-resumes what stopped (its checkpoint; exact, see README "Checkpoint and resume") and starts the
+resumes what stopped (its checkpoint; exact, see docs/configuration.md, "Checkpoint and resume") and starts the
 rest, after checking that every one of them can start. ``write`` turns the finished runs into
 ``docs/leaderboard.md``: per protocol a table (mean ± std over seeds of the one headline metric,
 with the budget each entry used: clients trained a round, local work, MiB up and down), the

@@ -10,10 +10,18 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# Numerics that give the same bits on every x86-64 CPU (tests/pinned/numerics.py): the pinned
+# numbers are a property of the code, not of the machine CI happens to run on. Before numpy
+# and torch load, in this process and the ones it starts.
+from pinned import numerics  # noqa: E402  (standard library only)
+
+numerics.apply()
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+numerics.disable_mkldnn()
 
 # files whose tests start Ray (Flower's simulation engine): never two Ray clusters at once
 ONE_AT_A_TIME = {"tests/integration/": "simulation"}

@@ -2,7 +2,8 @@
 
 Each case is a few rounds of one method on scikit-learn's ``digits`` (six clients, three a
 round, one local epoch), run on the in-process grid (``backend=serial``: one torch thread, client-id
-order) with a fixed seed. :func:`fingerprint` keeps every number a run writes that does not
+order) with a fixed seed, under numerics that give the same bits on every x86-64 CPU
+(``numerics.py``). :func:`fingerprint` keeps every number a run writes that does not
 measure time: each round's accuracies, losses, bytes, clients, groups and method diagnostics,
 and the final evaluation. ``pinned_numbers.json`` beside this file holds them; the test
 ``tests/unit/test_pinned_numbers.py`` re-runs each case and fails on the first number that moved.
@@ -23,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from . import numerics
 
 PINNED_FILE = Path(__file__).with_name("pinned_numbers.json")
 
@@ -156,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cases", nargs="*", help=f"cases to run (default: all): {', '.join(CASES)}")
     parser.add_argument("--update", action="store_true", help=f"write the numbers into {PINNED_FILE.name}")
     args = parser.parse_args(argv)
+    numerics.apply()  # before run_case imports torch: the same numerics as the tests
+    numerics.disable_mkldnn()
     unknown = sorted(set(args.cases) - set(CASES))
     if unknown:
         parser.error(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")

@@ -1,0 +1,44 @@
+"""Numerics that give the same bits on every x86-64 CPU, for the pinned numbers.
+
+The libraries under torch and numpy pick their kernels by the CPU they run on: ATen's
+vectorized kernels by instruction set (AVX2, AVX-512), oneDNN's convolutions by instruction set
+and cache sizes, MKL by vendor and instruction set, OpenBLAS (numpy's and scipy's) by core type,
+numpy's own loops by instruction set. Each choice sums in its own order, so the same run differs
+in the last bits from one machine to the next, and a few rounds later in a clustering decision
+(measured: every pinned case moved on an AMD EPYC against the numbers pinned on another
+machine, FedTSDP's round-2 clusters among them). Here every library is held to one path that
+every x86-64 CPU with AVX2 runs: the numbers are a property of the code, not of the machine.
+
+The variables are read when the libraries load, so :func:`apply` must run before numpy or
+torch is imported (tests/conftest.py does it first; ``python -m tests.pinned.cases`` too);
+:func:`disable_mkldnn` needs torch and runs after.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PORTABLE = {
+    "ATEN_CPU_CAPABILITY": "default",  # ATen's kernels as compiled for baseline x86-64
+    "MKL_CBWR": "COMPATIBLE",  # MKL: the same code path on every CPU (conditional bitwise reproducibility)
+    "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: the AVX2 kernels everywhere
+    # numpy's own loops: no AVX-512 variants (machines without it use the AVX2 ones)
+    "NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+}
+
+
+def apply() -> None:
+    """Set the variables for this process and the ones it starts; refuse if it is too late."""
+    loaded = [m for m in ("numpy", "torch") if m in sys.modules]
+    wrong = {k: os.environ.get(k) for k, v in PORTABLE.items() if os.environ.get(k) != v}
+    if loaded and wrong:
+        raise RuntimeError(f"portable numerics must be set before {' and '.join(loaded)} is imported (unset: {sorted(wrong)})")
+    os.environ.update(PORTABLE)
+
+
+def disable_mkldnn() -> None:
+    """oneDNN's convolutions choose their blocking by the CPU's caches: use ATen's own instead."""
+    import torch
+
+    torch.backends.mkldnn.enabled = False

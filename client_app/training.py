@@ -141,7 +141,7 @@ def make_optimizer(params: list[nn.Parameter], args: TrainArgs) -> PlainSGD | Pl
 def batch_indices(n: int, args: TrainArgs, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
     """The index batches of one round: ``args.epochs`` shuffled passes, or ``args.steps`` batches
     (reshuffling at the end of each pass). Batches of a single sample are skipped (BatchNorm
-    cannot train on them, fedcmd.md §2.8) and do not count as steps."""
+    cannot train on them, FedCMD paper, ClientUpdate (Algorithm 1)) and do not count as steps."""
     if args.steps is None:
         for _ in range(args.epochs):
             order = torch.randperm(n, generator=generator)

@@ -1,9 +1,9 @@
-"""Plain CNNs of the FedTSDP (fedtsdp.md §4.1) and KAPC/BLS (kapc_bls.md §4) papers.
+"""Plain CNNs of the FedTSDP (FedTSDP paper, models) and KAPC/BLS (KAPC paper, models and data) papers.
 
 Group convention shared by every model in this zoo: a group's output is a clean
 activation (after ReLU/pool, flattened before the first FC layer) and Dropout opens the
 group that consumes it. Group outputs are the "taps" layer-wise methods read
-(fedcpmd.md §2.0: post-ReLU, pre-Dropout). The forward pass is the same as the papers'
+(FedCPMD paper, model partition and candidate layers: post-ReLU, pre-Dropout). The forward pass is the same as the papers'
 flat layer lists, and each parameter belongs to the same group either way.
 """
 

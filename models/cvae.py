@@ -1,4 +1,4 @@
-"""Velo's conditional VAE over class features (felo_velo.md §2.5, [A-H]).
+"""Velo's conditional VAE over class features (Felo/Velo paper, Algorithm 2 (Velo's server), [A-H]).
 
 Four dense layers: the encoder maps (feature, label embedding) through Linear + BatchNorm + ReLU
 to (mu, log sigma^2); the decoder maps (z, label embedding) through two Linear layers (no

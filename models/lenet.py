@@ -1,4 +1,4 @@
-"""LeNet-5 with BatchNorm and its 1-4 FC-layer variants (fedcmd.md §4.1, fedcpmd.md §5)."""
+"""LeNet-5 with BatchNorm and its 1-4 FC-layer variants (FedCMD paper, LeNet-5 (Table XI), FedCPMD paper, models and data)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""torchvision ResNets of depth 10..50 as LayeredNets (felo_velo.md §4, fedtsdp.md §4.1).
+"""torchvision ResNets of depth 10..50 as LayeredNets (Felo/Velo paper, models and data, FedTSDP paper, models).
 
 One builder, :func:`resnet`, takes the block type and per-stage block counts from
 ``RESNET_LAYOUTS``; the registry names ``resnet10``..``resnet50`` only fix the depth. The
-depth is 2*sum(blocks)+2 for BasicBlock and 3*sum(blocks)+2 for Bottleneck (felo_velo.md §4).
+depth is 2*sum(blocks)+2 for BasicBlock and 3*sum(blocks)+2 for Bottleneck (Felo/Velo paper, models and data).
 
 Groups: stem (conv1, bn1, relu[, maxpool]), layer1..layer4, pool (avgpool, flatten[,
 projection]), classifier. ``features()`` is therefore the felo/velo extractor E (the
@@ -62,7 +62,7 @@ def _stem(net: "ResNet", in_channels: int, stem: str) -> nn.Sequential:
 
 def _pool(width: int, feature_dim: int) -> nn.Sequential:
     """Global average pool + flatten; a Linear-ReLU projection when the shared feature width
-    differs from the native one (felo_velo.md §7-F: ResNet50's 2048 -> 512)."""
+    differs from the native one (Felo/Velo paper, points it leaves open: ResNet50's 2048 -> 512)."""
     layers: OrderedDict[str, nn.Module] = OrderedDict(
         avgpool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()
     )
@@ -82,7 +82,7 @@ def resnet(
 ) -> LayeredNet:
     """ResNet-``depth`` built from torchvision's ResNet class.
 
-    ``stem``: "imagenet" (felo_velo.md §4, default) or "cifar" (fedtsdp.md §4.1).
+    ``stem``: "imagenet" (Felo/Velo paper, models and data, default) or "cifar" (FedTSDP paper, models).
     ``feature_dim``: width of the ``pool`` output (None = native: 512, or 2048 for ResNet50).
     ``blocks``: override the per-stage block counts (fedtsdp.md [A13] ``resnet_blocks``).
     """

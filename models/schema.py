@@ -45,7 +45,7 @@ WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
 def parameter_layers(model: nn.Module) -> list[list[str]]:
-    """The model's weight layers (KAPC's "layers", kapc_bls.md §2.1): each Conv/Linear in
+    """The model's weight layers (KAPC's "layers", KAPC paper, notation): each Conv/Linear in
     registration (forward) order with its bias and the affine parameters of the BatchNorm that
     follows it. ResNet18 has 21, the KAPC CNN 5, LeNet-5 (3 FC) 5. Any other parameter joins the
     layer before it, so the layers cover every trainable key exactly once."""
@@ -63,7 +63,7 @@ def parameter_layers(model: nn.Module) -> list[list[str]]:
 
 def layer_dims(model: nn.Module, layers: list[list[str]]) -> list[tuple[int, int]]:
     """(d, n) of each layer's weight as a matrix: d = out features/channels, n = in x kernel
-    (kapc_bls.md §2.1, the dimensions BLS's generalization bound uses)."""
+    (KAPC paper, notation, the dimensions BLS's generalization bound uses)."""
     params = dict(model.named_parameters())
     out = []
     for keys in layers:
@@ -142,7 +142,7 @@ def assign_archs(rule: str | Mapping[Any, str], archs: Sequence[str], num_client
     """Client id -> architecture from the config's rule.
 
     ``blocks``: contiguous blocks, client i gets ``archs[i * len(archs) // num_clients]``
-    (felo_velo.md §2.6: clients 0..K/5-1 the first model, ...); ``round_robin``: ``archs[i %
+    (Felo/Velo paper, what travels each round: clients 0..K/5-1 the first model, ...); ``round_robin``: ``archs[i %
     len(archs)]``; a mapping names each client's architecture (every client must be named).
     """
     archs = list(archs)

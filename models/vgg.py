@@ -1,9 +1,9 @@
-"""VGG11 without BatchNorm, torchvision layout (fedcpmd.md §5, Table 18).
+"""VGG11 without BatchNorm, torchvision layout (FedCPMD paper, models and data, Table 18).
 
 Groups conv1..conv8 (each Conv3x3-ReLU plus the max-pool that follows it; conv8 also
 holds the adaptive average pool and the flatten, so its output is the FC input o_0),
 then fc1, fc2, classifier. As in the rest of the zoo Dropout opens fc2 and the
-classifier, so fc1/fc2 outputs are the post-ReLU, pre-Dropout taps of fedcpmd.md §2.0.
+classifier, so fc1/fc2 outputs are the post-ReLU, pre-Dropout taps of FedCPMD paper, model partition and candidate layers.
 Pools use ``ceil_mode=True``: the five pools then take 28x28 down to 1x1 (28-14-7-4-2-1)
 and give the same maps as torchvision on 32x32 and 64x64 inputs.
 """

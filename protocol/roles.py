@@ -20,11 +20,11 @@ CLOUD_PREFIX = "u/"  # FedAMP: the cloud model u_i travels as extra arrays "u/<k
 FOMO_WEIGHT_METRIC = "fomo_w_"  # FedFomo: a client's raw weight of peer j is metric "fomo_w_<j>"
 REGULARIZER_PREFIX = "s/"  # KAPC: the regularizer s_i travels as extra arrays "s/<key>" (never loaded into the model)
 FINETUNE_PARTS = ("all", "head")  # FedBABU: what the pre-evaluation fine-tuning updates
-SCORE_MODES = ("paper", "code")  # FedCMD layer score (fedcmd.md §2.3)
+SCORE_MODES = ("paper", "code")  # FedCMD layer score (FedCMD paper, layer score (Eq. 5/6))
 W2_MODES = ("gaussian", "mean_only")
 SELECTION_TIMINGS = ("during_training", "after_training")
 GRANULARITIES = ("batch", "dataset")
-SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (fedcpmd.md §2.1, A3)
+SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11), A3)
 DISTANCES = ("js", "w2", "hellinger", "bhattacharyya", "w2_mean")  # d between two 1-D Gaussians
 LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD A4)
 
@@ -198,7 +198,7 @@ class FedAPArgs(SGDArgs):
 
 @dataclass(frozen=True)
 class FedCMDArgs(RoleArgs):
-    """FedCMD: phase 1 scores candidate layers and votes (fedcmd.md §2.2-2.4); phase 2 is SGD."""
+    """FedCMD: phase 1 scores candidate layers and votes (FedCMD paper, algorithm); phase 2 is SGD."""
 
     role: ClassVar[str] = "fedcmd"
     phase: int = 2
@@ -220,7 +220,7 @@ class FedCMDArgs(RoleArgs):
 
 @dataclass(frozen=True)
 class FedCPMDArgs(RoleArgs):
-    """FedCPMD (fedcpmd.md §2.1-2.2): ``phase`` 1 trains and votes for a candidate layer, 2 trains,
+    """FedCPMD (FedCPMD paper, algorithm): ``phase`` 1 trains and votes for a candidate layer, 2 trains,
     0 is a vote-only probe (a no-grad scoring pass over the training split, no update; C4). The
     score: ``distance`` between 1-D Gaussian fits, ``selector`` (Eq. 7, FedCMD's code form, or
     Eq. 6), labels fitted as y / (C - 1) (``label_fit``), sigma floored, exact ties at the minimum
@@ -249,7 +249,7 @@ class FedCPMDArgs(RoleArgs):
 
 @dataclass(frozen=True)
 class KAPCArgs(RoleArgs):
-    """KAPC (kapc_bls.md §2.4-2.7): train the own model on CE + lam * sum_l ||w^l - target^l||^2, the
+    """KAPC (KAPC paper, algorithm): train the own model on CE + lam * sum_l ||w^l - target^l||^2, the
     target being the server's s_i^l where ``mask[l]`` is 1 (all layers when empty) and the client's
     own round-start layer elsewhere. ``bls``: choose the upload prefix Omega by the generalization-bound
     rule (ALG4), at least ``omega_min`` layers; ``first``: the client's first participation."""
@@ -270,11 +270,11 @@ class KAPCArgs(RoleArgs):
 
 @dataclass(frozen=True)
 class FeloArgs(RoleArgs):
-    """Felo / Velo / FedHe (felo_velo.md §2.4): CE + alpha * (mse_weight * feature MSE + KL of the
+    """Felo / Velo / FedHe (Felo/Velo paper, Algorithm 1, client side): CE + alpha * (mse_weight * feature MSE + KL of the
     logits) against the server's class knowledge (extra arrays ``knowledge/S|P|M``; none sent: CE
     only, the warm-up). The client uploads its per-class mean features and logits and counts
     (``knowledge/s|p|n``) of width ``feature_dim``. FedHe: ``mse_weight`` 0 (logits only).
-    ``feature_samples`` N > 0 (felo_velo.md §2.7, the "samples" upload): instead of the class
+    ``feature_samples`` N > 0 (Felo/Velo paper, the authors' code's per-sample feature upload, the "samples" upload): instead of the class
     means ``s`` the client sends its last N per-sample training features ``knowledge/f`` [N, D]
     and their labels ``knowledge/y`` [N] (-1 pads the rows of a round that saw fewer)."""
 

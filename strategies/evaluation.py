@@ -3,7 +3,7 @@
 Each sampled client reports ``test_before`` (the model it received, on its own test
 split, before training) and ``test_after``. A round's number is the sample-weighted
 mean over the round's clients; the headline is the mean of the last 10 rounds'
-``test_before_acc`` (fedcmd.md §2.9). Metric names are the same for every method.
+``test_before_acc`` (FedCMD paper, evaluation protocol). Metric names are the same for every method.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def headline(history: Sequence[Mapping[str, float]], key: str = "test_before_acc
 
 
 def global_test_numbers(history: Sequence[Mapping[str, float]], key: str = "global_acc") -> dict[str, float]:
-    """Felo/Velo's reported numbers (felo_velo.md §7-J) from the rounds that evaluated the group
+    """Felo/Velo's reported numbers (Felo/Velo paper, points it leaves open) from the rounds that evaluated the group
     models on the global test set: the last evaluation (``final_global_acc``) and the mean over
     the evaluations in the second half of the run (``global_acc_second_half``, what the paper's
     tables compare). Empty when no round has ``key``."""

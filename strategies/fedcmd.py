@@ -106,7 +106,7 @@ class FedCMD(PersonalizedStrategy):
     to the run's ``rounds``). ``weighted_aggregation=False`` is the paper's "w/o WA"
     ablation: post(l*) is FedAvg'd like pre(l*). ``force_layer`` fixes l* (phase 1 still
     runs and votes are still logged). ``candidates`` defaults to the FC groups. The other
-    options go to the client role (fedcmd.md §2.2-2.4).
+    options go to the client role (FedCMD paper, algorithm).
     """
 
     name = "fedcmd"

@@ -1,6 +1,6 @@
 """FedCPMD (Du et al., Chinese Journal of Computers 2025): a personal layer per client, clusters by layer.
 
-Phase 1, cluster preparation (rounds 1..Kp, fedcpmd.md §2.3): FedPer-style rounds (the
+Phase 1, cluster preparation (rounds 1..Kp, FedCPMD paper, cluster preparation (Alg. 2)): FedPer-style rounds (the
 classifier stays on each client, the body is FedAvg'd) in which every client scores the
 candidate layers with the layer-wise knowledge representation (FedCMD's scorer under FedCPMD's
 rule: JS, W2, Hellinger or Bhattacharyya between 1-D Gaussian fits) and sends its round vote.
@@ -75,7 +75,7 @@ def personal_layer_of(votes: Sequence[tuple[int, str]]) -> str | None:
 
 
 class FedCPMD(PersonalizedStrategy):
-    """Options are conf/method/fedcpmd.yaml's keys (see the module docstring and fedcpmd.md §4)."""
+    """Options are conf/method/fedcpmd.yaml's keys (see the module docstring and FedCPMD paper, hyper-parameters)."""
 
     name = "fedcpmd"
     role = "fedcpmd"
@@ -373,7 +373,7 @@ class FedCPMD(PersonalizedStrategy):
             ", fedcmd_split" if self.fedcmd_split else "", f", ablation {self.ablation}" if self.ablation else "")
 
     def run_summary(self) -> dict[str, Any]:
-        """The three reporting views' extras (fedcpmd.md §2.7): clusters, layers and the
+        """The three reporting views' extras (FedCPMD paper, evaluation protocol): clusters, layers and the
         mean-cluster accuracy (the unweighted mean over clusters of each cluster's last-10-round mean)."""
         out: dict[str, Any] = {
             "phase1_rounds": self.phase1_end,

@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al., ICLR 2021): FedAvg with a dynamic regularizer; fedcmd.md §3 uses alpha = 0.01.
+"""FedDyn (Acar et al., ICLR 2021): FedAvg with a dynamic regularizer; FedCMD paper, hyper-parameters uses alpha = 0.01.
 
 Clients: see :mod:`client_app.roles.feddyn` (loss CE - <g_i, w> + alpha/2 ||w - w_global||^2,
 state g_i kept on the client). Server, after each round with clients P (N = all clients):

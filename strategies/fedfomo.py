@@ -8,7 +8,7 @@ round that produced one, as FL-bench draws from the previous round's clients; ``
 every stored model), the ``m`` of highest P[i, j] (ties: the more recent model, then the lower
 id) or, with probability ``epsilon``, ``m`` at random (epsilon-greedy exploration).
 The client weights them on its validation split (:mod:`client_app.roles.fedfomo`) and
-reports the raw weights, which are added to P[i, j]. fedcmd.md §3: M = 5, validation ratio 0.2.
+reports the raw weights, which are added to P[i, j]. FedCMD paper, hyper-parameters: M = 5, validation ratio 0.2.
 """
 
 from __future__ import annotations

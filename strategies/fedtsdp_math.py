@@ -1,4 +1,4 @@
-"""FedTSDP's server-side math as plain functions (fedtsdp.md §2.4): Jensen-Shannon matrix,
+"""FedTSDP's server-side math as plain functions (FedTSDP paper, algorithm): Jensen-Shannon matrix,
 Hopkins statistic, DBSCAN with noise as singletons, the two-stage clustering, the amended
 sampling of the public batch and the shared-unit decay.
 
@@ -43,7 +43,7 @@ def _xlogx(x: np.ndarray) -> np.ndarray:
 
 
 def hopkins(points: np.ndarray, m_tilde: int, rng: np.random.Generator) -> float:
-    """Hopkins statistic (eq. 6, fedtsdp.md §2.4.2): ~0.5 for no structure, -> 1 for clusters.
+    """Hopkins statistic (eq. 6, FedTSDP paper, Hopkins statistic (eq. 6)): ~0.5 for no structure, -> 1 for clusters.
 
     ``m_tilde`` real points (without replacement) and as many uniform points in the data's
     bounding box; z: uniform point -> nearest real point, v: real point -> nearest *other*

@@ -220,7 +220,7 @@ class Felo(PersonalizedStrategy):
 
 
 class FedHe(Felo):
-    """FedHe (Chan & Ngai 2021, felo_velo.md §5): class logits only, every client keeps its model."""
+    """FedHe (Chan & Ngai 2021, Felo/Velo paper, baselines): class logits only, every client keeps its model."""
 
     name = "fedhe"
     mse_weight = 0.0

@@ -1,4 +1,4 @@
-"""Felo/Velo's server-side knowledge store (felo_velo.md §2.3 steps 6-7, [A-C]).
+"""Felo/Velo's server-side knowledge store (Felo/Velo paper, Algorithm 1, server side steps 6-7, [A-C]).
 
 Every reply's class means (class c only where the client saw c, n_k[c] > 0), or with the
 "samples" upload its per-sample features (§2.7, :meth:`KnowledgeStore.add_samples`), go into a per-class
@@ -66,7 +66,7 @@ class KnowledgeStore:
 
     def add_samples(self, client_id: int, f: np.ndarray, y: np.ndarray) -> None:
         """Per-sample features f [N, D] with labels y [N] (-1: a padding row, skipped) into the
-        classes' feature FIFOs (the "samples" upload, felo_velo.md §2.7; window "all" only)."""
+        classes' feature FIFOs (the "samples" upload, Felo/Velo paper, the authors' code's per-sample feature upload; window "all" only)."""
         if self.window != "all":
             raise ValueError("per-sample features need the knowledge window 'all' (a FIFO per class), not 'latest_per_client'")
         f, y = np.asarray(f, np.float32), np.asarray(y)

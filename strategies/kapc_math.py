@@ -1,4 +1,4 @@
-"""KAPC's server math on plain arrays (kapc_bls.md §2.3-2.8): the relationship cube.
+"""KAPC's server math on plain arrays (KAPC paper, algorithm): the relationship cube.
 
 R is an N x L x N array: R[i, l, j] is the weight client i gives client j's layer l. Its rows
 R[i, l, :] are non-negative and sum to 1. Each round the participants' slice of R (M x L x M,

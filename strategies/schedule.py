@@ -2,7 +2,7 @@
 
 Local optimizers are rebuilt every round (the papers' protocol), so a schedule over rounds is
 a function of the round number, not optimizer state: Felo/Velo's MultiStepLR (x0.1 at 40 % and
-70 % of the rounds, felo_velo.md §2.2) and FedTSDP's exponential decay (0.05 * 0.95^(r-1),
+70 % of the rounds, Felo/Velo paper, round schedule) and FedTSDP's exponential decay (0.05 * 0.95^(r-1),
 fedtsdp.md A12) are both one line of :meth:`LRSchedule.lr`.
 """
 

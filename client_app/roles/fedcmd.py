@@ -1,4 +1,4 @@
-"""FedCMD's client side (fedcmd.md §2.2-2.4, §2.8): layer scoring and the per-round vote.
+"""FedCMD's client side (FedCMD paper, algorithm, §2.8): layer scoring and the per-round vote.
 
 Phase 1: plain SGD on the whole model while every candidate layer ``l`` is scored with the
 "feature distribution transfer" criterion (Eq. 6) and the client votes for the layer of
@@ -8,7 +8,7 @@ handled by the runtime through the message's ``personal`` list.
 The statistics are plain functions of tensors (no Flower) so they are unit-tested on
 hand-built activations: a min-max normalised Gaussian fit of a tensor, the distances between
 two 1-D Gaussians (W2 in closed form; FedCPMD's Jensen-Shannon, Hellinger and Bhattacharyya,
-fedcpmd.md §2.1), the layer score and the vote rules. FedCPMD's role scores with the same
+FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11)), the layer score and the vote rules. FedCPMD's role scores with the same
 :class:`LayerScorer` under its own :class:`ScoreRule` (label fit, sigma floor, tie prior).
 """
 
@@ -99,7 +99,7 @@ def gaussian_fit(m: Moments, sigma_floor: float = 0.0) -> GaussianFit:
     unchanged (which is why min-max makes the score scale-free).
 
     A constant tensor (max = min): with ``sigma_floor = 0`` (FedCMD) it is marked ``constant``
-    and every distance to it is 0 [C]; with a floor (FedCPMD, fedcpmd.md §2.1: "set the values
+    and every distance to it is 0 [C]; with a floor (FedCPMD, FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11): "set the values
     to 0") it is N(0, floor^2). The floor also bounds sigma from below for every other tensor.
     """
     span = m.hi - m.lo
@@ -144,19 +144,19 @@ def w2(a: GaussianFit, b: GaussianFit, mode: str = "gaussian") -> float:
 
 
 def bhattacharyya_coefficient(a: GaussianFit, b: GaussianFit) -> float:
-    """BC = sqrt(2 s1 s2 / (s1^2 + s2^2)) exp(-(m1 - m2)^2 / (4 (s1^2 + s2^2))) (fedcpmd.md §2.1)."""
+    """BC = sqrt(2 s1 s2 / (s1^2 + s2^2)) exp(-(m1 - m2)^2 / (4 (s1^2 + s2^2))) (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))."""
     var = a.sigma**2 + b.sigma**2
     if var <= 0.0:
         return 1.0 if a.mu == b.mu else 0.0
     return math.sqrt(2.0 * a.sigma * b.sigma / var) * math.exp(-((a.mu - b.mu) ** 2) / (4.0 * var))
 
 
-JS_POINTS = 2001  # fedcpmd.md §2.1: trapezoid rule on 2001 points
+JS_POINTS = 2001  # FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11): trapezoid rule on 2001 points
 
 
 def jensen_shannon(a: GaussianFit, b: GaussianFit, points: int = JS_POINTS) -> float:
     """JS(P, Q) = KL(P||M)/2 + KL(Q||M)/2, M = (P + Q)/2, natural log, in [0, ln 2]: no closed form,
-    so the trapezoid rule on [min mu - 8 max sigma, max mu + 8 max sigma] (fedcpmd.md §2.1)."""
+    so the trapezoid rule on [min mu - 8 max sigma, max mu + 8 max sigma] (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))."""
     if a.sigma <= 0.0 or b.sigma <= 0.0:
         return 0.0 if (a.mu, a.sigma) == (b.mu, b.sigma) else math.log(2.0)
     spread = 8.0 * max(a.sigma, b.sigma)
@@ -251,7 +251,7 @@ def client_vote(counts: Sequence[int], mean_scores: Sequence[float]) -> int:
 
 @dataclass(frozen=True)
 class ScoreRule:
-    """How a client scores its candidate layers: FedCMD's defaults, or FedCPMD's (fedcpmd.md §2.1-2.2)."""
+    """How a client scores its candidate layers: FedCMD's defaults, or FedCPMD's (FedCPMD paper, algorithm)."""
 
     selector: str = "eq7"  # eq7 (paper) | fedcmd_code (code) | eq6
     distance: str = "w2"  # w2 | w2_mean | js | hellinger | bhattacharyya

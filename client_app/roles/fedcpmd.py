@@ -1,4 +1,4 @@
-"""FedCPMD's client side (fedcpmd.md §2.2, C4): FedCMD's layer scoring under FedCPMD's rule.
+"""FedCPMD's client side (FedCPMD paper, client vote, C4): FedCMD's layer scoring under FedCPMD's rule.
 
 Phase 1: SGD on the whole model while every candidate layer is scored on each training batch
 (the distance of the spec's choice, labels fitted as y / (C - 1), sigma floored, ties to fc2);

@@ -1,11 +1,11 @@
-"""Felo / Velo / FedHe's client side (felo_velo.md §2.4): training against the server's class
+"""Felo / Velo / FedHe's client side (Felo/Velo paper, Algorithm 1, client side): training against the server's class
 knowledge, and this round's class knowledge for the server.
 
 One forward pass per batch gives the features (``model.features``: every group but the
 classifier, flattened) and the logits; the per-class sums of both are taken from these training
 passes (train-mode BN, before each step, warm-up included) and sent up as class means with their
 counts (or, with ``feature_samples`` N, the last N per-sample features and their labels
-instead of the class means, felo_velo.md §2.7). The loss is Eq. 1 (client_app/roles/felo_knowledge.py); without knowledge from the
+instead of the class means, Felo/Velo paper, the authors' code's per-sample feature upload). The loss is Eq. 1 (client_app/roles/felo_knowledge.py); without knowledge from the
 server (the warm-up rounds, or before any class is known) it is CE alone.
 """
 

@@ -1,4 +1,4 @@
-"""KAPC's client side (kapc_bls.md §2.4-2.7): coached local training and BLS's upload choice.
+"""KAPC's client side (KAPC paper, algorithm): coached local training and BLS's upload choice.
 
 The client trains its own model (kept across rounds) on CE + lambda * sum_l ||w^l - target^l||^2:
 the target of layer l is the server's regularizer s_i^l (extra arrays ``s/<key>``, never loaded

@@ -1,5 +1,5 @@
 """FedCPMD: the four distances, the knowledge representation, votes and clusters, phase 1's
-extension, and phase 2's clusters that never exchange a tensor (fedcpmd.md §2, §8, §9)."""
+extension, and phase 2's clusters that never exchange a tensor (FedCPMD paper, algorithm, §8, §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedTSDP: the math on hand-made inputs with the spec's expected values (fedtsdp.md §8), and the
+"""FedTSDP: the math on hand-made inputs with the spec's expected values (FedTSDP paper, set-up, scaled to a CPU), and the
 round through the in-process grid (prefix routing, personal units kept, re-clustering, h_th=inf = FedAvg)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Felo/Velo's math (felo_velo.md §8 unit tests 2, 3, 6, 7): the client's per-class knowledge, the
+"""Felo/Velo's math (Felo/Velo paper, set-up, scaled to a CPU unit tests 2, 3, 6, 7): the client's per-class knowledge, the
 distillation terms, the server's knowledge store and Velo's CVAE."""
 
 from __future__ import annotations

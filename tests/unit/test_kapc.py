@@ -1,5 +1,5 @@
 """KAPC and KAPC+BLS: the cube's math against autograd, its constraints, the regularizers, the
-downlink and uplink masks, the paper's byte count and the cube's structure (kapc_bls.md §8)."""
+downlink and uplink masks, the paper's byte count and the cube's structure (KAPC paper, set-up, scaled to a CPU)."""
 
 from __future__ import annotations
 

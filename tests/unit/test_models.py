@@ -40,7 +40,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("resnet50", {"feature_dim": 512}),
 ]
 
-# Spec parameter counts for C=10 (kapc_bls.md §4, fedtsdp.md §4.1, felo_velo.md §4).
+# Spec parameter counts for C=10 (KAPC paper, models and data, FedTSDP paper, models, Felo/Velo paper, models and data).
 SPEC_PARAMS: list[tuple[str, dict[str, Any], tuple[int, int, int], int]] = [
     ("cnn_kapc", {}, (1, 28, 28), 643_850),
     ("cnn_fedtsdp", {}, (3, 32, 32), 6_447_562),

@@ -220,6 +220,20 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     return text
 
 
+def time_budget(rows: Sequence[dict[str, Any]], done: int, planned: int) -> tuple[float, float | None]:
+    """Minutes the finished runs took, and an estimate for the unfinished ones at the mean minutes
+    of a finished run (None when nothing finished): how far the table is from done, in one core's time."""
+    spent = float(sum(r["wall"] for r in rows))
+    return spent, (spent / done * (planned - done) if done else None)
+
+
+def budget_line(spent: float, left: float | None, unfinished: int) -> str:
+    text = f"Run time of the finished runs: {spent / 60:.1f} h (one core each: one torch thread, the in-process engine)."
+    if unfinished and left is not None:
+        text += f" The {unfinished} unfinished, at the mean of a finished run: about {left / 60:.1f} h more."
+    return text
+
+
 def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """accuracy-vs-round with a band of ± one std over seeds, and headline-vs-MiB points."""
     import matplotlib
@@ -270,8 +284,10 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         f"`{metric}` (the mean test_before accuracy of the sampled clients over the last 10 rounds), "
         "mean ± sample std over seeds. A row marked *tie with best* is within the two entries' seed spreads "
         "of the best one. Budget columns: clients trained a round (measured from the runs), the local work per "
-        "round (config), MiB a round (the messages' arrays), CPU time summed over the seeds.",
+        "round (config), MiB a round (the messages' arrays), CPU time summed over the seeds (a run's wall time "
+        "on one core: one torch thread, the in-process engine).",
     ]
+    total_spent, total_left, total_unfinished = 0.0, 0.0, 0
     for name, proto in (plan.get("protocols") or {}).items():
         jobs = plan_jobs(plan, root, [name])
         planned = {}
@@ -279,8 +295,13 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
             planned[job.entry] = planned.get(job.entry, 0) + 1
         rows = protocol_rows(jobs, metric, planned)
         done = sum(j.status() == "done" for j in jobs)
+        spent, left = time_budget(rows, done, len(jobs))
+        total_spent += spent
+        total_left += left or 0.0
+        total_unfinished += len(jobs) - done
         parts += ["", f"## {name} (`experiment={proto['experiment']}`)", "",
-                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}", ""]
+                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}", "",
+                  budget_line(spent, left, len(jobs) - done), ""]
         if rows:
             parts.append(table(rows))
             for path in plot_protocol(name, rows, root):
@@ -290,6 +311,7 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         missing = sorted({j.entry for j in jobs if j.status() != "done"})
         if missing:
             parts += ["", "Not finished yet: " + ", ".join(missing) + "."]
+    parts[1:1] = ["", f"The whole plan, all protocols: {budget_line(total_spent, total_left, total_unfinished)}"]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(parts) + "\n")
     return page

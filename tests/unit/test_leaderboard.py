@@ -10,7 +10,17 @@ import pytest
 import yaml
 
 from server_app.config import ConfigError
-from server_app.leaderboard import load_plan, mark_ties, plan_jobs, protocol_rows, run_jobs, verdict, write_page
+from server_app.leaderboard import (
+    budget_line,
+    load_plan,
+    mark_ties,
+    plan_jobs,
+    protocol_rows,
+    run_jobs,
+    time_budget,
+    verdict,
+    write_page,
+)
 
 TINY = ["dataset=digits", "num_clients=4", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20",
         "backend=serial", "alpha=1.0"]
@@ -71,6 +81,10 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
         values = accs[row["entry"]]
         assert row["mean"] == pytest.approx(sum(values) / 2) and row["seeds"] == 2
         assert f"{row['mean']:.2f} ± {row['std']:.2f}" in text
+    spent = sum(json.loads((j.run_dir() / "summary.json").read_text())["wall_time_s"] for j in jobs) / 3600
+    assert f"Run time of the finished runs: {spent:.1f} h" in text and "unfinished" not in text
+    assert time_budget([{"wall": 30.0}, {"wall": 90.0}], done=4, planned=10) == (120.0, 180.0)
+    assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
     assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
 

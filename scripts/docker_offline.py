@@ -36,6 +36,7 @@ WHEELS = ROOT / "docker" / "buildenv" / "wheels"
 SET_FILE = "requirements.txt"  # in WHEELS: what the set was downloaded for (part of the build context)
 DEFAULT_TAG = "local/debian-py311:bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_TORCH = "torch torchvision"  # docker/Dockerfile's TORCH default: PyPI's wheels
 
 
 class OfflineError(RuntimeError):
@@ -101,7 +102,7 @@ def wheels_are_for(torch: str, dest: Path = WHEELS) -> bool:
     return stamp.is_file() and stamp.read_text() == "\n".join(wheel_set(torch)) + "\n"
 
 
-def fill_wheels(torch: str = "torch torchvision", dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> list[Path]:
+def fill_wheels(torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> list[Path]:
     """Download the image's wheels (torch spec + pflower's dependencies + setuptools) into ``dest``.
 
     The host's pip settings apply (its index, mirror, find-links, CA bundle); nothing of them is
@@ -139,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses here)")
     b.add_argument("--suite", default="bookworm")
     w = sub.add_parser("wheels", help="download every wheel of the image into docker/buildenv/wheels")
-    w.add_argument("--torch", default="torch torchvision", help='torch requirement(s), e.g. "torch==2.13.0+cpu"')
+    w.add_argument("--torch", default=DEFAULT_TORCH, help='torch requirement(s), e.g. "torch==2.13.0+cpu"')
     e = sub.add_parser("env", help="print the PFLOWER_BASE / PFLOWER_TORCH settings for compose")
     e.add_argument("--tag", default=DEFAULT_TAG)
-    e.add_argument("--torch", default="torch torchvision")
+    e.add_argument("--torch", default=DEFAULT_TORCH)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "base":

@@ -401,6 +401,11 @@ def render_compose_gpu(topo: Topology) -> str:
     return head + _dump(compose_gpu_dict(topo)) if topo.gpu else head
 
 
+def _default(setting: str) -> str:
+    """``${VAR:-default}`` -> ``default``."""
+    return setting.split(":-", 1)[1].rstrip("}")
+
+
 def render_env(topo: Topology) -> str:
     """docker/.env: read by `docker compose` v2 and docker-compose 1.29 from compose.yaml's directory;
     a variable set in the shell wins over this file."""
@@ -409,8 +414,8 @@ def render_env(topo: Topology) -> str:
         f"COMPOSE_PROJECT_NAME={topo.name}\n"
         "# Host-side settings of compose.yaml, with their defaults (set them here or in the shell):\n"
         + "".join(f"# {line}\n" for line in (
-            "PFLOWER_BASE=python:3.11-slim        # base image; offline: local/debian-py311:bookworm (scripts/docker_offline.py base)",
-            "PFLOWER_TORCH=torch torchvision      # torch requirement(s) of the images; offline CPU: torch==2.13.0+cpu, say",
+            f"PFLOWER_BASE={_default(BUILD_ARGS['BASE'])}        # base image; offline: local/debian-py311:bookworm (scripts/docker_offline.py base)",
+            f"PFLOWER_TORCH={_default(BUILD_ARGS['TORCH'])}      # torch requirement(s) of the images; offline CPU: torch==2.13.0+cpu, say",
             "PFLOWER_DEMO_DIR=.                   # where certs/, data/ and outputs/ are",
             f"PFLOWER_PORT={topo.port}                    # the SuperLink port published on the host",
             "PFLOWER_UID=1000                     # the user the services run as: the owner of the key files",

@@ -300,6 +300,7 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         total_left += left or 0.0
         total_unfinished += len(jobs) - done
         parts += ["", f"## {name} (`experiment={proto['experiment']}`)", "",
+                  *([str(proto["note"]).strip(), ""] if proto.get("note") else []),
                   f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}", "",
                   budget_line(spent, left, len(jobs) - done), ""]
         if rows:

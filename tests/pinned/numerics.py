@@ -7,7 +7,9 @@ numpy's own loops by instruction set. Each choice sums in its own order, so the 
 in the last bits from one machine to the next, and a few rounds later in a clustering decision
 (measured: every pinned case moved on an AMD EPYC against the numbers pinned on another
 machine, FedTSDP's round-2 clusters among them). Here every library is held to one path that
-every x86-64 CPU with AVX2 runs: the numbers are a property of the code, not of the machine.
+every x86-64 CPU with AVX2 runs, so the numbers are a property of the code, not of the machine
+(checked on one machine by holding MKL to AVX2 and to SSE4.2 and oneDNN to AVX2: all 26 cases
+unchanged; a second real CPU type is the next check).
 
 The variables are read when the libraries load, so :func:`apply` must run before numpy or
 torch is imported (tests/conftest.py does it first; ``python -m tests.pinned.cases`` too);

@@ -87,6 +87,10 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
     assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
+    assert "Read this" not in text
+    plan["protocols"]["tiny"]["note"] = "Read this: the rows measure different models."
+    text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
+    assert "## tiny (`experiment=smoke`)\n\nRead this: the rows measure different models.\n\n4 of 4 planned" in text
 
 
 def test_ties_need_the_seed_spread_of_both_entries():

@@ -30,6 +30,7 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
 
   pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
   pflower sim -m method=fedavg,fedper,local          (one run per value: a sweep)
+  pflower sim -m seed=1,2,3,4 --jobs 2                (a sweep, two runs at a time)
   pflower sim experiment=smoke                        (a conf/experiment/ file)
   pflower sim resume=outputs/<date>/<run> rounds=60   (continue a run after its last checkpoint)
 Keys: see conf/config.yaml; groups: method, dataset, model, partition, experiment."""
@@ -41,23 +42,32 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
 
     ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress lines).
     """
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from client_app.app import app as client_app
-
     from .runner import check_strategy, run_experiment
 
     validate(cfg)
     check_strategy(cfg)
-    if cfg.get("backend", "ray") == "serial":
+    if cfg.get("backend", "ray") in ("serial", "parallel"):
         from .inprocess import InProcessGrid
+        from .parallel import ParallelGrid, resolve_workers
 
-        # the ServerApp and every client in this process: each node keeps its Context across rounds
-        # as a SuperNode does; clients run one after the other in client-id order, on one torch
-        # thread each as a Ray actor with client-resources num_cpus=1 does (the same numbers)
-        return run_experiment(InProcessGrid(int(cfg.num_clients), record=False, client_threads=1), cfg, sweep=sweep)
+        # the ServerApp and every client in this process (serial: one after the other in client-id
+        # order) or in worker processes forked from it (parallel): each node keeps its Context
+        # across rounds as a SuperNode does, each client runs on one torch thread as a Ray actor
+        # with client-resources num_cpus=1 does: the same numbers on every engine
+        if cfg.backend == "serial":
+            grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
+        else:
+            grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto")), client_threads=1)
+        try:
+            return run_experiment(grid, cfg, sweep=sweep)
+        finally:
+            grid.close()
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation  # imports Ray (0.6 s): only on this engine
+
+    from client_app.app import app as client_app
+
     from .failures import USER_ERRORS
 
     out: dict[str, Any] = {}
@@ -75,7 +85,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     # in-process entry (a sweep runs several ServerApps in this process); client_app.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    backend = {"client_resources": {"num_cpus": 1, "num_gpus": _gpu_share()}, "init_args": {"log_to_driver": True}}
+    backend = ray_backend_config(cfg)
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
     if refused:
         raise refused[0]
@@ -156,6 +166,52 @@ def _gpu_share() -> float:
         return 0.0
 
 
+def ray_backend_config(cfg: DictConfig) -> dict[str, Any]:
+    """Flower's Ray backend settings from the ``ray`` keys: per-ClientApp resources, and with
+    ``ray.address`` the running cluster to join (checked first: a bad address fails in seconds
+    with one line, not after Ray's minute of retries)."""
+    ray_cfg = cfg.get("ray") or {}
+    gpus = ray_cfg.get("client_gpus", "auto")
+    resources = {"num_cpus": float(ray_cfg.get("client_cpus", 1)), "num_gpus": _gpu_share() if gpus == "auto" else float(gpus)}
+    init_args: dict[str, Any] = {"log_to_driver": True}
+    address = ray_cfg.get("address")
+    if address:
+        init_args["address"] = check_ray_address(str(address))
+    return {"client_resources": resources, "init_args": init_args}
+
+
+def check_ray_address(address: str, timeout: float = 3.0) -> str:
+    """The cluster address to pass to ``ray.init``, after checking that a Ray head answers there:
+    ``auto`` must find a cluster started on this machine (``ray start --head``); ``HOST:PORT``
+    must accept a connection within ``timeout`` seconds."""
+    import socket
+
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
+        if not found:
+            raise ConfigError(
+                "ray.address=auto: no Ray cluster was started on this machine; start one with "
+                "`ray start --head` or give the head's HOST:PORT"
+            ) from None
+        return found
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"ray.address={address!r} is not HOST:PORT (the head's GCS address, e.g. 10.0.0.5:6379) or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"ray.address={address}: no Ray head answers there ({exc.strerror or exc}); start one with "
+            f"`ray start --head --port {port}` on that machine, or fix the address"
+        ) from None
+    return address
+
+
 def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
     """The current hydra job's place in its multirun sweep (None for a single run).
 
@@ -210,13 +266,24 @@ def _sim_main(argv: list[str]) -> int:
             if sweep is not None:
                 sweep.end_job()
 
-    # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
-    # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
+    from .sweep_jobs import parse_jobs, run_concurrently
+
     try:
+        jobs, argv = parse_jobs(argv)
+        sweep_mode = "-m" in argv or "--multirun" in argv
+        if jobs > 1 and not sweep_mode:
+            raise ConfigError("--jobs runs a sweep's runs at once: add -m (e.g. pflower sim -m seed=1,2,3 --jobs 2)")
+        combos = sweep_combinations(argv) if jobs > 1 else []
+        if any("(" in o for combo in combos for o in combo):
+            raise ConfigError("--jobs needs the sweep's values listed (a,b,c); hydra sweep functions such as range() run without it")
         precheck(argv)
-    except USER_ERRORS as exc:
+    except (*USER_ERRORS, ValueError) as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
+    if jobs > 1:
+        return run_concurrently(combos, jobs)
+    # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
+    # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
     sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=none",
                 "hydra/hydra_logging=none", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
     try:

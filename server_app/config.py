@@ -106,7 +106,12 @@ def documented_keys() -> list[tuple[str, str, str]]:
 
 def sim_help() -> str:
     """``pflower sim --help``: the keys with defaults and meanings, the groups and their choices."""
-    lines = ["usage: pflower sim [-m] [key=value ...] [group=choice ...]", "", "Keys (default, meaning):"]
+    lines = [
+        "usage: pflower sim [-m [--jobs N]] [key=value ...] [group=choice ...]", "",
+        "  -m          a sweep: one run per combination of the comma-separated values",
+        "  --jobs N    with -m: N runs at a time, each its own process (docs/scaling.md)", "",
+        "Keys (default, meaning):",
+    ]
     for key, default, meaning in documented_keys():
         lines.append(f"  {key:<22} {default or '':<10} {meaning}".rstrip())
     lines += ["", "Groups (group=choice; a choice's own keys are set as group.key=value, e.g. method.kp=10):"]
@@ -118,6 +123,7 @@ def sim_help() -> str:
         "Examples:",
         "  pflower sim method=fedper dataset=fmnist alpha=0.1 rounds=50",
         "  pflower sim -m method=fedavg,fedper,local alpha=0.1      (a sweep: one run per method)",
+        "  pflower sim -m seed=1,2,3,4 --jobs 2                     (a sweep, two runs at a time)",
         "",
         "The same keys work in `flwr run . --run-config \"key=value\"` (docs/configuration.md).",
     ]
@@ -267,7 +273,7 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-BACKENDS = ("ray", "serial")  # pflower sim's engines (`flwr run` runs wherever its SuperLink runs)
+BACKENDS = ("parallel", "ray", "serial")  # pflower sim's engines (`flwr run` runs wherever its SuperLink runs)
 
 # keys that must be numbers (checked before any range, so `lr=abc` says so in one line)
 NUMBERS: dict[str, type] = {
@@ -276,6 +282,21 @@ NUMBERS: dict[str, type] = {
     "headline_window": int, "round_timeout": float, "min_replies": int, "checkpoint_every": int,
 }
 NUMBER_EXAMPLES = {"num_clients": 20, "rounds": 30, "fraction": 0.5, "alpha": 0.3, "lr": 0.05, "batch_size": 32, "local_epochs": 5}
+
+
+def _positive(value: Any, zero: bool = False) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and (value >= 0 if zero else value > 0)
+
+
+def _workers_ok(value: Any) -> bool:
+    from .parallel import resolve_workers
+
+    try:
+        resolve_workers(value)
+    except ValueError:
+        return False
+    return True
 
 
 def validate(cfg: DictConfig) -> None:
@@ -332,6 +353,16 @@ def validate(cfg: DictConfig) -> None:
         (isinstance(cfg.get("deterministic", False), bool), f"deterministic must be true or false, got {cfg.get('deterministic')!r}"),
         (isinstance(cfg.get("resume_force", False), bool), f"resume_force must be true or false, got {cfg.get('resume_force')!r}"),
         (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
+        (
+            not (cfg.get("ray") or {}).get("address") or cfg.get("backend", "ray") == "ray",
+            f"ray.address is set but backend={cfg.get('backend')}: add backend=ray to run on that Ray cluster",
+        ),
+        (_positive((cfg.get("ray") or {}).get("client_cpus", 1)), f"ray.client_cpus must be a number > 0, got {(cfg.get('ray') or {}).get('client_cpus')!r}"),
+        (
+            (cfg.get("ray") or {}).get("client_gpus", "auto") == "auto" or _positive((cfg.get("ray") or {}).get("client_gpus"), zero=True),
+            f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got {(cfg.get('ray') or {}).get('client_gpus')!r}",
+        ),
+        (_workers_ok(cfg.get("workers", "auto")), f"workers must be 'auto' or a positive whole number (backend=parallel), got {cfg.get('workers')!r}"),
         (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
         (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),
     ]

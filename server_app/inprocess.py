@@ -65,10 +65,6 @@ class InProcessGrid(Grid):
     def remove_node(self, node_id: int) -> None:
         self.contexts.pop(node_id)
 
-    def _handle(self, msg: Message, ctx: Context) -> Message:
-        with _threads(self.client_threads):
-            return HANDLERS[msg.metadata.message_type](msg, ctx)
-
     # Grid API -----------------------------------------------------------------
     def set_run(self, run) -> None:  # noqa: ANN001
         pass
@@ -90,7 +86,8 @@ class InProcessGrid(Grid):
         raise NotImplementedError("InProcessGrid only supports send_and_receive")
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        replies = []
+        """Every message's reply, in the order sent (a vanished node's message gets none)."""
+        slots: list[Message | tuple[Message, int, int, Message | None]] = []  # the SuperLink's answer, or (msg, node, cid, crash reply)
         for msg in messages:
             if self.record:
                 self.sent.append(msg)
@@ -99,28 +96,56 @@ class InProcessGrid(Grid):
                 continue  # a vanished node never answers
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             msg.metadata.__dict__["_src_node_id"] = 0
-            ctx = self.contexts[node]
-            cid = int(ctx.node_config.get("client-id", ctx.node_config.get("partition-id")))
+            cid = self.client_of(node)
             if cid in self.unavailable:  # as flwr's linkstate does: an error reply from node 0
                 reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON), reply_to=msg)
                 reply.metadata.__dict__["_src_node_id"] = 0
-                if self.record:
-                    self.replies.append(reply)
-                replies.append(reply)
-                continue
-            try:
-                if cid in self.fail and msg.metadata.message_type != "query":
-                    raise RuntimeError(f"client {cid} crashed")
-                reply = self._handle(msg, ctx)
-            except Exception as exc:  # a ClientApp exception becomes an error reply, as in Flower
-                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            reply.metadata.__dict__["_src_node_id"] = node
-            if msg.metadata.message_type == "train" and cid in self.tamper:
-                reply = self.tamper[cid](reply)
+                slots.append(reply)
+            else:
+                crashed = cid in self.fail and msg.metadata.message_type != "query"
+                slots.append((msg, node, cid, error_reply(msg, RuntimeError(f"client {cid} crashed")) if crashed else None))
+        handled = iter(self.handle_all([(s[0], s[1]) for s in slots if not isinstance(s, Message) and s[3] is None]))
+        replies = []
+        for slot in slots:
+            if isinstance(slot, Message):
+                reply = slot
+            else:
+                msg, node, cid, crash = slot
+                reply = crash if crash is not None else next(handled)
+                reply.metadata.__dict__["_src_node_id"] = node
+                if msg.metadata.message_type == "train" and cid in self.tamper:
+                    reply = self.tamper[cid](reply)
             if self.record:
                 self.replies.append(reply)
             replies.append(reply)
         return replies
+
+    def client_of(self, node: int) -> int:
+        config = self.contexts[node].node_config
+        return int(config.get("client-id", config.get("partition-id")))
+
+    def handle_all(self, tasks: list[tuple[Message, int]]) -> list[Message]:
+        """The replies to ``(message, node)`` tasks, in order: here one after the other in this
+        process (``server_app.parallel`` overrides this to spread them over worker processes)."""
+        return [handle_safely(msg, self.contexts[node], self.client_threads) for msg, node in tasks]
+
+    def close(self) -> None:
+        """Release what the grid holds (nothing here; the parallel engine's workers)."""
+
+
+def error_reply(msg: Message, exc: BaseException) -> Message:
+    """A ClientApp exception as the error reply Flower sends for it."""
+    return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+
+
+def handle_safely(msg: Message, ctx: Context, threads: int | None) -> Message:
+    """The handler's reply to ``msg`` on ``ctx`` (updated in place), or its exception as an
+    error reply, as in Flower; with ``threads`` torch threads while it runs."""
+    try:
+        with _threads(threads):
+            return HANDLERS[msg.metadata.message_type](msg, ctx)
+    except Exception as exc:  # noqa: BLE001 - a ClientApp exception becomes an error reply, as in Flower
+        return error_reply(msg, exc)
 
 
 def _threads(n: int | None):  # noqa: ANN202

@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
 
 
 def test_simulated_run_resumes_with_more_rounds(compose, tiny_overrides, tmp_path):
-    first = simulate(compose(*tiny_overrides, "method=fedper", "rounds=2"))
+    first = simulate(compose(*tiny_overrides, "method=fedper", "rounds=2", "backend=ray"))
     run_dir = Path(first["run_dir"])
     assert load_checkpoint(run_dir).round == 2
     # `pflower sim resume=<dir> rounds=3`: hydra's path, in a new process (a restarted server)

@@ -37,7 +37,7 @@ def test_pflower_sim_sweep_runs_fedavg_and_fedper_under_ray(tmp_path):
     """Two Ray simulations one after the other in one process (Local's zero bytes: the unit
     test test_local_communicates_nothing; a third Ray start cost two minutes of CI)."""
     out = tmp_path / "outputs"
-    cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,fedper", f"output_dir={out}", *SMALL]
+    cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,fedper", f"output_dir={out}", *SMALL, "backend=ray"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = run_dirs(out)
@@ -69,7 +69,7 @@ def test_a_ray_run_and_a_serial_run_with_the_same_seed_write_the_same_numbers(tm
     records = []
     for attempt in ("ray", "serial"):
         out = tmp_path / attempt
-        backend = ["backend=serial"] if attempt == "serial" else []
+        backend = [f"backend={attempt}"]
         cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "fraction=1.0", *backend]
         proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -85,7 +85,7 @@ def test_pflower_sim_runs_a_federation_of_three_architectures(tmp_path):
     """model=mixed under Flower's simulation engine: each client trains its own architecture and
     FedAvg averages only clients of the same one (metrics per architecture in every record)."""
     out = tmp_path / "outputs"
-    cmd = [str(BIN / "pflower"), "sim", "method=fedavg", "model=mixed", "num_clients=6", "fraction=1.0",
+    cmd = [str(BIN / "pflower"), "sim", "method=fedavg", "model=mixed", "num_clients=6", "fraction=1.0", "backend=ray",
            f"output_dir={out}", *[o for o in SMALL if not o.startswith(("num_clients", "fraction"))]]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -23,6 +23,7 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from . import numerics
@@ -101,8 +102,11 @@ def fingerprint(rounds: list[dict[str, Any]], summary: dict[str, Any]) -> dict[s
     return {"rounds": [keep(r) for r in rounds], "summary": keep(summary)}
 
 
-def run_case(case: str) -> dict[str, Any]:
-    """Run one case in this process (in a throw-away output directory) and return its fingerprint."""
+def run_case(case: str, grid: Callable[[int], Any] | None = None, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run one case in this process (in a throw-away output directory) and return its fingerprint.
+
+    ``grid``: builds the grid from the number of clients (default: the serial engine's);
+    ``extra``: overrides after the case's own (settings that must not move a number)."""
     import torch
 
     from server_app.config import compose_config
@@ -112,9 +116,13 @@ def run_case(case: str) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
-        cfg = compose_config([*overrides(case), f"output_dir={out}"])
+        cfg = compose_config([*overrides(case), *extra, f"output_dir={out}"])
         check_strategy(cfg)
-        summary = run_experiment(InProcessGrid(int(cfg.num_clients), record=False, client_threads=1), cfg)
+        made = (grid or (lambda n: InProcessGrid(n, record=False, client_threads=1)))(int(cfg.num_clients))
+        try:
+            summary = run_experiment(made, cfg)
+        finally:
+            made.close()
         rounds = read_metrics(summary["run_dir"])
         return json.loads(json.dumps(fingerprint(rounds, summary), sort_keys=True))
 

@@ -11,6 +11,11 @@ from server_app.cli import main
         (["alpha=0"], "pflower: Dirichlet alpha must be > 0, got 0"),
         (["dataset=hf"], "pflower: dataset=hf needs dataset.options.path"),
         (["resume=/nonexistent/run"], "pflower: cannot resume: run directory /nonexistent/run does not exist"),
+        (["workers=0"], "pflower: workers must be 'auto' or a positive whole number (backend=parallel), got 0"),
+        (["ray.address=127.0.0.1:1"], "pflower: ray.address is set but backend=parallel: add backend=ray"),
+        (["backend=ray", "ray.client_cpus=0"], "pflower: ray.client_cpus must be a number > 0, got 0"),
+        (["backend=ray", "ray.client_gpus=-1"], "pflower: ray.client_gpus must be auto or a number >= 0"),
+        (["backend=ray", "ray.address=nohost"], "pflower: ray.address='nohost' is not HOST:PORT"),
     ],
 )
 def test_sim_config_error_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch, capsys):

@@ -31,7 +31,7 @@ CASES = [
     (["method=fedcpmd", "method.kp=5", "method.distance=kl"], ["distance", "js"]),
     (["fraction=0"], ["fraction must be in (0, 1]"]),
     (["alpha=-1"], ["alpha must be > 0"]),
-    (["backend=dask"], ["backend must be one of ['ray', 'serial']", "'dask'"]),
+    (["backend=dask"], ["backend must be one of ['parallel', 'ray', 'serial']", "'dask'"]),
     (["deterministic=maybe"], ["deterministic must be true or false", "'maybe'"]),
 ]
 

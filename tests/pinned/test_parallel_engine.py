@@ -1,0 +1,101 @@
+"""The parallel engine (``backend=parallel``) writes the serial engine's numbers bit for bit, for
+every method: its short run equals ``pinned_numbers.json``, which the serial engine wrote (the
+pinned test proves that). Also across a resume, whichever engine ran the first half: a node's
+state moves with its task between worker processes and back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grid_faults import Crash, CrashingGrid
+from pinned.cases import CASES, first_difference, fingerprint, load_pinned, overrides, run_case
+from server_app.config import compose_config
+from server_app.inprocess import InProcessGrid
+from server_app.parallel import ParallelGrid
+from server_app.results import read_metrics
+from server_app.runner import run_experiment
+
+PINNED = load_pinned()
+
+
+def parallel(n: int) -> ParallelGrid:
+    return ParallelGrid(n, workers=2, client_threads=1)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_parallel_engine_writes_the_pinned_numbers(case):
+    """With the clients' state in memory only (``client_state_dir=null``), so a node's state
+    reaches its next worker only in the Context that travels with its task."""
+    diff = first_difference(PINNED[case], run_case(case, parallel, extra=("client_state_dir=null",)))
+    assert diff is None, f"{case}: the parallel engine's numbers differ from the serial engine's at {diff}"
+
+
+class CrashingParallelGrid(CrashingGrid, ParallelGrid):
+    """The parallel engine, killed when round ``crash_at``'s train messages are sent."""
+
+
+@pytest.mark.parametrize("first_half", ["parallel", "serial"])
+@pytest.mark.parametrize("case", ["ditto", "fedcpmd", "kapc", "velo"])
+def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, tmp_path):
+    """Methods with persistent client state (Ditto's personal model, FedCPMD's per-client layer,
+    KAPC's cube, Velo's CVAE on the server): crash after round 2 on one engine, resume on the other."""
+    out = tmp_path / "out"
+    cfg = compose_config([*overrides(case), f"output_dir={out}"])
+    n = int(cfg.num_clients)
+    crashing = (
+        CrashingParallelGrid(n, workers=2, client_threads=1, crash_at=3)
+        if first_half == "parallel" else CrashingGrid(n, record=False, client_threads=1, crash_at=3)
+    )
+    with pytest.raises(Crash):
+        run_experiment(crashing, cfg)
+    crashing.close()
+    (run_dir,) = [p for p in out.glob("*/*") if p.is_dir()]
+    second = InProcessGrid(n, record=False, client_threads=1) if first_half == "parallel" else parallel(n)
+    try:
+        summary = run_experiment(second, compose_config([*overrides(case), f"output_dir={out}", f"resume={run_dir}"]))
+    finally:
+        second.close()
+    got = fingerprint(read_metrics(run_dir), {k: v for k, v in summary.items() if not k.startswith("resumed_after")})
+    diff = first_difference(PINNED[case], json.loads(json.dumps(got)))
+    assert diff is None, f"{case}: crash on {first_half}, resume on the other engine: differs at {diff}"
+
+
+def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
+    """Two workers, six nodes, FedPer: after the run every node's Context in the parent holds the
+    personal head its worker saved (the parent's copy was replaced, not left stale)."""
+    from server_app.inprocess import personal_state
+
+    cfg = compose_config([*overrides("fedper"), "fraction=1.0", "rounds=1", f"output_dir={tmp_path}"])
+    grid = parallel(6)
+    before = dict(grid.contexts)
+    try:
+        run_experiment(grid, cfg)
+        for node, ctx in grid.contexts.items():
+            assert ctx is not before[node] and personal_state(ctx) is not None
+        assert len(grid.busy_s) == 12  # 6 train + 6 final evaluate tasks ran on the workers
+    finally:
+        grid.close()
+    assert grid._pool is None
+
+
+def test_bad_worker_counts_are_refused():
+    from server_app.parallel import resolve_workers
+
+    assert resolve_workers("auto") >= 1 and resolve_workers(3) == 3 and resolve_workers("2") == 2
+    for bad in (0, -1, "two", 1.5, "1.5"):
+        with pytest.raises(ValueError, match="workers must be 'auto' or a positive integer"):
+            resolve_workers(bad)
+
+
+def test_workers_started_from_a_fork_server_write_the_pinned_numbers():
+    """The start used when the ServerApp's process already holds a CUDA context (no fork of it):
+    workers load their own data; the numbers do not change."""
+    from pinned.numerics import disable_mkldnn
+
+    def grid(n: int) -> ParallelGrid:  # a fresh interpreter: the pinned numerics set again in each worker
+        return ParallelGrid(n, workers=2, client_threads=1, start_method="forkserver", worker_setup=disable_mkldnn)
+
+    diff = first_difference(PINNED["ditto"], run_case("ditto", grid, extra=("client_state_dir=null",)))
+    assert diff is None, f"ditto on fork-server workers differs at {diff}"

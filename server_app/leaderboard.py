@@ -70,6 +70,9 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
             raise ConfigError(f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries")
         if not (conf_dir() / "experiment" / f"{proto.get('experiment')}.yaml").exists():
             raise ConfigError(f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/")
+        second = proto.get("second_metric")
+        if second is not None and not (isinstance(second, dict) and second.get("key") and second.get("label")):
+            raise ConfigError(f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, got {second!r}")
     for group in (plan.get("entries") or {}).values():
         for entry, spec in group.items():
             if spec.get("seeds", "seeds") not in plan or not isinstance(plan[spec.get("seeds", "seeds")], list):
@@ -135,14 +138,16 @@ def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]
 # ---------------------------------------------------------------------------- the page
 
 
-def run_numbers(run: Path, metric: str) -> dict[str, Any]:
-    """What the table and figures need from one finished run."""
+def run_numbers(run: Path, metric: str, second: str | None = None) -> dict[str, Any]:
+    """What the table and figures need from one finished run (``second``: a protocol's second
+    metric, None where the run did not write it)."""
     summary = json.loads((run / "summary.json").read_text())
     rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config = yaml.safe_load((run / "config.yaml").read_text()) or {}
     n = max(len(rounds), 1)
     return {
         "metric": summary.get(metric),
+        "second": summary.get(second) if second else None,
         "final_acc": summary.get("final_acc"),
         "clients": float(np.mean([len(r.get("clients", [])) for r in rounds])) if rounds else 0.0,
         "local": f"{config.get('local_steps')} steps" if config.get("local_steps") else f"{config.get('local_epochs')} epochs",
@@ -159,20 +164,25 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
-def protocol_rows(jobs: Sequence[Job], metric: str, planned_seeds: dict[str, int]) -> list[dict[str, Any]]:
-    """One row per entry with finished runs: the metric's mean ± std over seeds, the budget, the runs."""
+def protocol_rows(
+    jobs: Sequence[Job], metric: str, planned_seeds: dict[str, int], second: str | None = None
+) -> list[dict[str, Any]]:
+    """One row per entry with finished runs: the metric's mean ± std over seeds (and the
+    ``second`` metric's, over the seeds that wrote it), the budget, the runs."""
     by_entry: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:
         if job.status() == "done":
-            by_entry.setdefault(job.entry, []).append({**run_numbers(job.run_dir(), metric), "run": job.run_dir()})
+            by_entry.setdefault(job.entry, []).append({**run_numbers(job.run_dir(), metric, second), "run": job.run_dir()})
     rows = []
     for entry, runs in by_entry.items():
         values = [100 * r["metric"] for r in runs if r["metric"] is not None]
         if not values:
             continue
         mean, std = mean_std(values)
+        seconds = [100 * r["second"] for r in runs if r["second"] is not None]
         rows.append({
             "entry": entry, "seeds": len(values), "planned": planned_seeds.get(entry, len(values)), "mean": mean, "std": std,
+            "second": (*mean_std(seconds), len(seconds)) if seconds else None,
             "final": mean_std([100 * r["final_acc"] for r in runs if r["final_acc"] is not None])[0] if any(r["final_acc"] is not None for r in runs) else None,
             "clients": float(np.mean([r["clients"] for r in runs])), "local": runs[0]["local"],
             "mib_up": float(np.mean([r["mib_up"] for r in runs])), "mib_down": float(np.mean([r["mib_down"] for r in runs])),
@@ -192,15 +202,24 @@ def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| entry | seeds | headline (mean ± std) | final, all clients | clients trained / round | local work | MiB up / round | MiB down / round | CPU time |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
+    """The protocol's table; ``second``: the header of a second metric's column (mean ± std over
+    the seeds that wrote it, '-' for an entry that does not measure it)."""
+    extra = [second] if second else []
+    head = ["entry", "seeds", "headline (mean ± std)", *extra, "final, all clients", "clients trained / round", "local work",
+            "MiB up / round", "MiB down / round", "CPU time"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
         mark = " (best)" if i == 0 else (" (tie with best)" if r["tie"] else "")
         seeds = f"{r['seeds']}" + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "") + (" (one seed)" if r["planned"] == 1 else "")
         final = "" if r["final"] is None else f"{r['final']:.2f}"
-        lines.append(f"| {r['entry']}{mark} | {seeds} | {r['mean']:.2f} ± {r['std']:.2f} | {final} | {r['clients']:.1f} | {r['local']} | "
-                     f"{r['mib_up']:.2f} | {r['mib_down']:.2f} | {r['wall']:.0f} min |")
+        cells = []
+        if second:
+            got = r.get("second")
+            cells = ["-" if got is None else f"{got[0]:.2f} ± {got[1]:.2f}" + (f" ({got[2]} seeds)" if got[2] != r["seeds"] else "")]
+        lines.append(" | ".join([f"| {r['entry']}{mark}", seeds, f"{r['mean']:.2f} ± {r['std']:.2f}", *cells, final,
+                                 f"{r['clients']:.1f}", r["local"], f"{r['mib_up']:.2f}", f"{r['mib_down']:.2f}",
+                                 f"{r['wall']:.0f} min |"]))
     return "\n".join(lines)
 
 
@@ -270,6 +289,17 @@ def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[
     return paths
 
 
+def second_verdict(rows: Sequence[dict[str, Any]], label: str) -> str:
+    """The verdict on a protocol's second metric, with the same tie rule (entries that measure it)."""
+    measured = [{**r, "mean": r["second"][0], "std": r["second"][1], "seeds": r["second"][2]} for r in rows if r.get("second")]
+    if not measured:
+        return ""
+    ranked = mark_ties(measured)
+    text = verdict(ranked).replace("Best:", f"On the {label}: best", 1)
+    unmeasured = [r["entry"] for r in rows if not r.get("second")]
+    return text + (f" Not measured by: {', '.join(unmeasured)}." if unmeasured else "")
+
+
 def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
     """docs/leaderboard.md from the finished runs (figures beside the runs, under ``root``)."""
     import os
@@ -293,7 +323,8 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         planned = {}
         for job in jobs:
             planned[job.entry] = planned.get(job.entry, 0) + 1
-        rows = protocol_rows(jobs, metric, planned)
+        second = proto.get("second_metric") or {}
+        rows = protocol_rows(jobs, metric, planned, second.get("key"))
         done = sum(j.status() == "done" for j in jobs)
         spent, left = time_budget(rows, done, len(jobs))
         total_spent += spent
@@ -301,10 +332,11 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         total_unfinished += len(jobs) - done
         parts += ["", f"## {name} (`experiment={proto['experiment']}`)", "",
                   *([str(proto["note"]).strip(), ""] if proto.get("note") else []),
-                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}", "",
+                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}"
+                  + (f" {second_verdict(rows, second['label'])}" if second.get("key") and rows else ""), "",
                   budget_line(spent, left, len(jobs) - done), ""]
         if rows:
-            parts.append(table(rows))
+            parts.append(table(rows, second.get("label")))
             for path in plot_protocol(name, rows, root):
                 parts += ["", f"![{path.stem}]({os.path.relpath(path, page.parent)})"]
             commits = sorted({c for r in rows for run in r["runs"] if (c := _commit(run["run"]))})

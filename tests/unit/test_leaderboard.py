@@ -92,6 +92,22 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
     assert "## tiny (`experiment=smoke`)\n\nRead this: the rows measure different models.\n\n4 of 4 planned" in text
 
+    # a second metric's column: mean ± std over the seeds that wrote it, '-' for an entry without it
+    for j in jobs:
+        if j.entry == "fedavg":
+            summary = json.loads((j.run_dir() / "summary.json").read_text())
+            (j.run_dir() / "summary.json").write_text(json.dumps({**summary, "final_global_acc": 0.5 + 0.1 * j.seed}))
+    plan["protocols"]["tiny"]["second_metric"] = {"key": "final_global_acc", "label": "global test, final"}
+    text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
+    assert "| entry | seeds | headline (mean ± std) | global test, final | final, all clients |" in text
+    mean = 100 * (0.5 + 0.1 * 1.5)
+    std = 100 * 0.1 / 2**0.5
+    assert f"| {mean:.2f} ± {std:.2f} |" in text
+    local_line = next(line for line in text.splitlines() if line.startswith("| local"))
+    assert local_line.split(" | ")[3] == "-"
+    assert f"On the global test, final: best **fedavg**, {mean:.2f} ± {std:.2f} over 2 seed(s)." in text
+    assert "Not measured by: local." in text
+
 
 def test_ties_need_the_seed_spread_of_both_entries():
     def row(entry, mean, std, seeds=3):
@@ -101,3 +117,13 @@ def test_ties_need_the_seed_spread_of_both_entries():
     assert [(r["entry"], r["tie"]) for r in rows] == [("a", False), ("d", False), ("b", True), ("c", False)]  # 1.5 <= 1.6; 3.0 > 1.5
     assert verdict(rows) == "Best: **a**, 90.00 ± 1.00 over 3 seed(s). Within the seed spread of it (a tie, not a win): b."
     assert verdict([row("x", 80.0, 0.0, seeds=1) | {"tie": False}]).endswith("One seed only: no spread to compare with.")
+
+
+def test_a_malformed_second_metric_is_refused(tmp_path):
+    _, _ = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg"]}})
+    path = tmp_path / "leaderboard.yaml"
+    plan = yaml.safe_load(path.read_text())
+    plan["protocols"]["tiny"]["second_metric"] = "final_global_acc"
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(ConfigError, match="second_metric must be"):
+        load_plan(path)

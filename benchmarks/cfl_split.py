@@ -40,8 +40,8 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
     """Node directories ``root/c<i>`` (dataset=local) of digits: 60 training and 20 test images a
     client, from its group's two classes (``groups``) or from all six (one distribution).
     Returns each client's label group."""
-    from client_app.data import DataSpec, load_client_data
-    from client_app.data.local import write_local_dir
+    from federated_data import DataSpec, load_client_data
+    from federated_data.local import write_local_dir
 
     data = load_client_data(DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0)
     x, y = data.x_train.numpy(), data.y_train.numpy()

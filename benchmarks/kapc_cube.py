@@ -47,8 +47,8 @@ VARIANTS: list[tuple[str, list[str]]] = [
 def write_two_group_federation(root: Path) -> list[Path]:
     """Eight node directories (dataset=local): 48 training and 16 test digits each, the same
     images for everyone, labels y for clients 0-3 and 9 - y for clients 4-7."""
-    from client_app.data import DataSpec, load_client_data
-    from client_app.data.local import write_local_dir
+    from federated_data import DataSpec, load_client_data
+    from federated_data.local import write_local_dir
 
     data = load_client_data(DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0)
     x = data.x_train.numpy()

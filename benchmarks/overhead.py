@@ -62,7 +62,7 @@ def pflower_run(rounds: int, out: Path, extra: list[str]) -> dict[str, Any]:
 
 def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, threads: int) -> dict[str, Any]:
     """The same FedAvg rounds as a plain loop: no messages, no processes, no files."""
-    from client_app.data import DataSpec, load_client_data
+    from federated_data import DataSpec, load_client_data
     from models import build_model
     from server_app.config import data_spec_dict
 

@@ -21,7 +21,7 @@ single-threaded process that only imports; it never runs torch, so no OpenMP poo
 context exists when it forks (each child sets its own threads and device).
 
 What it cannot keep warm: anything the ClientApp builds per message (data, model) — the
-partition cache (``client_app/data/node_cache.py``) covers the data.
+partition cache (``federated_data/node_cache.py``) covers the data.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DEFAULT_PRELOAD = ("torch", "numpy", "flwr.supernode.runtime.run_clientapp")
 PRELOAD_FLAG = "--preload"
 # this project's top-level packages (pyproject.toml): a forked child drops any copy it inherited,
 # so that Flower's loader imports them from the run's FAB, as in a fresh flwr-clientapp process
-APP_PACKAGES = frozenset({"client_app", "server_app", "strategies", "models", "protocol", "conf"})
+APP_PACKAGES = frozenset({"client_app", "server_app", "strategies", "models", "protocol", "federated_data", "conf"})
 
 
 def forget_app_modules() -> list[str]:

@@ -28,9 +28,9 @@ from models.schema import float_buffer_keys
 from protocol import wire
 from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
-from .data import ClientData, DataSpec, load_client_data, load_public_data
-from .data.local import with_node_data_dir
-from .data.node_cache import cache_dir, load_or_build
+from federated_data import ClientData, DataSpec, load_client_data, load_public_data
+from federated_data.local import with_node_data_dir
+from federated_data.node_cache import cache_dir, load_or_build
 from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
 from .roles import RoleContext, build_role
 from .state import ClientState
@@ -61,7 +61,7 @@ def parse_spec(message: Message) -> TaskSpec:
 
 def client_data(spec: TaskSpec | dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
     """The client's tensors: its partition, or with ``dataset=local`` its node's ``data-dir``.
-    A deployed node keeps its partition in its disk cache (``client_app.data.node_cache``)."""
+    A deployed node keeps its partition in its disk cache (``federated_data.node_cache``)."""
     node_config = node_config or {}
     data = spec.data if isinstance(spec, TaskSpec) else spec["data"]
     data_spec = DataSpec.from_dict(with_node_data_dir(data, node_config))

@@ -25,8 +25,8 @@ if str(ROOT) not in sys.path:  # runnable from a source checkout without install
 
 
 def main(argv: list[str] | None = None) -> int:
-    from client_app.data import DataSpec
-    from client_app.data.export import export_partitions
+    from federated_data import DataSpec
+    from federated_data.export import export_partitions
     from server_app.config import ConfigError, compose_config, data_spec_dict
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

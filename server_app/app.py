@@ -9,7 +9,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from client_app.logs import quiet_flower_logs
+from protocol.logs import quiet_flower_logs
 
 from .config import compose_config, overrides_from_run_config
 from .failures import one_line_errors

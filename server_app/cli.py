@@ -82,7 +82,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
             refused.append(exc)
 
     # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
-    # in-process entry (a sweep runs several ServerApps in this process); client_app.logs drops
+    # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     backend = ray_backend_config(cfg)
@@ -236,7 +236,7 @@ def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
 def _sim_main(argv: list[str]) -> int:
     import hydra
 
-    from client_app.logs import quiet_flower_logs
+    from protocol.logs import quiet_flower_logs
 
     from .config import sim_help
 

@@ -301,8 +301,8 @@ def _workers_ok(value: Any) -> bool:
 
 def validate(cfg: DictConfig) -> None:
     """Check names and ranges before any round starts; every message says how to fix it."""
-    from client_app.data import DATASETS, dataset_info
-    from client_app.data.partition import PARTITIONERS
+    from federated_data import DATASETS, dataset_info
+    from federated_data.partition import PARTITIONERS
     from models import MODELS, model_options
     from models.schema import assign_archs
     from protocol.wire import OPTIMIZERS
@@ -425,7 +425,7 @@ def model_archs(cfg: DictConfig) -> tuple[dict[str, dict[str, Any]], Any]:
 
 
 def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
-    """The DataSpec fields (client_app.data.DataSpec) from the composed config."""
+    """The DataSpec fields (federated_data.DataSpec) from the composed config."""
     ds, part = cfg.dataset, cfg.partition
     return {
         "dataset": ds.name,

@@ -17,8 +17,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from client_app.data import DataSpec, load_public_data, partition_sizes
-from client_app.data.partition import PartitionError
+from federated_data import DataSpec, load_public_data, partition_sizes
+from federated_data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
 from strategies.base import format_value

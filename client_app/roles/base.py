@@ -12,7 +12,7 @@ from torch import nn
 
 from protocol.roles import RoleArgs, SGDArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, train
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from protocol.roles import DittoArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot

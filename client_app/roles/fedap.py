@@ -18,7 +18,7 @@ from torch import nn
 from models.schema import batchnorm_layers
 from protocol.roles import FedAPArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext, SGDRole
 

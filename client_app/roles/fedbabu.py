@@ -12,7 +12,7 @@ from torch import nn
 
 from protocol.roles import FedBabuArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import RoleContext, SGDRole
 from .fedrep import head_groups, split_parameters

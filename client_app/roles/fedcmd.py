@@ -27,7 +27,7 @@ from protocol.roles import (
     DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTION_TIMINGS, SELECTORS, W2_MODES, FedCMDArgs, check_choice,
 )
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from protocol.roles import FedCPMDArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext
 from .fedcmd import FedCMDRole, LayerScorer, ScoreRule, score_pass

@@ -15,7 +15,7 @@ from torch import nn
 
 from protocol.roles import FedDynArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot

@@ -19,7 +19,7 @@ from torch import nn
 
 from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, evaluate, train
 from .base import Role, RoleContext
 from .proximal import snapshot

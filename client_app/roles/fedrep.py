@@ -16,7 +16,7 @@ from torch import nn
 
 from protocol.roles import FedRepArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from protocol.roles import FeloArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import train
 from .base import Role, RoleContext
 from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss

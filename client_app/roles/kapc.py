@@ -21,7 +21,7 @@ from torch import nn
 from models.schema import layer_dims, parameter_layers
 from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from protocol.roles import MOONArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
 

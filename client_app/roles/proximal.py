@@ -15,7 +15,7 @@ from torch import nn
 
 from protocol.roles import ProximalArgs
 
-from ..data import ClientData
+from federated_data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import RoleContext, SGDRole
 

@@ -253,8 +253,8 @@ class Cluster:
     # ------------------------------------------------------------------ lifecycle
     def prepare(self, data_overrides: list[str]) -> None:
         """Demo TLS material (SANs include the SuperLink's address) and one data directory per node."""
-        from client_app.data import DataSpec
-        from client_app.data.export import export_partitions
+        from federated_data import DataSpec
+        from federated_data.export import export_partitions
         from server_app.config import compose_config, data_spec_dict
 
         sans = [self.place.superlink_address]

@@ -254,7 +254,7 @@ def test_killed_supernode_round_completes_and_restart_restores_personal_layers(l
 def untrained_accuracy(cluster: Cluster, client: int) -> float:
     """Accuracy of the run's initial model (same seed) on a client's own test split."""
     import yaml
-    from client_app.data import DataSpec
+    from federated_data import DataSpec
     from client_app.runtime import client_data
     from client_app.training import evaluate
     from models import build_model

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import client_app.data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
-import client_app.data.torchvision_sources as tvs
-from client_app.data.idx import write_idx
-from client_app.data import DATASETS, DatasetNotFoundError, dataset_info
+import federated_data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
+import federated_data.torchvision_sources as tvs
+from federated_data.idx import write_idx
+from federated_data import DATASETS, DatasetNotFoundError, dataset_info
 
 TORCHVISION_NAMES = ("mnist", "emnist", "cifar10", "cifar100", "svhn", "cinic10", "tinyimagenet")
 FMNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")

@@ -249,8 +249,8 @@ def test_fedcpmd_refuses_a_run_too_short_for_phase_two(compose, tiny_overrides):
 def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_right_members(compose, tmp_path):
     """Clients holding digits 0-1 vote fc2, clients holding 8-9 vote fc1 (the knowledge
     representation reads the label distribution); each node brings its own directory."""
-    from client_app.data import DataSpec, load_client_data
-    from client_app.data.local import write_local_dir
+    from federated_data import DataSpec, load_client_data
+    from federated_data.local import write_local_dir
 
     spec = DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10)
     data = load_client_data(spec, 0)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.data import DataSpec, load_client_data, partition_sizes
-from client_app.data.export import export_partitions
-from client_app.data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
+from federated_data import DataSpec, load_client_data, partition_sizes
+from federated_data.export import export_partitions
+from federated_data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
 from client_app.runtime import client_data
 
 ROOT = Path(__file__).resolve().parents[2]

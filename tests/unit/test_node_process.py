@@ -14,8 +14,8 @@ import torch
 
 import client_app.node as node
 import client_app.runtime as runtime
-from client_app.data import DataSpec, load_client_data
-from client_app.data.node_cache import cache_dir, cache_path
+from federated_data import DataSpec, load_client_data
+from federated_data.node_cache import cache_dir, cache_path
 from client_app.runtime import client_data
 from strategies.base import REPLY_POLL_S, send_and_receive
 

@@ -12,7 +12,7 @@ In a real deployment every device holds its own data. The server's config says
 
 Images are normalized with meta.json's mean/std when given (the exporter writes the pooled
 dataset's, so tensors equal the simulation's), else with the node's own training split's.
-:func:`client_app.data.export.export_partitions` writes each client's partition of a supported dataset in this
+:func:`federated_data.export.export_partitions` writes each client's partition of a supported dataset in this
 format (``scripts/export_partitions.py``), for demos and tests.
 """
 

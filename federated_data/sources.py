@@ -149,7 +149,7 @@ def read_fmnist(root: str | None = None) -> Splits:
 def _no_pool(root: str | None = None, **options: Any) -> Splits:
     raise ValueError(
         "dataset=local has no shared pool to partition: each SuperNode loads its own data-dir "
-        "(client_app.data.local.load_local_data)"
+        "(federated_data.local.load_local_data)"
     )
 
 
@@ -164,7 +164,7 @@ DATASETS: dict[str, DatasetInfo] = {
         10,
         _no_pool,
         how_to_get="Each SuperNode names its own directory: --node-config \"data-dir='/path'\" "
-        "(train.npz, test.npz, meta.json; see client_app/data/local.py).",
+        "(train.npz, test.npz, meta.json; see federated_data/local.py).",
         node_local=True,
     ),
     "fmnist": DatasetInfo(
@@ -187,7 +187,7 @@ def register(info: DatasetInfo) -> None:
 
 def lookup(name: str, **options: Any) -> DatasetInfo:
     """Look a registered dataset up by name; ``options`` (synthetic's size, classes...) may change its
-    shape. Use :func:`client_app.data.catalog.dataset_info`, which registers every reader first."""
+    shape. Use :func:`federated_data.catalog.dataset_info`, which registers every reader first."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]

@@ -16,7 +16,8 @@ from protocol.roles import FedCPMDArgs
 from federated_data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext
-from .fedcmd import FedCMDRole, LayerScorer, ScoreRule, score_pass
+from .fedcmd import FedCMDRole
+from .layer_stats import LayerScorer, ScoreRule, score_pass
 
 
 class FedCPMDRole(FedCMDRole):

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import norm
 
 from client_app.roles import fedcmd as role
-from client_app.roles.fedcmd import (
+from client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
     Moments,

@@ -13,7 +13,7 @@ from scipy import integrate
 from scipy.stats import norm
 from test_strategy_base import make, run
 
-from client_app.roles.fedcmd import (
+from client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
     Moments,

@@ -349,66 +349,30 @@ def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
     return {k: v for k, v in used.items() if k != "name" and k in default and not interpolated(default[k]) and v != default[k]}
 
 
-@dataclass(frozen=True)
-class Panel:
-    """One per-round diagnostic of a method's mechanism: ``key`` in metrics.jsonl (a number, or
-    a list of numbers drawn as one line per entry, e.g. per layer), its axis label, the method
-    option drawn as a dashed threshold, and the record key whose truthy rounds get a dot."""
+def mechanisms() -> dict[str, tuple[Any, ...]]:
+    """What shows each method's mechanism at work: the panels its strategy declares
+    (``diagnostic_panels``, :class:`strategies.diagnostics.Panel`), by method name; drawn by
+    :func:`plot_mechanism`, one figure per method and group."""
+    from strategies import STRATEGIES
 
-    key: str
-    label: str
-    threshold: str | None = None
-    events: str | None = None
+    return {name: tuple(cls.diagnostic_panels) for name, cls in STRATEGIES.items() if cls.diagnostic_panels}
 
 
-# What shows each mechanism at work, drawn by plot_mechanism (one figure per method and group)
-MECHANISMS: dict[str, tuple[Panel, ...]] = {
-    "kapc": (
-        Panel("cube_delta", "mean |ΔR| a round"),
-        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
-    ),
-    "kapc_bls": (
-        Panel("cube_delta", "mean |ΔR| a round"),
-        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
-        Panel("masked_by_layer", "clients not sent layer l"),
-        Panel("omega_by_bound", "clients whose Ω came from the bound"),
-        Panel("omega_floor_bound", "clients whose Ω came from the floor"),
-    ),
-    "fedtsdp": (
-        Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
-        Panel("shared_units", "shared prefix (units)"),
-        Panel("num_clusters", "clusters"),
-    ),
-    "cfl": (
-        Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
-        Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
-        Panel("num_clusters", "clusters"),
-    ),
-    "velo": (Panel("s_rel_dist", "distance of S to the class means (relative)"),),
-}
-MECHANISM_KEYS = frozenset(k for panels in MECHANISMS.values() for p in panels for k in (p.key, p.events) if k)
+def mechanism_keys() -> frozenset[str]:
+    """Every record key a mechanism panel reads (its value and its event key)."""
+    return frozenset(k for panels in mechanisms().values() for p in panels for k in (p.key, p.events) if k)
 
 
 @dataclass(frozen=True)
 class Curve:
     """A run's rounds with ``test_before`` accuracy (%; None where the round has none), the
     cumulative communication after each round (MiB, down + up), and the mechanism diagnostics
-    of :data:`MECHANISMS` it recorded (key -> one value per round, None where absent)."""
+    of :func:`mechanisms` it recorded (key -> one value per round, None where absent)."""
 
     rounds: tuple[int, ...]
     acc: tuple[float | None, ...]
     mib: tuple[float, ...]
     diagnostics: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-
-    @property
-    def hopkins(self) -> tuple[float | None, ...]:
-        """FedTSDP's Hopkins statistic H per round (empty: none recorded)."""
-        return self.diagnostics.get("hopkins", ())
-
-    @property
-    def reclustered(self) -> tuple[int, ...]:
-        """Rounds where H crossed the threshold and the clients were re-clustered."""
-        return tuple(r for r, t in zip(self.rounds, self.diagnostics.get("triggered", ())) if t)
 
 
 def _diagnostic(value: Any, key: str, where: str) -> Any:
@@ -430,6 +394,7 @@ def load_curve(run: str | Path) -> Curve:
     mib: list[float] = []
     seen: dict[str, list[Any]] = {}
     total = 0
+    keys = mechanism_keys()
     for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
@@ -448,7 +413,7 @@ def load_curve(run: str | Path) -> Curve:
             if not _is_type(b, (int, float)) or b < 0:
                 raise ReportError(f"{where}: {key!r} is {b!r}, not a byte count")
             total += b
-        for key in MECHANISM_KEYS & record.keys():
+        for key in keys & record.keys():
             seen.setdefault(key, [None] * len(rounds))
         for key, values in seen.items():
             values.append(_diagnostic(record.get(key), key, where))
@@ -672,10 +637,10 @@ def method_option(run: str | Path, key: str) -> Any:
 
 
 def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Path) -> Path | None:
-    """The panels of :data:`MECHANISMS` for ``method``: each of its runs in the group as one line
+    """The panels of :func:`mechanisms` for ``method``: each of its runs in the group as one line
     (one per entry of a list, e.g. per layer), the threshold option as a dashed line, the
     event rounds (re-clusterings, splits) as dots. None: no run of ``method`` recorded any."""
-    panels = MECHANISMS.get(method, ())
+    panels = mechanisms().get(method, ())
     runs = [(label, run, c) for label, (run, s), c in zip(legend_labels(group), group.runs, curves)
             if s.get("method") == method and any(p.key in c.diagnostics for p in panels)]
     panels = tuple(p for p in panels if any(p.key in c.diagnostics for _, _, c in runs))
@@ -767,7 +732,7 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)
             lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
-        for method in sorted({s.get("method") for _, s in group.runs} & MECHANISMS.keys()):
+        for method in sorted({s.get("method") for _, s in group.runs} & mechanisms().keys()):
             png = plot_mechanism(group, [curves[run] for run, _ in group.runs], method, out / f"{group.stem}_{method}_mechanism.png")
             if png is not None:
                 written.append(png)

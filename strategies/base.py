@@ -65,6 +65,7 @@ from protocol import wire
 from protocol.roles import RoleArgs
 from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
+from .diagnostics import Panel
 from .aggregation import fedavg
 from .evaluation import client_time_totals, weighted_test_metrics
 from .schedule import LRSchedule
@@ -144,6 +145,9 @@ class ClientStateLost(FederationError):
 
 class PersonalizedStrategy(Strategy):
     """Base of every pflower method: FedAvg-shaped rounds with per-client messages."""
+
+    # the per-round diagnostics that show this method's mechanism (pflower report draws them)
+    diagnostic_panels: tuple[Panel, ...] = ()
 
     name = "base"
     role = "sgd"

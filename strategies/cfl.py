@@ -49,6 +49,7 @@ from flwr.common import log
 from .base import PersonalizedStrategy
 from .clustering import bipartition, cross_cosine_max
 from .clusters import Clusters, cluster_fedavg
+from .diagnostics import Panel
 from .model_distance import update_statistics
 from .similarity import cosine_from_gram
 from .validation import ClientUpdate
@@ -61,6 +62,11 @@ class CFL(PersonalizedStrategy):
     learning rate)."""
 
     name = "cfl"
+    diagnostic_panels = (
+        Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
+        Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
+        Panel("num_clusters", "clusters"),
+    )
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ from flwr.common import log
 
 from .base import PersonalizedStrategy
 from .clusters import Clusters, cluster_fedavg
+from .diagnostics import Panel
 from .fedtsdp_math import (
     DECAY_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, two_stage,
     weight_distances_from_gram,
@@ -60,6 +61,11 @@ class FedTSDP(PersonalizedStrategy):
     about ±0.07 round to round), ``upsilon``."""
 
     name = "fedtsdp"
+    diagnostic_panels = (
+        Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
+        Panel("shared_units", "shared prefix (units)"),
+        Panel("num_clusters", "clusters"),
+    )
     client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
     shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
     needs_public_data = True  # the runner hands the public images to attach_public()

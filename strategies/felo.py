@@ -27,6 +27,7 @@ from models.cvae import CVAE, CVAE_LOSSES, train_cvae
 from protocol.roles import FeloArgs
 
 from .base import PersonalizedStrategy
+from .diagnostics import Panel
 from .evaluation import global_test_numbers
 from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
 from .validation import ClientUpdate
@@ -243,6 +244,7 @@ class Velo(Felo):
     ``cvae_loss`` (elbo | code) and the CVAE's sizes (label embedding, hidden, latent)."""
 
     name = "velo"
+    diagnostic_panels = (Panel("s_rel_dist", "distance of S to the class means (relative)"),)
     # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
     checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae", "_s_quality")
 

@@ -29,6 +29,7 @@ from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
+from .diagnostics import Panel
 from .kapc_math import CUBE_LRS, cube_step, downlink_mask, initial_cube, slice_rows, write_back
 from .model_distance import gram_matrix
 from .validation import ClientUpdate
@@ -43,6 +44,10 @@ class KAPC(PersonalizedStrategy):
     BLS only), ``omega_min`` (null = L - 2)."""
 
     name = "kapc"
+    diagnostic_panels = (
+        Panel("cube_delta", "mean |ΔR| a round"),
+        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
+    )
     role = "kapc"
     client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
     checkpoint_exclude = ("_self_weights", "_cube_delta")  # per-round scratch
@@ -227,4 +232,10 @@ class KAPCBLS(KAPC):
     """KAPC with bidirectional layer selection (the same options; ``bls`` on)."""
 
     name = "kapc_bls"
+    diagnostic_panels = (
+        *KAPC.diagnostic_panels,
+        Panel("masked_by_layer", "clients not sent layer l"),
+        Panel("omega_by_bound", "clients whose Ω came from the bound"),
+        Panel("omega_floor_bound", "clients whose Ω came from the floor"),
+    )
     bls_default = True

@@ -333,8 +333,9 @@ def test_a_fedtsdp_run_gets_its_mechanism_figure_with_the_hopkins_trajectory(tmp
     (run / "config.yaml").write_text("method:\n  name: fedtsdp\n  h_th: 0.65\n")
     real_run(tmp_path / "runs" / "10-05-00-fedavg-fmnist")
     curve = load_curve(run)
-    assert curve.hopkins == (0.9, 0.5, 0.7, 0.6) and curve.reclustered == (1, 3)
-    assert load_curve(tmp_path / "runs" / "10-05-00-fedavg-fmnist").hopkins == ()
+    assert curve.diagnostics["hopkins"] == (0.9, 0.5, 0.7, 0.6)
+    assert tuple(r for r, t in zip(curve.rounds, curve.diagnostics["triggered"]) if t) == (1, 3)
+    assert "hopkins" not in load_curve(tmp_path / "runs" / "10-05-00-fedavg-fmnist").diagnostics
     out = tmp_path / "report"
     names = {p.name for p in write_report(find_runs([tmp_path / "runs"]), out)}
     png = "fmnist_a0.1_fedtsdp_mechanism.png"
@@ -403,3 +404,18 @@ def test_felo_runs_compare_the_global_test_set_and_name_their_architecture_set(t
 
     (group,) = group_runs(find_runs([tmp_path]))
     assert legend_labels(group) == ["fedhe, resnets_extreme", "felo, resnets_previous"]
+
+
+def test_the_mechanism_panels_come_from_the_strategies_and_name_real_options():
+    """Each method declares its own diagnostics (``diagnostic_panels``); a threshold a panel draws
+    is one of that method's options."""
+    from server_app.report import mechanism_keys, mechanisms
+    from strategies import method_options
+
+    panels = mechanisms()
+    assert set(panels) == {"kapc", "kapc_bls", "fedtsdp", "cfl", "velo"}
+    assert [p.key for p in panels["kapc_bls"][:2]] == [p.key for p in panels["kapc"]]  # BLS adds to KAPC's
+    for method, declared in panels.items():
+        for panel in declared:
+            assert panel.threshold is None or panel.threshold in method_options(method), (method, panel.threshold)
+    assert {"hopkins", "triggered", "splits", "cube_delta"} <= mechanism_keys()

@@ -30,7 +30,7 @@ from .validation import ClientUpdate
 
 
 def default_candidates(groups: Sequence[str]) -> list[str]:
-    """The FC groups: every group from the first one named ``fc*`` or ``classifier`` (§2.1)."""
+    """The FC groups: every group from the first one named ``fc*`` or ``classifier`` (FedCMD paper)."""
     for i, g in enumerate(groups):
         if g.startswith("fc") or g == "classifier":
             return list(groups[i:])

@@ -21,7 +21,7 @@ EPS = EQ8_EPS  # Eq. 8
 
 
 def round_winner(client_votes: Sequence[int], batch_votes: Sequence[float], num_candidates: int) -> int | None:
-    """Mode of the round's client votes (§2.5 line 10); None if nobody voted.
+    """Mode of the round's client votes (FedCMD paper); None if nobody voted.
 
     Ties go to the candidate with more batch votes summed over the round's clients (the
     finer-grained count of the same votes), then to the earlier candidate.
@@ -33,7 +33,7 @@ def round_winner(client_votes: Sequence[int], batch_votes: Sequence[float], num_
 
 
 def personal_layer_index(round_winners: Sequence[int], total_client_votes: Sequence[int], num_candidates: int) -> int:
-    """l* = mode of the phase-1 round winners (§2.5 line 11).
+    """l* = mode of the phase-1 round winners (FedCMD paper).
 
     Ties: the larger number of client votes over all of phase 1, then the earlier
     candidate. With no round winner at all this falls through to the vote totals, then

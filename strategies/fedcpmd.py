@@ -7,13 +7,13 @@ rule: JS, W2, Hellinger or Bhattacharyya between 1-D Gaussian fits) and sends it
 Phase 1 runs on until every client has voted at least once, for at most ``k_extra`` more rounds
 (A8); a client that still has not is probed at its first phase-2 contact (a vote-only pass, C4).
 
-Clustering (§2.4): each client's layer l*_i is its most frequent vote (ties: the most recent of
+Clustering (FedCPMD paper): each client's layer l*_i is its most frequent vote (ties: the most recent of
 the tied); clients with the same layer form a cluster. A cluster's starting body is the phase-1
 global body, with the classifier (if it is no longer personal there) the n-weighted mean of the
 members' last phase-1 classifiers (C2, A14). Each client keeps its own trained l*_i (the clients
 keep their whole models, so no layer reverts to its seeded value; C3).
 
-Phase 2 (§2.5): the clusters run side by side in every round, each sampling its own clients
+Phase 2 (FedCPMD paper): the clusters run side by side in every round, each sampling its own clients
 (``cluster_fit_count``: the reference code's |M| if |M| <= 5 else max(5, ceil(gamma |M|)), or the
 paper's max(1, round(gamma |M|))). Nothing is ever aggregated across clusters. Inside a cluster,
 each participant's stored body is the average of the participants' bodies weighted by the
@@ -66,7 +66,7 @@ def cluster_sample_size(members: int, gamma: float, rule: str = "refcode") -> in
 
 
 def personal_layer_of(votes: Sequence[tuple[int, str]]) -> str | None:
-    """l*_i: the client's most frequent vote; ties go to the most recent of the tied (§2.3 P1.7)."""
+    """l*_i: the client's most frequent vote; ties go to the most recent of the tied (FedCPMD paper)."""
     if not votes:
         return None
     counts = Counter(layer for _, layer in votes)
@@ -163,7 +163,7 @@ class FedCPMD(PersonalizedStrategy):
         return False
 
     def _switch(self, server_round: int) -> None:
-        """End phase 1 after round ``server_round - 1``: personal layers and clusters (§2.4)."""
+        """End phase 1 after round ``server_round - 1``: personal layers and clusters (FedCPMD paper)."""
         self.phase1_end = server_round - 1
         self.layer_of = {c: personal_layer_of(v) for c, v in self.votes.items() if personal_layer_of(v)}
         if self.ablation == "only_decoupling":

@@ -13,7 +13,7 @@ units (state-dict tensors, input to output) of its cluster's model and keeps the
 that turns personal keeps the client's own trained value. With ``h_th = inf`` it is FedAvg.
 
 The math lives in :mod:`strategies.fedtsdp_math`; this file holds the round. Resolutions of
-the spec's ambiguities (FedTSDP paper, points it leaves open) are followed as recommended: one public batch per round
+the points the FedTSDP paper leaves open are read as follows: one public batch per round
 shared by all clients [A2], softmax + natural-log JS not square-rooted [A3], m_tilde = max(2,
 round(0.1 m)) [A4], the literal amended sampling with a bounded option [A5], one global
 float counter [A6], trainable parameters for the weight distance [A7], noise as singletons [A8],

@@ -1,15 +1,15 @@
 """Felo, Velo and FedHe (felo_velo.md): clients of different architectures share class knowledge.
 
-Felo (§2.3): FedAvg only among clients of the same architecture (the base's per-architecture
+Felo (Felo/Velo paper): FedAvg only among clients of the same architecture (the base's per-architecture
 aggregation); every reply's per-class mean features and logits go into a per-class store over
 all past rounds (strategies/felo_math.py), whose means S [C, D] and P [C, C] (with the mask M of
 known classes) every client receives after the warm-up (the first ceil(warmup * rounds) rounds
-train on CE alone). Velo (§2.5): a conditional VAE (models/cvae.py), trained on the stored
+train on CE alone). Velo (Felo/Velo paper): a conditional VAE (models/cvae.py), trained on the stored
 features every ``cvae_interval`` rounds from the end of the warm-up (its weights kept, Adam
 re-created), replaces S by one decoded feature per class drawn with the round's seed (the same
-for every client). ``feature_upload="samples"`` (§2.7, what the authors' code does): clients
+for every client). ``feature_upload="samples"`` (what the authors' code does): clients
 send their last ``feature_samples`` per-sample training features instead of the class means, so
-the feature store (and Velo's CVAE) holds real samples. FedHe (§5): logits only (the feature term off, no features sent either way)
+the feature store (and Velo's CVAE) holds real samples. FedHe (Felo/Velo paper): logits only (the feature term off, no features sent either way)
 and no weight averaging at all: every client keeps its own model.
 """
 
@@ -179,7 +179,7 @@ class Felo(PersonalizedStrategy):
     def global_accuracy(self, extractor_arch: str, classifier_arch: str, batch: int = 1000) -> float:
         """Accuracy on the global test set of ``extractor_arch``'s features through
         ``classifier_arch``'s classifier (the same architecture: its group model; two different
-        ones: the spec's transfer check, which only aligned features pass)."""
+        ones: the transfer check, which only aligned features pass)."""
         assert self.public_test is not None
         images, labels = self.public_test
         extractor = self._group_model(extractor_arch)

@@ -1,7 +1,7 @@
 """Felo/Velo's server-side knowledge store (Felo/Velo paper, Algorithm 1, server side steps 6-7, [A-C]).
 
 Every reply's class means (class c only where the client saw c, n_k[c] > 0), or with the
-"samples" upload its per-sample features (§2.7, :meth:`KnowledgeStore.add_samples`), go into a per-class
+"samples" upload its per-sample features (:meth:`KnowledgeStore.add_samples`), go into a per-class
 FIFO that spans all past rounds (capped: the paper's code keeps the last 5,000 features and
 50,000 logits of a class). The class feature S[c] and logits P[c] sent to the clients are the
 plain unweighted means of the stored entries; M[c] = 1 marks the classes seen. The option

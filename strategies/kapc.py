@@ -11,7 +11,7 @@ The client trains its own model, kept across rounds, toward s_i and uploads it.
 BLS (``bls``): the server leaves out layer l of s_i when the client's self-weight R[i, l, i] > mu
 (ALG3; all layers at a client's first participation), and the client uploads only the first Omega
 layers, Omega from the generalization-bound rule (ALG4, :mod:`client_app.roles.kapc`), at least
-``omega_min`` (default L - 2, the spec's calibrated guard, A1; ``omega_min=1`` is the literal rule).
+``omega_min`` (default L - 2, a calibrated guard the paper leaves open; ``omega_min=1`` is the literal rule).
 The layers after a client's last Omega are not sent either: Eq. 20's partial regularizer coaches
 them toward the client's own weights (the server never received them, so its s_i for them would be
 the initial model's: a pull toward w^0).

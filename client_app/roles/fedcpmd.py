@@ -1,7 +1,7 @@
 """FedCPMD's client side (FedCPMD paper, client vote, C4): FedCMD's layer scoring under FedCPMD's rule.
 
 Phase 1: SGD on the whole model while every candidate layer is scored on each training batch
-(the distance of the spec's choice, labels fitted as y / (C - 1), sigma floored, ties to fc2);
+(the distance its options choose, labels fitted as y / (C - 1), sigma floored, ties to fc2);
 the client's round vote is its most frequent batch vote. Phase 2: plain SGD; the runtime keeps
 the client's own layer (the message's personal group). Phase 0: a vote-only probe for a client
 that never voted (a no-grad pass over its training split with the model it received).

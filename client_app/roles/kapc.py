@@ -5,7 +5,7 @@ the target of layer l is the server's regularizer s_i^l (extra arrays ``s/<key>`
 into the model) when the server sent it, else the client's own round-start layer (A4). That is
 the proximal term with mu = 2 lambda (the proximal term carries a 1/2, the paper's does not).
 With BLS the client then picks how many leading layers to upload, Omega, by the
-generalization-bound rule of ALG4 in log space (§2.7): plain functions of the layers' norms,
+generalization-bound rule of ALG4 in log space (KAPC paper): plain functions of the layers' norms,
 distances and shapes, unit-tested by hand.
 """
 
@@ -36,7 +36,7 @@ def _logsumexp(values: Sequence[float]) -> float:
 
 
 def log_bound(omega: int, d: Sequence[int], n: Sequence[int], b: Sequence[float], tau: Sequence[float], classes: int | None = None) -> float:
-    """log of the per-layer generalization term of the first ``omega`` layers (Eq. 29, §2.7):
+    """log of the per-layer generalization term of the first ``omega`` layers (Eq. 29):
     log(d^Omega) + Omega log 2 + sum_{l<=Omega} log B^l + logsumexp_l[log tau^l - log 2B^l +
     1/2 sum_{p=l+1..Omega} log n^p] - log Omega. With ``classes`` (Omega = L, the full bound) c
     replaces d^L. rho, A, m, delta and (b - a) cancel in the comparison."""

@@ -27,7 +27,7 @@ _DISTANCE_ALIASES = {"gaussian": "w2", "mean_only": "w2_mean"}
 
 # ----------------------------------------------------------------------------- statistics
 class GaussianFit(NamedTuple):
-    """z(u) = Normal(mu, sigma^2) of the min-max normalised tensor (§2.2).
+    """z(u) = Normal(mu, sigma^2) of the min-max normalised tensor (FedCMD paper).
 
     ``constant`` marks a tensor whose max equals its min (e.g. a batch of one class):
     min-max normalisation is undefined there and every W2 term involving it is 0 [C].
@@ -118,11 +118,11 @@ def fit_tensor(u: torch.Tensor) -> GaussianFit:
 
 
 def w2(a: GaussianFit, b: GaussianFit, mode: str = "gaussian") -> float:
-    """Closed-form 2-Wasserstein distance of two 1-D Gaussians (§2.2).
+    """Closed-form 2-Wasserstein distance of two 1-D Gaussians (FedCMD paper).
 
     ``gaussian``: sqrt((mu_a - mu_b)^2 + (sigma_a - sigma_b)^2) (the paper's W2).
     ``mean_only``: |mu_a - mu_b| (what the official code computes). 0 if either side is a
-    constant tensor (the code's NaN guard, §2.2 degenerate case).
+    constant tensor (the code's NaN guard for that degenerate case).
     """
     if a.constant or b.constant:
         return 0.0
@@ -182,7 +182,7 @@ def distance(a: GaussianFit, b: GaussianFit, name: str = "w2") -> float:
 def layer_score(
     out: GaussianFit, prev: GaussianFit, x: GaussianFit, y: GaussianFit, score_mode: str = "paper", w2_mode: str = "gaussian"
 ) -> float:
-    """s_l of a candidate with output fit ``out`` and previous-output fit ``prev`` (§2.3).
+    """s_l of a candidate with output fit ``out`` and previous-output fit ``prev`` (FedCMD paper).
 
     ``score_mode`` (the selector; FedCPMD names them ``eq7``, ``fedcmd_code``, ``eq6``) and
     ``w2_mode`` (the distance d, :func:`distance`; FedCMD's ``gaussian``/``mean_only`` are W2's):
@@ -227,7 +227,7 @@ def candidate_scores(
 def batch_vote(scores: Sequence[float], prior: int | None = None) -> int:
     """argmin over candidates. An exact tie at the minimum goes to ``prior`` if it is among the
     tied (FedCPMD: fc2, its reference code's preference), else to the earlier candidate (FedCMD:
-    no prior, §2.3)."""
+    no prior)."""
     best = min(scores)
     if prior is not None and 0 <= prior < len(scores) and scores[prior] == best:
         return prior
@@ -235,7 +235,7 @@ def batch_vote(scores: Sequence[float], prior: int | None = None) -> int:
 
 
 def client_vote(counts: Sequence[int], mean_scores: Sequence[float]) -> int:
-    """The most frequent batch vote; ties: lower mean s_l, then earlier candidate (§2.4 [R])."""
+    """The most frequent batch vote; ties: lower mean s_l, then earlier candidate (FedCMD paper)."""
     return min(range(len(counts)), key=lambda c: (-counts[c], mean_scores[c], c))
 
 

@@ -1,5 +1,5 @@
 """FedCPMD: the four distances, the knowledge representation, votes and clusters, phase 1's
-extension, and phase 2's clusters that never exchange a tensor (FedCPMD paper, algorithm, §8, §9)."""
+extension, and phase 2's clusters that never exchange a tensor (FedCPMD paper, algorithm)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from server_app.inprocess import InProcessGrid
 from strategies.clustering import groups_by_label
 from strategies.fedcpmd import cluster_sample_size, personal_layer_of
 
-P, Q = GaussianFit(0.3, 0.2), GaussianFit(0.5, 0.1)  # the spec's worked example (§9)
+P, Q = GaussianFit(0.3, 0.2), GaussianFit(0.5, 0.1)  # a hand-worked example
 
 
 def numeric(a: GaussianFit, b: GaussianFit, f) -> float:

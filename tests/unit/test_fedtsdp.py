@@ -1,4 +1,4 @@
-"""FedTSDP: the math on hand-made inputs with the spec's expected values (FedTSDP paper, set-up, scaled to a CPU), and the
+"""FedTSDP: the math on hand-made inputs with hand-worked expected values (FedTSDP paper, set-up, scaled to a CPU), and the
 round through the in-process grid (prefix routing, personal units kept, re-clustering, h_th=inf = FedAvg)."""
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_override
 
 
 def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
-    """The spec's IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
+    """The IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
     # a model without BatchNorm: FedTSDP averages BN statistics, FedAvg leaves them on the clients
     data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=2", "fraction=1.0",
             "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
@@ -184,7 +184,7 @@ def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
 
 def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypatch):
     """eps1 = inf: stage 1 keeps everyone together; eps2, calibrated from the round-1 weight
-    distances as the spec's §8 says (between the within- and the between-group medians),
+    distances as the paper's calibration reading says (between the within- and the between-group medians),
     splits the two concepts."""
     import strategies.fedtsdp as fedtsdp
 

@@ -164,7 +164,7 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
                               method_args={"cube_init": "uniform", "cube_steps": 0})  # only the layer set below is masked
     assert len(strategy.layers) == 21
     down = strategy.extra_downlinks([0, 1, 2], 1)[0]
-    assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(42.655, abs=5e-4)  # §2.10: 11,181,642 x 4 B
+    assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(42.655, abs=5e-4)  # 11,181,642 parameters x 4 B
     sizes = [sum(strategy.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
     sets = strategy.uplink_sets(0, 1)
     assert len(sets[0]) == sum(len(keys) for keys in strategy.layers[:19])  # omega_min = L - 2 = 19

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -68,6 +68,7 @@ from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 from .diagnostics import Panel
 from .aggregation import fedavg
 from .evaluation import client_time_totals, weighted_test_metrics
+from .round_ledger import RoundLedger
 from .schedule import LRSchedule
 from .store import ClientStore
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
@@ -80,7 +81,7 @@ EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
 BASE_ATTRS = frozenset({
     "schemas", "default_arch", "arch_of", "arch_arrays", "client_spec", "lr_schedule", "num_clients", "fraction",
     "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "clients",
-    "history", "final_metrics", "_inflight", "_sent", "_bytes_down", "_groups_down", "_message_ttl", "_announced",
+    "history", "final_metrics", "ledger", "_message_ttl", "_announced",
     "_round_timeout", "_store_mode", "_store_dir", "resume_force", "elapsed_before",
 })
 
@@ -230,12 +231,7 @@ class PersonalizedStrategy(Strategy):
         self.clients: dict[int, ClientInfo] = {}
         self.history: list[dict[str, Any]] = []
         self.final_metrics: dict[str, Any] = {}
-        self._inflight: dict[int, int] = {}  # node id -> client id of this round's messages
-        # client id -> metadata of the message sent to it: the grid fills in its message id when it
-        # pushes, and an error reply the SuperLink writes itself ("Node Unavailable") names only that id
-        self._sent: dict[int, Metadata] = {}
-        self._bytes_down = 0
-        self._groups_down: set[str] = set()
+        self.ledger = RoundLedger()  # the messages of the batch under way (one reset() per batch)
         self._message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
         self._round_timeout: float | None = None  # set by start(): the wait for a round's replies
         # a resumed run goes on although clients lost their state (config resume_force): they are
@@ -244,6 +240,12 @@ class PersonalizedStrategy(Strategy):
         self.elapsed_before = 0.0  # seconds of the rounds run before this process's segment (set by start)
 
     # ------------------------------------------------------------------ architectures
+    @property
+    def round_timeout(self) -> float | None:
+        """Seconds a round waits for its replies (None before the run starts): what a method that
+        sends a batch of its own waits for it."""
+        return self._round_timeout
+
     def schema(self, client_id: int | None = None) -> ModelSchema:
         """The model schema of ``client_id`` (the default architecture's if None)."""
         return self.schemas[self.default_arch if client_id is None else self.arch_of[client_id]]
@@ -473,7 +475,7 @@ class PersonalizedStrategy(Strategy):
         spec = self.task_spec(client_id, server_round, task)
         return ConfigRecord({wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()})
 
-    def _message(
+    def build_message(
         self,
         client_id: int,
         server_round: int,
@@ -482,18 +484,19 @@ class PersonalizedStrategy(Strategy):
         down: Mapping[str, np.ndarray],
         extra: Mapping[str, np.ndarray],
     ) -> Message:
+        """The message of ``task`` for ``client_id``: ``down`` (model tensors) and ``extra`` (method
+        tensors) with the task spec, entered in the round's :class:`RoundLedger`. A method that
+        sends a batch of its own (FedCPMD's probes) resets the ledger, builds its messages with
+        this, and reads the replies with :meth:`collect_replies`."""
         arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
         for k, v in extra.items():
             arrays[WIRE_EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
-        self._bytes_down += record_bytes(arrays)
-        self._groups_down.update(group_of(k) for k in down)
         template = self.template_of(client_id)
-        self._groups_down.update(group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template)
-        node = self.clients[client_id].node_id
-        self._inflight[node] = client_id
+        groups = {group_of(k) for k in down} | {group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template}
         content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: self._config(client_id, server_round, task)})
+        node = self.clients[client_id].node_id
         message = Message(content=content, message_type=message_type, dst_node_id=node, ttl=self._message_ttl)
-        self._sent[client_id] = message.metadata  # not the message: its arrays are freed once pushed
+        self.ledger.record(client_id, message, record_bytes(arrays), groups)
         return message
 
     def _ordered_groups(self, groups: set[str]) -> list[str]:
@@ -652,11 +655,11 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.discover(grid, wait_for=0, timeout=0)
-        self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
+        self.ledger.reset()
         ids = self.connected(self.sample(server_round), server_round)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
-        return [self._message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid)) for cid in ids]
+        return [self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid)) for cid in ids]
 
     def expected_uploads(self, client_id: int, server_round: int) -> list[Template]:
         """The key sets (with shapes) a train reply of ``client_id`` may carry (model tensors and extras)."""
@@ -667,19 +670,15 @@ class PersonalizedStrategy(Strategy):
         extra = {WIRE_EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(client_id, server_round).items()}
         return [{**{k: template[k] for k in keys}, **extra} for keys in sets]
 
-    def _collect(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
-        """Valid updates in client-id order (never arrival order) and the dropped replies."""
+    def collect_replies(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
+        """The replies to the ledger's batch: valid updates in client-id order (never arrival
+        order) and the dropped replies (errors, invalid ones, and clients that never answered)."""
         updates: list[ClientUpdate] = []
         dropped: list[dict[str, Any]] = []
         answered: set[int] = set()
-        by_message = {meta.message_id: cid for cid, meta in self._sent.items() if meta.message_id}
         for msg in replies:
             node = msg.metadata.src_node_id
-            cid = self._inflight.get(node)  # a node answers for itself only (its id is authenticated)
-            if cid is None and msg.has_error():
-                # the SuperLink answers for an unreachable node itself, from node 0: match the error to
-                # the message it answers, so that client is named and dropped once
-                cid = by_message.get(msg.metadata.reply_to_message_id)
+            cid = self.ledger.client_of(msg)
             if cid is not None:
                 answered.add(cid)
             if msg.has_error():
@@ -708,7 +707,7 @@ class PersonalizedStrategy(Strategy):
                 # a rejected reply's arrays crossed the network all the same: they count in bytes_up
                 nbytes = sum(record_bytes(r) for r in msg.content.array_records.values())
                 dropped.append({"client": cid, "reason": str(exc), **({"bytes": nbytes} if nbytes else {})})
-        for cid in self._inflight.values():
+        for cid in self.ledger.asked():
             if cid not in answered:
                 dropped.append({"client": cid, "reason": "no reply before the round timeout"})
         updates.sort(key=lambda u: u.client_id)
@@ -720,15 +719,15 @@ class PersonalizedStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        updates, dropped = self._collect(server_round, replies, "train")
+        updates, dropped = self.collect_replies(server_round, replies, "train")
         groups_up = {group_of(k) for u in updates for k in u.arrays}
         record: dict[str, Any] = {
             "round": server_round,
             "clients": [u.client_id for u in updates],
             "dropped": dropped,
-            "bytes_down": self._bytes_down,
+            "bytes_down": self.ledger.bytes_down,
             "bytes_up": sum(u.bytes_up for u in updates) + sum(d.get("bytes", 0) for d in dropped),  # all that arrived
-            "groups_down": self._ordered_groups(self._groups_down),
+            "groups_down": self._ordered_groups(self.ledger.groups_down),
             "groups_up": self._ordered_groups(groups_up),
         }
         if len(updates) < self.min_replies:
@@ -763,13 +762,13 @@ class PersonalizedStrategy(Strategy):
     ) -> Iterable[Message]:
         """Final evaluation: every known client evaluates the model it would use now."""
         self.discover(grid, wait_for=0, timeout=0)
-        self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
+        self.ledger.reset()
         ids = sorted(self.clients)
         down = self.downlinks(ids, server_round)
-        return [self._message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids]
+        return [self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        updates, dropped = self._collect(server_round, replies, "evaluate")
+        updates, dropped = self.collect_replies(server_round, replies, "evaluate")
         if not updates:
             return None
         total = sum(u.metrics[wire.TEST_SIZE] for u in updates)

@@ -244,7 +244,7 @@ class FedCPMD(PersonalizedStrategy):
         if self.phase1_end is not None:
             self._probe_new_clients(server_round, grid)
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        self._bytes_down += self._probe_bytes  # the probes' messages belong to this round's traffic
+        self.ledger.bytes_down += self._probe_bytes  # the probes' messages belong to this round's traffic
         return messages
 
     def _probe_new_clients(self, server_round: int, grid: Grid) -> None:
@@ -254,12 +254,12 @@ class FedCPMD(PersonalizedStrategy):
         if not new:
             return
         self._probing = set(new)
-        self._inflight, self._sent, self._bytes_down, self._groups_down = {}, {}, 0, set()
+        self.ledger.reset()
         down = super().downlinks(new, server_round)
-        messages = [self._message(c, server_round, "train", MessageType.TRAIN, down.pop(c), {}) for c in new]
-        replies = send_and_receive(grid, messages, self._round_timeout)
-        updates, _ = self._collect(server_round, replies, "train")
-        self._probe_bytes = self._bytes_down
+        messages = [self.build_message(c, server_round, "train", MessageType.TRAIN, down.pop(c), {}) for c in new]
+        replies = send_and_receive(grid, messages, self.round_timeout)
+        updates, _ = self.collect_replies(server_round, replies, "train")
+        self._probe_bytes = self.ledger.bytes_down
         self._probing = set()
         for u in updates:
             vote = self._vote_of(u)

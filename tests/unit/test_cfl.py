@@ -53,7 +53,7 @@ def test_cfl_splits_clients_with_swapped_labels_from_the_others(compose, tiny_ov
     assert records[1]["splits"] == 1 and strategy.sim[0, 1] > max(strategy.sim[0, 2:].max(), strategy.sim[1, 2:].max())
     messages = list(strategy.configure_train(3, ArrayRecord(), ConfigRecord(), grid))
     k = "groups.classifier.weight"
-    sent = {strategy._inflight[m.metadata.dst_node_id]: m.content.array_records["arrays"][k].numpy() for m in messages}
+    sent = {strategy.ledger.inflight[m.metadata.dst_node_id]: m.content.array_records["arrays"][k].numpy() for m in messages}
     assert np.array_equal(sent[0], sent[1]) and np.array_equal(sent[2], sent[3]) and not np.array_equal(sent[0], sent[2])
     np.testing.assert_array_equal(sent[2], strategy.clusters.models[1][k])
 

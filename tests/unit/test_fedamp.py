@@ -74,7 +74,7 @@ def test_fedamp_sends_each_client_its_cloud_model_and_keeps_models_on_the_client
     messages = list(strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
     k = "groups.fc1.0.weight"
     for m in messages:
-        cid = strategy._inflight[m.metadata.dst_node_id]
+        cid = strategy.ledger.inflight[m.metadata.dst_node_id]
         models, row = strategy.cloud_weights(cid)
         assert len(row) == 4 and row[0] == 0.5 and row.sum() == pytest.approx(1.0)
         expected = weighted_average(models, row, keys=[k])[k]

@@ -44,7 +44,7 @@ def test_pfedla_personalizes_layer_by_layer_and_updates_the_participants_hyperne
     records = run(strategy, grid, rounds=1)
     assert not records[0]["dropped"] and set(strategy.hypernets) == set(strategy.models) == {0, 1, 2, 3}
     for m in strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid):
-        cid = strategy._inflight[m.metadata.dst_node_id]
+        cid = strategy.ledger.inflight[m.metadata.dst_node_id]
         alpha = strategy.alpha(cid)
         assert alpha.shape == (5, 4) and np.allclose(alpha.sum(axis=1), 1.0)
         k = "groups.fc2.0.weight"  # fc2 is group 3

@@ -48,7 +48,7 @@ def test_pfedsim_warmup_sends_everything_then_classifier_stays_and_bodies_differ
     for m in messages:
         arrays = m.content.array_records["arrays"]
         assert set(arrays.keys()) == body  # the classifier is never sent again
-        cid = strategy._inflight[m.metadata.dst_node_id]
+        cid = strategy.ledger.inflight[m.metadata.dst_node_id]
         bodies[cid] = {k: arrays[k].numpy() for k in body}
         weights = strategy.body_weights(cid)
         assert len(weights) == 4 and weights[cid] == max(weights.values())

@@ -131,7 +131,7 @@ def test_vanished_node_is_reported_and_restarted_node_is_rediscovered(compose, t
     grid.remove_node(grid.node_of_client[1])
     # configure_train re-discovers: client 1 is gone and is not sampled
     msgs = list(strategy.configure_train(1, ArrayRecord(), None, grid))
-    assert 1 not in {strategy._inflight[m.metadata.dst_node_id] for m in msgs}
+    assert 1 not in {strategy.ledger.inflight[m.metadata.dst_node_id] for m in msgs}
     grid.add_node(1, node_id=5555)  # same client id, new node id (a restarted SuperNode)
     msgs = list(strategy.configure_train(2, ArrayRecord(), None, grid))
     assert strategy.clients[1].node_id == 5555 and 5555 in {m.metadata.dst_node_id for m in msgs}

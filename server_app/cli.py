@@ -48,7 +48,8 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     check_strategy(cfg)
     if cfg.get("backend", "ray") in ("serial", "parallel"):
         from .inprocess import InProcessGrid
-        from .parallel import ParallelGrid, resolve_workers
+        from .config import resolve_workers
+        from .parallel import ParallelGrid
 
         # the ServerApp and every client in this process (serial: one after the other in client-id
         # order) or in worker processes forked from it (parallel): each node keeps its Context

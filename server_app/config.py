@@ -7,6 +7,7 @@ overrides, ``pflower sim`` passes its command line; both compose the same ``conf
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
 import textwrap
@@ -289,9 +290,28 @@ def _positive(value: Any, zero: bool = False) -> bool:
     return number and (value >= 0 if zero else value > 0)
 
 
-def _workers_ok(value: Any) -> bool:
-    from .parallel import resolve_workers
+def default_workers() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
+
+def resolve_workers(value: Any) -> int:
+    """``workers``: ``auto`` (the usable cores) or a positive integer."""
+    if value is None or str(value).strip().lower() == "auto":
+        return default_workers()
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(n) != str(value).strip():
+        raise ValueError(f"workers must be 'auto' or a positive integer, got {value!r}")
+    return n
+
+
+def _workers_ok(value: Any) -> bool:
     try:
         resolve_workers(value)
     except ValueError:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
-from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -98,6 +97,9 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_src_node_id"] = 0
             cid = self.client_of(node)
             if cid in self.unavailable:  # as flwr's linkstate does: an error reply from node 0
+                # imported here: flwr's linkstate package costs about a second to import
+                from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
+
                 reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON), reply_to=msg)
                 reply.metadata.__dict__["_src_node_id"] = 0
                 slots.append(reply)

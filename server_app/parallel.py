@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,27 +34,6 @@ from flwr.app import Context, Message
 from .inprocess import InProcessGrid, handle_safely
 
 START_METHODS = ("fork", "forkserver", "spawn")
-
-
-def default_workers() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def resolve_workers(value: Any) -> int:
-    """``workers``: ``auto`` (the usable cores) or a positive integer."""
-    if value is None or str(value).strip().lower() == "auto":
-        return default_workers()
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1 or str(n) != str(value).strip():
-        raise ValueError(f"workers must be 'auto' or a positive integer, got {value!r}")
-    return n
 
 
 def _worker_init(threads: int, setup: Callable[[], None] | None) -> None:

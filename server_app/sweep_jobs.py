@@ -49,7 +49,7 @@ def pflower_bin() -> str:
 def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | None = None) -> int:
     """Run each combination as ``pflower sim <overrides>``, ``jobs`` at a time; returns 0 when
     every run succeeded, else the first failing run's exit status (after all have ended)."""
-    from .parallel import default_workers
+    from .config import default_workers
 
     total = len(combos)
     share = max(1, default_workers() // jobs)

@@ -81,7 +81,7 @@ def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
 
 
 def test_bad_worker_counts_are_refused():
-    from server_app.parallel import resolve_workers
+    from server_app.config import resolve_workers
 
     assert resolve_workers("auto") >= 1 and resolve_workers(3) == 3 and resolve_workers("2") == 2
     for bad in (0, -1, "two", 1.5, "1.5"):

@@ -19,7 +19,7 @@ from pathlib import Path
 from flwr.common import log
 from flwr.supercore.logger import FLOWER_LOGGER
 
-from strategies.base import FederationError
+from strategies.client_directory import FederationError
 from strategies.checkpoint import CheckpointError
 
 from .config import ConfigError

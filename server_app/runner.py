@@ -21,7 +21,7 @@ from federated_data import DataSpec, load_public_data, partition_sizes
 from federated_data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
-from strategies.base import format_value
+from strategies.round_log import format_value
 from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
 

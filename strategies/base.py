@@ -44,10 +44,8 @@ Values that cannot be encoded are refused before round 1.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -65,10 +63,13 @@ from protocol import wire
 from protocol.roles import RoleArgs
 from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-from .diagnostics import Panel
 from .aggregation import fedavg
+from .client_directory import ClientDirectory, ClientInfo, ClientStateLost
+from .diagnostics import Panel
 from .evaluation import client_time_totals, weighted_test_metrics
+from .messaging import TTL_MARGIN_S, send_and_receive
 from .round_ledger import RoundLedger
+from .round_log import format_round, id_list, run_elapsed
 from .schedule import LRSchedule
 from .store import ClientStore
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
@@ -80,7 +81,7 @@ EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
 # (config-derived, or per-connection like ``clients``: node ids change when a SuperNode restarts)
 BASE_ATTRS = frozenset({
     "schemas", "default_arch", "arch_of", "arch_arrays", "client_spec", "lr_schedule", "num_clients", "fraction",
-    "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "clients",
+    "min_clients", "min_available", "min_replies", "seed", "final_eval", "discover_timeout", "rng", "directory",
     "history", "final_metrics", "ledger", "_message_ttl", "_announced",
     "_round_timeout", "_store_mode", "_store_dir", "resume_force", "elapsed_before",
 })
@@ -88,60 +89,11 @@ BASE_ATTRS = frozenset({
 STORE_MODES = ("memory", "disk", "auto")
 AUTO_DISK_BYTES = 2 * 2**30  # server_store=auto keeps a store on disk above this
 
-# seconds a message outlives the wait for its reply: the SuperLink then drops it, so a SuperNode
-# that reconnects after its round closed is not handed training whose reply would be discarded
-TTL_MARGIN_S = 60.0
-# How often the ServerApp asks the SuperLink for replies. Flower's own send_and_receive waits 3 s
-# between pulls, so a deployment round that ends 0.1 s after a pull idled up to 3 s more; a pull
-# is one small request to the SuperLink.
-REPLY_POLL_S = 0.5
-
-
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
-    """Flower's ``Grid.send_and_receive`` (push, then pull until every reply is in or the
-    timeout passes), polling every :data:`REPLY_POLL_S`. Grids that only deliver synchronously
-    (the in-process grid) keep their own."""
-    messages = list(messages)
-    try:
-        pending = set(grid.push_messages(messages))
-    except NotImplementedError:
-        return list(grid.send_and_receive(messages, timeout=timeout))
-    end = time.time() + (timeout if timeout is not None else 0.0)
-    replies: list[Message] = []
-    while timeout is None or time.time() < end:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending:
-            break
-        time.sleep(REPLY_POLL_S)
-    return replies
-
 # hooks that moved: a subclass defining one of these would be silently ignored
 _RETIRED_HOOKS = {
     "downlink": "downlinks(client_ids, server_round) (a whole round at once)",
     "extra_downlink": "extra_downlinks(client_ids, server_round) (a whole round at once)",
 }
-
-
-class FederationError(RuntimeError):
-    """The federation cannot run this config (its node count, every node refusing): the message
-    names the setting to change. The ServerApp reports it as one line, like a config error."""
-
-
-@dataclass
-class ClientInfo:
-    """What the server knows of one client: where it is now and what it announced."""
-
-    node_id: int
-    num_train: int
-    num_test: int
-    state_round: int = 0  # the newest round whose state the client holds for this run (0: none)
-    origin: dict[str, Any] | None = None  # its node's data directory's description (dataset=local)
-
-
-class ClientStateLost(FederationError):
-    """Clients that trained before a resumed run's checkpoint no longer hold their state."""
 
 
 class PersonalizedStrategy(Strategy):
@@ -228,7 +180,7 @@ class PersonalizedStrategy(Strategy):
         self.final_eval = final_eval
         self.discover_timeout = discover_timeout
         self.rng = np.random.default_rng(seed)
-        self.clients: dict[int, ClientInfo] = {}
+        self.directory = ClientDirectory(num_clients, discover_timeout, self._check_announced)
         self.history: list[dict[str, Any]] = []
         self.final_metrics: dict[str, Any] = {}
         self.ledger = RoundLedger()  # the messages of the batch under way (one reset() per batch)
@@ -505,93 +457,25 @@ class PersonalizedStrategy(Strategy):
         return sorted(groups, key=order.index)
 
     # ------------------------------------------------------------------ discovery
+    @property
+    def clients(self) -> dict[int, ClientInfo]:
+        """The connected clients by client id (the directory's; kept current by :meth:`discover`)."""
+        return self.directory.clients
+
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None:
-        """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id).
-
-        New nodes are asked who they are with a query message; each replies with its client
-        id, the sizes of its splits and, if its node config names one, the architecture it runs.
-        Waits until ``wait_for`` clients are known.
-        """
-        wait_for = self.min_available if wait_for is None else wait_for
-        deadline = time.monotonic() + (self.discover_timeout if timeout is None else timeout)
-        errors: list[str] = []
-        while True:
-            nodes = set(grid.get_node_ids())
-            for cid in [c for c, info in self.clients.items() if info.node_id not in nodes]:
-                log(WARNING, "client %d (node %d) disconnected", cid, self.clients.pop(cid).node_id)
-            known = {info.node_id for info in self.clients.values()}
-            unknown = sorted(nodes - known)
-            if unknown:
-                new_errors = self._query(grid, unknown)
-                errors += new_errors
-                if not self.clients and len(new_errors) >= len(unknown):
-                    # every node refused (a config or data error is the same on all): fail now
-                    raise FederationError(f"no client could join the run: {new_errors[0]}")
-            if len(self.clients) >= wait_for or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        if not self.clients:
-            reason = errors[0] if errors else "no node connected"
-            raise FederationError(f"no client could join the run: {reason}")
-        if len(self.clients) < wait_for:
-            log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
-
-    def _query(self, grid: Grid, node_ids: Sequence[int]) -> list[str]:
-        spec = TaskSpec(
+        """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id);
+        waits until ``wait_for`` (default ``min_available``) clients are known or ``timeout``
+        (default ``discover_timeout``) passes."""
+        hello = TaskSpec(
             run=str(self.client_spec.get("run", "")), seed=int(self.client_spec.get("seed", 0)),
             model=dict(self.schema().spec), arch=self.default_arch, data=dict(self.client_spec.get("data", {})),
             train=dict(self.client_spec.get("train", {})), task="query",
             client_state_dir=self.client_spec.get("client_state_dir"),
         )
-        config = ConfigRecord({wire.SPEC_KEY: spec.to_json()})
-        messages = [
-            Message(
-                RecordDict({wire.CONFIG_RECORD: config}), message_type=MessageType.QUERY, dst_node_id=n,
-                ttl=self.discover_timeout + TTL_MARGIN_S,
-            )
-            for n in node_ids
-        ]
-        errors = []
-        replies = send_and_receive(grid, messages, self.discover_timeout)
-        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set by the push
-        for reply in replies:
-            # the SuperLink's own error replies come from node 0: name the node that was asked
-            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            if reply.has_error():
-                errors.append(f"node {node}: {reply.error.reason}")
-                log(WARNING, "node %d could not join: %s", node, reply.error.reason)
-                continue
-            try:
-                metrics = next(iter(reply.content.metric_records.values()))
-                cid, n_train, n_test = (int(metrics[k]) for k in (wire.CLIENT_KEY, wire.NUM_TRAIN, wire.NUM_TEST))
-                hello = reply.content.config_records.get(wire.HELLO_RECORD)
-                announced = str(hello[wire.NODE_MODEL]) if hello is not None and wire.NODE_MODEL in hello else None
-                state_round = int(metrics.get(wire.STATE_ROUND, 0))
-                origin = json.loads(str(hello[wire.DATA_ORIGIN])) if hello is not None and wire.DATA_ORIGIN in hello else None
-                if origin is not None and not isinstance(origin, dict):
-                    raise ValueError(f"{wire.DATA_ORIGIN} is not a JSON object")
-            except (StopIteration, KeyError, TypeError, ValueError) as exc:
-                errors.append(f"node {node}: malformed hello ({exc!r})")
-                continue
-            if wire.NUM_PARTITIONS in metrics and int(metrics[wire.NUM_PARTITIONS]) != self.num_clients:
-                raise FederationError(
-                    f"the simulation runs {int(metrics[wire.NUM_PARTITIONS])} SuperNodes but num_clients="
-                    f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
-                    f"{self.num_clients}\"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})"
-                )
-            if not 0 <= cid < self.num_clients:
-                errors.append(f"node {node}: client id {cid} outside 0..{self.num_clients - 1}")
-                log(WARNING, "%s: set num_clients to the number of SuperNodes", errors[-1])
-                continue
-            refusal = self._check_announced(cid, announced)
-            if refusal:
-                errors.append(f"node {node}: {refusal}")
-                log(WARNING, "node %d could not join: %s", node, refusal)
-                continue
-            if cid in self.clients:
-                log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
-            self.clients[cid] = ClientInfo(node, n_train, n_test, state_round, origin)
-        return errors
+        self.directory.discover(
+            grid, hello, self.min_available if wait_for is None else wait_for,
+            self.discover_timeout if timeout is None else timeout,
+        )
 
     # ------------------------------------------------------------------ resume: the clients' state
     def trained_rounds(self) -> dict[int, int]:
@@ -621,7 +505,7 @@ class PersonalizedStrategy(Strategy):
             if where else "the run kept client state only in its processes' memory (client_state_dir: null)"
         )
         message = (
-            f"cannot resume after round {resumed_after} exactly: client(s) {_id_list(lost)} trained before and hold no "
+            f"cannot resume after round {resumed_after} exactly: client(s) {id_list(lost)} trained before and hold no "
             f"state for this run ({how}; a deployed SuperNode keeps it across restarts only with --node-config "
             "\"state-dir='<dir>'\"). Continuing would restart their personal layers and BN statistics and change the "
             "results. Start the run again, bring back the nodes with their state, or pass resume_force=true to go on "
@@ -925,42 +809,3 @@ class PersonalizedStrategy(Strategy):
                 result.evaluate_metrics_clientapp[num_rounds] = final
                 log(INFO, "final evaluation over %d clients: acc %.4f", int(final["final_clients"]), final["final_acc"])
         return result
-
-
-def run_elapsed(history: Sequence[Mapping[str, Any]]) -> float:
-    """Seconds the run took up to its last recorded round, over all its segments (a resumed run
-    adds its own): the last record's ``run_elapsed_s``, or the rounds' times in older records."""
-    if not history:
-        return 0.0
-    if "run_elapsed_s" in history[-1]:
-        return float(history[-1]["run_elapsed_s"])
-    return float(sum(r.get("round_time_s", 0.0) for r in history))
-
-
-def _id_list(ids: Sequence[int], most: int = 12) -> str:
-    shown = ", ".join(map(str, ids[:most]))
-    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
-
-
-def format_value(value: Any) -> str:
-    """A diagnostic on the round line: floats to 4 significant digits, lists of them too."""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    return str(value)
-
-
-def format_round(record: Mapping[str, Any], num_rounds: int) -> str:
-    """One human line per round, printed while the run goes."""
-    def pct(key: str) -> str:
-        return f"{100 * record[key]:6.2f}%" if key in record else "   n/a "
-
-    extra = "".join(f" | {k} {format_value(record[k])}" for k in record.get("log_keys", []))
-    return (
-        f"[round {record['round']:>3}/{num_rounds}] test_before {pct('test_before_acc')} "
-        f"test_after {pct('test_after_acc')} | clients {len(record['clients'])}"
-        f"{' (-' + str(len(record['dropped'])) + ' dropped)' if record['dropped'] else ''} | "
-        f"down {record['bytes_down'] / 2**20:.3f} MiB up {record['bytes_up'] / 2**20:.3f} MiB | "
-        f"{record.get('round_time_s', 0):.1f}s{extra}"
-    )

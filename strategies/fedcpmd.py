@@ -42,7 +42,8 @@ from flwr.serverapp import Grid
 from protocol.roles import FedCPMDArgs
 
 from .aggregation import fedavg
-from .base import PersonalizedStrategy, send_and_receive
+from .base import PersonalizedStrategy
+from .messaging import send_and_receive
 from .clustering import groups_by_label
 from .clusters import Clusters, cluster_fedavg
 from .evaluation import weighted_test_metrics

@@ -17,7 +17,7 @@ import client_app.runtime as runtime
 from federated_data import DataSpec, load_client_data
 from federated_data.node_cache import cache_dir, cache_path
 from client_app.runtime import client_data
-from strategies.base import REPLY_POLL_S, send_and_receive
+from strategies.messaging import REPLY_POLL_S, send_and_receive
 
 SPEC = DataSpec(dataset="digits", num_clients=3, alpha=1.0, min_size=20)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from server_app.results import plot_accuracy
 from server_app.runner import summary_table
-from strategies.base import format_round, format_value
+from strategies.round_log import format_round, format_value
 
 RECORD = {
     "round": 3, "clients": [0, 1], "dropped": [], "bytes_down": 2**20, "bytes_up": 2**20, "round_time_s": 1.25,

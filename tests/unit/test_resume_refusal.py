@@ -15,7 +15,7 @@ from server_app.inprocess import InProcessGrid
 from server_app.report import report_rows, resume_notes, wall_text
 from server_app.results import read_metrics
 from server_app.runner import run_experiment
-from strategies.base import ClientStateLost
+from strategies.client_directory import ClientStateLost
 
 BASE = ["method=fedper", "rounds=3", "fraction=1.0"]
 

@@ -168,7 +168,7 @@ def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_ove
 def test_messages_expire_once_their_reply_could_no_longer_count(compose, tiny_overrides):
     """TTL = the wait for the reply + TTL_MARGIN_S: a SuperNode that reconnects after its round
     closed is not handed that round's training (the SuperLink drops the expired message)."""
-    from strategies.base import TTL_MARGIN_S
+    from strategies.messaging import TTL_MARGIN_S
 
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0", "final_eval=true")
     grid = InProcessGrid(4)

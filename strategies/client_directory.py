@@ -1,0 +1,140 @@
+"""Who takes part: the connected nodes mapped to stable client ids, and what each announced.
+
+A SuperNode that restarts comes back under a new node id; the server keys everything by the
+client id the node's ClientApp reports in its hello (``partition-id`` in simulation, ``client-id``
+in deployment), never by the node id. New nodes are asked with a ``query`` message; the reply
+names the client, the sizes of its splits, the newest round whose state it holds and, when its
+node config names one, the architecture it runs (which the strategy accepts or refuses).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from protocol import wire
+from protocol.wire import TaskSpec
+
+from .messaging import TTL_MARGIN_S, send_and_receive
+
+
+class FederationError(RuntimeError):
+    """The federation cannot run this config (its node count, every node refusing): the message
+    names the setting to change. The ServerApp reports it as one line, like a config error."""
+
+
+@dataclass
+class ClientInfo:
+    """What the server knows of one client: where it is now and what it announced."""
+
+    node_id: int
+    num_train: int
+    num_test: int
+    state_round: int = 0  # the newest round whose state the client holds for this run (0: none)
+    origin: dict[str, Any] | None = None  # its node's data directory's description (dataset=local)
+
+
+class ClientStateLost(FederationError):
+    """Clients that trained before a resumed run's checkpoint no longer hold their state."""
+
+
+class ClientDirectory:
+    """The run's clients (``clients``: client id -> :class:`ClientInfo`), kept current by
+    :meth:`discover`. ``accept_model(client_id, announced)`` takes a node's announced
+    architecture, or returns why it is refused."""
+
+    def __init__(self, num_clients: int, discover_timeout: float, accept_model: Callable[[int, str | None], str | None]) -> None:
+        self.num_clients = num_clients
+        self.discover_timeout = discover_timeout
+        self.accept_model = accept_model
+        self.clients: dict[int, ClientInfo] = {}
+
+    def discover(self, grid: Grid, hello: TaskSpec, wait_for: int, timeout: float) -> None:
+        """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id).
+
+        New nodes are asked who they are with a query message; each replies with its client
+        id, the sizes of its splits and, if its node config names one, the architecture it runs.
+        Waits until ``wait_for`` clients are known.
+        """
+        deadline = time.monotonic() + timeout
+        errors: list[str] = []
+        while True:
+            nodes = set(grid.get_node_ids())
+            for cid in [c for c, info in self.clients.items() if info.node_id not in nodes]:
+                log(WARNING, "client %d (node %d) disconnected", cid, self.clients.pop(cid).node_id)
+            known = {info.node_id for info in self.clients.values()}
+            unknown = sorted(nodes - known)
+            if unknown:
+                new_errors = self.query(grid, unknown, hello)
+                errors += new_errors
+                if not self.clients and len(new_errors) >= len(unknown):
+                    # every node refused (a config or data error is the same on all): fail now
+                    raise FederationError(f"no client could join the run: {new_errors[0]}")
+            if len(self.clients) >= wait_for or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if not self.clients:
+            reason = errors[0] if errors else "no node connected"
+            raise FederationError(f"no client could join the run: {reason}")
+        if len(self.clients) < wait_for:
+            log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
+
+    def query(self, grid: Grid, node_ids: Sequence[int], hello: TaskSpec) -> list[str]:
+        """Ask ``node_ids`` who they are; enter each valid answer; returns the refusals, one line each."""
+        config = ConfigRecord({wire.SPEC_KEY: hello.to_json()})
+        messages = [
+            Message(
+                RecordDict({wire.CONFIG_RECORD: config}), message_type=MessageType.QUERY, dst_node_id=n,
+                ttl=self.discover_timeout + TTL_MARGIN_S,
+            )
+            for n in node_ids
+        ]
+        errors = []
+        replies = send_and_receive(grid, messages, self.discover_timeout)
+        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set by the push
+        for reply in replies:
+            # the SuperLink's own error replies come from node 0: name the node that was asked
+            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if reply.has_error():
+                errors.append(f"node {node}: {reply.error.reason}")
+                log(WARNING, "node %d could not join: %s", node, reply.error.reason)
+                continue
+            try:
+                metrics = next(iter(reply.content.metric_records.values()))
+                cid, n_train, n_test = (int(metrics[k]) for k in (wire.CLIENT_KEY, wire.NUM_TRAIN, wire.NUM_TEST))
+                hello = reply.content.config_records.get(wire.HELLO_RECORD)
+                announced = str(hello[wire.NODE_MODEL]) if hello is not None and wire.NODE_MODEL in hello else None
+                state_round = int(metrics.get(wire.STATE_ROUND, 0))
+                origin = json.loads(str(hello[wire.DATA_ORIGIN])) if hello is not None and wire.DATA_ORIGIN in hello else None
+                if origin is not None and not isinstance(origin, dict):
+                    raise ValueError(f"{wire.DATA_ORIGIN} is not a JSON object")
+            except (StopIteration, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"node {node}: malformed hello ({exc!r})")
+                continue
+            if wire.NUM_PARTITIONS in metrics and int(metrics[wire.NUM_PARTITIONS]) != self.num_clients:
+                raise FederationError(
+                    f"the simulation runs {int(metrics[wire.NUM_PARTITIONS])} SuperNodes but num_clients="
+                    f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
+                    f"{self.num_clients}\"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})"
+                )
+            if not 0 <= cid < self.num_clients:
+                errors.append(f"node {node}: client id {cid} outside 0..{self.num_clients - 1}")
+                log(WARNING, "%s: set num_clients to the number of SuperNodes", errors[-1])
+                continue
+            refusal = self.accept_model(cid, announced)
+            if refusal:
+                errors.append(f"node {node}: {refusal}")
+                log(WARNING, "node %d could not join: %s", node, refusal)
+                continue
+            if cid in self.clients:
+                log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
+            self.clients[cid] = ClientInfo(node, n_train, n_test, state_round, origin)
+        return errors

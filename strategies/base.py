@@ -68,11 +68,12 @@ from .client_directory import ClientDirectory, ClientInfo, ClientStateLost
 from .diagnostics import Panel
 from .evaluation import client_time_totals, weighted_test_metrics
 from .messaging import TTL_MARGIN_S, send_and_receive
+from .replies import collect_replies as collect_batch
 from .round_ledger import RoundLedger
 from .round_log import format_round, id_list, run_elapsed
 from .schedule import LRSchedule
 from .store import ClientStore
-from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
+from .validation import ClientUpdate, record_bytes
 
 RoundCallback = Callable[[dict[str, Any]], None]
 EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
@@ -557,48 +558,8 @@ class PersonalizedStrategy(Strategy):
     def collect_replies(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
         """The replies to the ledger's batch: valid updates in client-id order (never arrival
         order) and the dropped replies (errors, invalid ones, and clients that never answered)."""
-        updates: list[ClientUpdate] = []
-        dropped: list[dict[str, Any]] = []
-        answered: set[int] = set()
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            cid = self.ledger.client_of(msg)
-            if cid is not None:
-                answered.add(cid)
-            if msg.has_error():
-                dropped.append({"client": cid, "reason": f"client error: {msg.error.reason}"})
-                continue
-            if cid is None:
-                dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
-                continue
-            expected = self.expected_uploads(cid, server_round) if task == "train" else [{}]
-            info = self.clients.get(cid)
-            try:
-                update = validate_reply(
-                    msg.content,
-                    node_id=node,
-                    expected_client=cid,
-                    expected_arrays=expected,
-                    expected_train_size=info.num_train if info else None,
-                    expected_test_size=info.num_test if info else None,
-                )
-                extra = [k for k in update.arrays if k.startswith(WIRE_EXTRA_PREFIX)]
-                update.extra = {k[len(WIRE_EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
-                updates.append(update)
-                if task == "train" and info is not None:  # it saved its state before it replied
-                    info.state_round = max(info.state_round, server_round)
-            except InvalidReply as exc:
-                # a rejected reply's arrays crossed the network all the same: they count in bytes_up
-                nbytes = sum(record_bytes(r) for r in msg.content.array_records.values())
-                dropped.append({"client": cid, "reason": str(exc), **({"bytes": nbytes} if nbytes else {})})
-        for cid in self.ledger.asked():
-            if cid not in answered:
-                dropped.append({"client": cid, "reason": "no reply before the round timeout"})
-        updates.sort(key=lambda u: u.client_id)
-        dropped.sort(key=lambda d: (d["client"] is None, d["client"] if d["client"] is not None else 0))
-        for d in dropped:
-            log(WARNING, "round %d: dropped reply of client %s: %s", server_round, d["client"], d["reason"])
-        return updates, dropped
+        expected = (lambda cid: self.expected_uploads(cid, server_round)) if task == "train" else (lambda cid: [{}])
+        return collect_batch(server_round, replies, task, self.ledger, self.clients, expected)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

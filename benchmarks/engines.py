@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     reference = "fl-bench" if "fl-bench" in engines else engines[-1]
     detail = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    summary = summarize(rows, reference)
     text = "\n\n".join([
         run_header("python -m benchmarks.engines " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
         f"Workload: `pflower sim {' '.join(WORKLOAD)} rounds={args.rounds}` (FedAvg, FMNIST, LeNet-5, 100 clients, "
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "Each run is a whole command; wall is the command's, memory the peak over the run of the summed PSS/RSS of "
         f"its whole process tree (sampled every 0.5 s). Runs alternated; medians of {args.repeats}. "
         f"Cores usable: {len(os.sched_getaffinity(0))}.",
-        markdown_table(summarize(rows, reference), list(summarize(rows, reference)[0])),
+        markdown_table(summary, list(summary[0])),
         "Every run:",
         markdown_table(detail, list(detail[0])),
         f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",

@@ -188,6 +188,7 @@ def check_ray_address(address: str, timeout: float = 3.0) -> str:
     import socket
 
     if address == "auto":
+        # what ray.init(address="auto") itself calls to find the cluster started on this machine
         from ray._private.services import canonicalize_bootstrap_address
 
         try:

@@ -369,18 +369,19 @@ def validate(cfg: DictConfig) -> None:
     ]
     if cfg.partition.name == "dirichlet":
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
+    ray_cfg = cfg.get("ray") or {}
     checks += [
         (isinstance(cfg.get("deterministic", False), bool), f"deterministic must be true or false, got {cfg.get('deterministic')!r}"),
         (isinstance(cfg.get("resume_force", False), bool), f"resume_force must be true or false, got {cfg.get('resume_force')!r}"),
         (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
         (
-            not (cfg.get("ray") or {}).get("address") or cfg.get("backend", "ray") == "ray",
+            not ray_cfg.get("address") or cfg.get("backend", "ray") == "ray",
             f"ray.address is set but backend={cfg.get('backend')}: add backend=ray to run on that Ray cluster",
         ),
-        (_positive((cfg.get("ray") or {}).get("client_cpus", 1)), f"ray.client_cpus must be a number > 0, got {(cfg.get('ray') or {}).get('client_cpus')!r}"),
+        (_positive(ray_cfg.get("client_cpus", 1)), f"ray.client_cpus must be a number > 0, got {ray_cfg.get('client_cpus')!r}"),
         (
-            (cfg.get("ray") or {}).get("client_gpus", "auto") == "auto" or _positive((cfg.get("ray") or {}).get("client_gpus"), zero=True),
-            f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got {(cfg.get('ray') or {}).get('client_gpus')!r}",
+            ray_cfg.get("client_gpus", "auto") == "auto" or _positive(ray_cfg.get("client_gpus"), zero=True),
+            f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got {ray_cfg.get('client_gpus')!r}",
         ),
         (_workers_ok(cfg.get("workers", "auto")), f"workers must be 'auto' or a positive whole number (backend=parallel), got {cfg.get('workers')!r}"),
         (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),

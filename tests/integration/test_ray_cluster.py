@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,11 +84,11 @@ def test_a_run_joins_a_two_node_ray_cluster_and_writes_the_local_numbers(tmp_pat
         assert len(alive) == 2 and nodes == alive, (nodes, alive)
     finally:
         cluster.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.5)
     assert not [p for p in pids if _alive(p)], "a Ray process of the test's cluster outlived it"
-    subprocess.run(["rm", "-rf", str(ray_tmp)], check=False)
 
 
 def _alive(pid: int) -> bool:

@@ -8,9 +8,11 @@ mean over the round's clients; the headline is the mean of the last 10 rounds'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from protocol.wire import GLOBAL_TEST_SIZE, TEST_SIZE
 
 PHASES = ("test_before", "test_after")
 
@@ -103,3 +105,27 @@ def _eval_share(history: Sequence[Mapping[str, float]]) -> float | None:
     train = sum(h.get("client_train_s", 0.0) for h in history)
     ev = sum(h.get("client_eval_s", 0.0) for h in history)
     return ev / (train + ev) if train + ev > 0 else None
+
+
+PerArch = Callable[[Callable[[list[Mapping[str, float]]], dict[str, float]]], dict[str, float]]
+
+
+def final_evaluation(client_metrics: Sequence[Mapping[str, float]], per_arch: PerArch, global_test: bool) -> dict[str, float]:
+    """The final evaluation's numbers: accuracy and loss over every client's own test split
+    (sample-weighted), each architecture's accuracy (``per_arch(summarize)``: ``<key>@<arch>``,
+    empty in a homogeneous run), and with ``global_test`` the mean over the clients' models of
+    their accuracy on the whole global test set (``final_global_acc``)."""
+    total = sum(m[TEST_SIZE] for m in client_metrics)
+    out = {
+        "final_acc": sum(m["test_correct"] for m in client_metrics) / total,
+        "final_loss": sum(m["test_loss_sum"] for m in client_metrics) / total,
+        "final_clients": float(len(client_metrics)),
+    }
+    out.update(per_arch(lambda ms: {"final_acc": sum(m["test_correct"] for m in ms) / sum(m[TEST_SIZE] for m in ms)}))
+    if global_test and all(GLOBAL_TEST_SIZE in m for m in client_metrics):
+        def mean_global(ms: Sequence[Mapping[str, float]]) -> float:
+            return float(np.mean([m["global_correct"] / m[GLOBAL_TEST_SIZE] for m in ms]))
+
+        out["final_global_acc"] = mean_global(client_metrics)
+        out.update(per_arch(lambda ms: {"final_global_acc": mean_global(ms)}))
+    return out

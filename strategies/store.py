@@ -12,15 +12,33 @@ after it are removed when the store is read back.
 from __future__ import annotations
 
 import shutil
+from logging import INFO, WARNING
 from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.common import log
 
 from .model_distance import copy_arrays
 
 Arrays = Mapping[str, np.ndarray]
+
+STORE_MODES = ("memory", "disk", "auto")
+AUTO_DISK_BYTES = 2 * 2**30  # server_store=auto keeps a store on disk above this
+
+
+def open_store(mode: str, directory: str | None, method: str, name: str, total_bytes: int) -> ClientStore:
+    """A method's store ``name``: ``mode`` (config ``server_store``) ``memory``, ``disk``
+    (``<directory>/<name>``, memory-mapped) or ``auto``: on disk when every client's arrays together
+    (``total_bytes``) would exceed :data:`AUTO_DISK_BYTES` (100 VGG11 bodies are about 50 GiB)."""
+    disk = mode == "disk" or (mode == "auto" and total_bytes > AUTO_DISK_BYTES)
+    if disk and not directory:
+        log(WARNING, "%s: no run directory for an on-disk server store; %s stays in memory", method, name)
+        disk = False
+    if disk:
+        log(INFO, "%s keeps %s on disk under %s", method, name, directory)
+    return ClientStore(f"{directory}/{name}" if disk else None)
 
 
 class ClientStore(MutableMapping[int, dict[str, np.ndarray]]):

@@ -206,7 +206,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------- the generic mechanism
 def test_base_attributes_are_not_method_state(compose, tiny_overrides):
-    """A new attribute of the base's __init__ belongs in strategies.base.BASE_ATTRS (or is checkpointed as method state)."""
+    """Every attribute the base's __init__ sets is the base's (found when it runs), never method state."""
     assert build(compose(*tiny_overrides, "method=fedper"), "tok").extra_state() == {}
 
 

@@ -46,7 +46,7 @@ def test_fedprox_large_mu_keeps_local_weights_closer_to_the_global(client):
 
 def test_fedprox_sends_mu_to_the_proximal_role(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedprox", "method.mu=0.01")
-    spec = strategy._config(0, 1, "train")["spec"]
+    spec = strategy.task_spec(0, 1, "train").to_json()
     assert '"role": "proximal"' in spec and '"mu": 0.01' in spec
     assert set(strategy.downlink(0, 1)) == set(strategy.global_arrays)
 

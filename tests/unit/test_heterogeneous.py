@@ -88,8 +88,8 @@ def test_a_node_announcing_its_model_gets_it_and_an_unknown_model_is_refused(com
 
 def test_a_node_changing_its_model_within_a_run_is_refused(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
-    assert strategy._check_announced(2, "lenet5_3fc") is None
-    assert "one client, one model" in strategy._check_announced(2, "cnn_kapc")
+    assert strategy.architectures.take_announced(2, "lenet5_3fc") is None
+    assert "one client, one model" in strategy.architectures.take_announced(2, "cnn_kapc")
 
 
 def test_the_client_refuses_a_model_spec_other_than_its_own(compose, tiny_overrides):

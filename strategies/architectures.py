@@ -1,0 +1,147 @@
+"""The architectures of a federation, one part the strategy base holds.
+
+The server keeps a :class:`models.schema.ModelSchema` and global arrays per architecture and
+looks a client's up by its client id; a homogeneous run is the one-architecture case. Which
+client runs which model comes from the config's assignment rule, and a deployed node may
+announce its own (node config ``model``): :meth:`Architectures.take_announced` checks that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from models import LayeredNet
+from models.schema import ModelSchema, Template, assign_archs, initial_arrays
+
+
+class Architectures:
+    """Schemas, global arrays and the client -> architecture map of one run."""
+
+    def __init__(
+        self,
+        model: LayeredNet | Mapping[str, LayeredNet],
+        spec: dict[str, Any],
+        num_clients: int,
+        *,
+        method: str,
+        heterogeneous: bool,
+        shared_buffers: bool,
+    ) -> None:
+        """``spec``: the client spec; its ``archs`` and ``assign`` entries are taken out of it."""
+        arch_specs = spec.pop("archs", None)
+        rule = spec.pop("assign", None) or "blocks"
+        if isinstance(model, LayeredNet):
+            model_spec = dict(spec.get("model") or {"name": "model"})
+            models = {str(model_spec.get("name", "model")): model}
+            arch_specs = {next(iter(models)): model_spec}
+        else:
+            models = dict(model)
+            if not models:
+                raise ValueError("a federation needs at least one architecture")
+            arch_specs = dict(arch_specs or {})
+            missing = sorted(set(models) - set(arch_specs))
+            if missing:
+                raise ValueError(f"client_spec['archs'] lacks the model spec of architecture(s) {missing}")
+        if len(models) > 1 and not heterogeneous:
+            raise ValueError(
+                f"method {method!r} runs one architecture on every client, but the config names {sorted(models)}: "
+                "use a method for heterogeneous clients (fedavg averages each architecture apart, felo, velo, fedhe, local)"
+            )
+        self.shared_buffers = shared_buffers
+        self.schemas = {arch: ModelSchema.of(m, arch, arch_specs[arch]) for arch, m in models.items()}
+        self.default = next(iter(self.schemas))
+        self.arch_of: dict[int, str] = assign_archs(rule, list(self.schemas), num_clients)
+        self.announced: dict[int, str] = {}  # client id -> the architecture its node announced
+        self.arrays: dict[str, dict[str, np.ndarray]] = {
+            arch: initial_arrays(m, self.schemas[arch].keys(buffers=shared_buffers)) for arch, m in models.items()
+        }
+
+    def schema(self, client_id: int | None = None) -> ModelSchema:
+        """The model schema of ``client_id`` (the default architecture's if None)."""
+        return self.schemas[self.default if client_id is None else self.arch_of[client_id]]
+
+    def single(self, who: str) -> str:
+        """The one architecture of a homogeneous run (``who`` asked for the one global model)."""
+        if len(self.schemas) > 1:
+            raise AttributeError(
+                f"{who} asked for the one global model, but this federation runs {sorted(self.schemas)}: "
+                "use arch_arrays[arch] / arrays_of(client_id)"
+            )
+        return self.default
+
+    def template_of(self, client_id: int | None) -> Template:
+        """Shape and dtype of every tensor of ``client_id``'s architecture that may travel."""
+        schema = self.schema(client_id)
+        return {k: schema.template[k] for k in schema.keys(buffers=self.shared_buffers)}
+
+    def ordered_groups(self, groups: Iterable[str]) -> list[str]:
+        """``groups`` in forward order (of the first architecture that has each)."""
+        order = [g for s in self.schemas.values() for g in s.groups]
+        return sorted(groups, key=order.index)
+
+    def per_arch(self, client_ids: Sequence[int], metrics: Sequence[Mapping[str, float]],
+                 summarize: Callable[[list[Mapping[str, float]]], dict[str, float]]) -> dict[str, float]:
+        """``summarize`` of each architecture's clients' metrics, as ``<key>@<arch>`` (heterogeneous runs only)."""
+        if len(self.schemas) == 1:
+            return {}
+        out: dict[str, float] = {}
+        for arch in self.schemas:
+            ms = [m for c, m in zip(client_ids, metrics) if self.arch_of[c] == arch]
+            if ms:
+                out.update({f"{k}@{arch}": v for k, v in summarize(ms).items()})
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {a: sum(1 for v in self.arch_of.values() if v == a) for a in self.schemas}
+
+    def take_announced(self, client_id: int, announced: str | None) -> str | None:
+        """Take the architecture a node announced (node config ``model``); the refusal reason, if any."""
+        if announced is None:
+            return None
+        if announced not in self.schemas:
+            return (
+                f"client {client_id} runs model {announced!r} (its node config), but this run's architectures are "
+                f"{sorted(self.schemas)}: set the node's model to one of them, or add it to model.archs"
+            )
+        before = self.announced.get(client_id)
+        if before is not None and before != announced:
+            return f"client {client_id} ran {before!r} earlier in this run and now announces {announced!r}: one client, one model"
+        if self.arch_of.get(client_id) != announced:
+            log(INFO, "client %d runs %s (announced by its node; the config's rule gave %s)", client_id, announced, self.arch_of.get(client_id))
+        self.announced[client_id] = announced
+        self.arch_of[client_id] = announced
+        return None
+
+    # ------------------------------------------------------------------ checkpoint
+    def state(self) -> dict[str, Any]:
+        """The part of the strategy's checkpoint that is this one's (keys as the format has them)."""
+        return {
+            "global_arrays": self.arrays[self.default],
+            # heterogeneous runs: the other architectures' global arrays, and who runs which
+            "arch_arrays": {a: v for a, v in self.arrays.items() if a != self.default},
+            "arch_of": {str(c): a for c, a in sorted(self.arch_of.items())},
+            "announced": {str(c): a for c, a in sorted(self.announced.items())},
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state`; arrays that do not fit the models are refused."""
+        saved = {self.default: state["global_arrays"], **dict(state.get("arch_arrays") or {})}
+        if set(saved) != set(self.schemas):
+            raise ValueError(f"the checkpoint holds architectures {sorted(saved)}, this run {sorted(self.schemas)}: was the model changed?")
+        restored = {}
+        for arch, arrays in saved.items():
+            template = {k: spec for k, spec in self.schemas[arch].template.items() if k in self.arrays[arch]}
+            bad = sorted(set(arrays) ^ set(template)) + sorted(
+                k for k in set(arrays) & set(template) if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != template[k]
+            )
+            if bad:
+                raise ValueError(f"the checkpoint's global arrays do not fit the model {arch} (keys {bad[:5]}): was the model changed?")
+            restored[arch] = {k: np.array(arrays[k], copy=True) for k in template}
+        self.arrays = restored
+        self.arch_of.update({int(c): str(a) for c, a in (state.get("arch_of") or {}).items()})
+        self.announced = {int(c): str(a) for c, a in (state.get("announced") or {}).items()}

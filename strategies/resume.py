@@ -1,0 +1,98 @@
+"""Resume: the strategy's checkpoint state, and the check that clients still hold theirs.
+
+The base saves the last completed round, the global arrays, the round history, the run token, the
+sampling RNG's state and torch's CPU RNG state, plus the method's state (by default every instance
+attribute the base does not own: :meth:`PersonalizedStrategy.extra_state`). The file format is
+:mod:`strategies.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import WARNING
+from typing import TYPE_CHECKING, Any
+
+import torch
+from flwr.common import log
+
+from .client_directory import ClientInfo, ClientStateLost
+from .round_log import id_list
+
+if TYPE_CHECKING:
+    from .base import PersonalizedStrategy
+
+
+def strategy_state(s: PersonalizedStrategy) -> dict[str, Any]:
+    """Everything needed to continue the run after ``s.last_round()`` (live references:
+    :func:`strategies.checkpoint.save_checkpoint` encodes them at once)."""
+    archs = s.architectures.state()
+    return {
+        "method": s.name,
+        "round": s.last_round(),
+        "run_token": str(s.client_spec.get("run", "")),
+        "global_arrays": archs.pop("global_arrays"),
+        "history": s.history,
+        "rng": s.rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "extra": s.extra_state(),
+        **archs,
+    }
+
+
+def restore_strategy_state(s: PersonalizedStrategy, state: Mapping[str, Any]) -> None:
+    """Continue ``s`` from ``state``; refused when it is another method's, another run's, or the
+    arrays do not fit the models."""
+    if state["method"] != s.name:
+        raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {s.name!r}")
+    token = str(s.client_spec.get("run", ""))
+    if state["run_token"] != token:
+        raise ValueError(
+            f"the checkpoint belongs to run {state['run_token']!r}, this strategy to {token!r}: build it with "
+            "the checkpoint's run token, or the clients will not find their personal state"
+        )
+    s.architectures.restore(state)
+    s.history = [dict(r) for r in state["history"]]
+    if s.last_round() != int(state["round"]):
+        raise ValueError(f"the checkpoint says round {state['round']} but its history ends at round {s.last_round()}")
+    s.rng.bit_generator.state = state["rng"]
+    torch.set_rng_state(state["torch_rng"])
+    s.load_extra_state(state["extra"])
+
+
+def trained_rounds(history: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Client id -> the last round it trained in (from the round history)."""
+    last: dict[int, int] = {}
+    for record in history:
+        for cid in record.get("clients", []):
+            last[int(cid)] = int(record["round"])
+    return last
+
+
+def clients_without_state(history: Sequence[Mapping[str, Any]], clients: Mapping[int, ClientInfo]) -> list[int]:
+    """Connected clients that trained before and hold no state saved after their last round: their
+    personal tensors and BN statistics are gone (a new simulation without a client state directory,
+    a SuperNode restarted without ``state-dir``)."""
+    trained = trained_rounds(history)
+    return [c for c in sorted(clients) if clients[c].state_round < trained.get(c, 0)]
+
+
+def check_client_state(lost: list[int], resumed_after: int, state_dir: str | None, force: bool) -> list[int]:
+    """At a resume: refuse (``ClientStateLost``) when clients lost their state, unless ``force``
+    (config ``resume_force``); then returns them (the next round records them as ``client_state_lost``)."""
+    if not lost:
+        return []
+    how = (
+        f"the run keeps client state under {state_dir}; it holds none for these clients"
+        if state_dir else "the run kept client state only in its processes' memory (client_state_dir: null)"
+    )
+    message = (
+        f"cannot resume after round {resumed_after} exactly: client(s) {id_list(lost)} trained before and hold no "
+        f"state for this run ({how}; a deployed SuperNode keeps it across restarts only with --node-config "
+        "\"state-dir='<dir>'\"). Continuing would restart their personal layers and BN statistics and change the "
+        "results. Start the run again, bring back the nodes with their state, or pass resume_force=true to go on "
+        "anyway (the run is marked: client_state_lost in its metrics and summary)"
+    )
+    if not force:
+        raise ClientStateLost(message)
+    log(WARNING, "resume_force: %s", message)
+    return lost

@@ -1,0 +1,86 @@
+"""The run loop of every method: discover, rounds ``last_round()+1 .. num_rounds``, final evaluation.
+
+A plain function over the strategy's public hooks, so the base class stays the list of hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from logging import INFO
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from .messaging import TTL_MARGIN_S, send_and_receive
+from .resume import check_client_state, clients_without_state
+from .round_log import format_round, run_elapsed
+
+if TYPE_CHECKING:
+    from .base import PersonalizedStrategy
+
+RoundCallback = Callable[[dict[str, Any]], None]
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def run_rounds(
+    strategy: PersonalizedStrategy,
+    grid: Grid,
+    initial_arrays: ArrayRecord | None,
+    num_rounds: int,
+    timeout: float,
+    evaluate_fn: EvaluateFn | None,
+    on_round: RoundCallback | None,
+) -> Result:
+    """What :meth:`PersonalizedStrategy.start` does (see there)."""
+    s = strategy
+    first = s.last_round() + 1
+    if first > num_rounds + 1:
+        raise ValueError(f"the strategy has already run {first - 1} rounds; num_rounds={num_rounds} is fewer")
+    if first > 1:
+        log(INFO, "Resuming %s after round %d (%d rounds)", s.name, first - 1, num_rounds)
+    else:
+        log(INFO, "Starting %s (%d rounds)", s.name, num_rounds)
+    s.summary()
+    s.message_ttl, s.round_timeout = timeout + TTL_MARGIN_S, timeout
+    if initial_arrays is not None and first == 1:
+        for k, arr in initial_arrays.items():
+            s.arch_arrays[s.default_arch][k] = arr.numpy()
+    started = time.perf_counter()
+    s.elapsed_before = run_elapsed(s.history)
+    s.discover(grid)
+    lost = []
+    if first > 1:
+        gone = clients_without_state(s.history, s.clients)
+        lost = check_client_state(gone, first - 1, s.client_spec.get("client_state_dir"), s.resume_force)
+    result = Result()
+    for rnd in range(first, num_rounds + 1):
+        t0 = time.perf_counter()
+        replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
+        arrays, metrics = s.aggregate_train(rnd, replies)
+        record = s.history[-1]
+        if lost:
+            record["client_state_lost"], lost = lost, []
+        if evaluate_fn is not None:
+            server = evaluate_fn(rnd, s.global_record())
+            if server is not None:
+                record.update({f"server_{k}": float(v) for k, v in server.items()})
+                result.evaluate_metrics_serverapp[rnd] = server
+        record["round_time_s"] = time.perf_counter() - t0
+        record["run_elapsed_s"] = s.elapsed_before + (time.perf_counter() - started)
+        result.arrays = arrays
+        if metrics is not None:
+            result.train_metrics_clientapp[rnd] = metrics
+        log(INFO, "%s", format_round(record, num_rounds))
+        if on_round is not None:
+            on_round(record)
+    if s.final_eval:
+        replies = send_and_receive(grid, s.configure_evaluate(num_rounds, ArrayRecord(), ConfigRecord(), grid), timeout)
+        final = s.aggregate_evaluate(num_rounds, replies)
+        if final is not None:
+            result.evaluate_metrics_clientapp[num_rounds] = final
+            log(INFO, "final evaluation over %d clients: acc %.4f", int(final["final_clients"]), final["final_acc"])
+    return result

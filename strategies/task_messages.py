@@ -1,0 +1,77 @@
+"""What one message to a client holds: its task spec (read from the method's hooks) and arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from models import group_of
+from models.schema import ModelSchema, Template
+from protocol import wire
+from protocol.roles import RoleArgs
+from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
+
+if TYPE_CHECKING:
+    from .base import PersonalizedStrategy
+
+
+def task_spec(s: PersonalizedStrategy, client_id: int, server_round: int, task: str) -> TaskSpec:
+    """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
+    schema = s.schema(client_id)
+    args = s.role_config(client_id, server_round) if task != "query" else {}
+    base = s.client_spec
+    return TaskSpec(
+        run=str(base.get("run", "")),
+        seed=int(base.get("seed", 0)),
+        model=dict(schema.spec),
+        arch=schema.arch,
+        data=dict(base.get("data", {})),
+        train=s.train_config(client_id, server_round),
+        task=task,
+        role=s.role,
+        role_args=args.to_dict() if isinstance(args, RoleArgs) else dict(args),
+        personal=list(s.personal_groups(client_id, server_round)) if task != "query" else [],
+        personal_keys=list(s.personal_keys(client_id, server_round)) if task != "query" else [],
+        upload=list(s.uplink_groups(client_id, server_round)) if task == "train" else [],
+        keep=s.client_keeps,
+        shared_buffers=s.shared_buffers,
+        device=str(base.get("device", "auto")),
+        deterministic=bool(base.get("deterministic", False)),
+        client_state_dir=base.get("client_state_dir"),
+        state_versions=int(base.get("state_versions", 1)),
+        global_test=task == "evaluate" and s.final_global_test,
+    )
+
+
+def hello_spec(client_spec: Mapping[str, Any], schema: ModelSchema) -> TaskSpec:
+    """The discovery query every node answers (its client id, state, announced model)."""
+    return TaskSpec(
+        run=str(client_spec.get("run", "")), seed=int(client_spec.get("seed", 0)),
+        model=dict(schema.spec), arch=schema.arch, data=dict(client_spec.get("data", {})),
+        train=dict(client_spec.get("train", {})), task="query",
+        client_state_dir=client_spec.get("client_state_dir"),
+    )
+
+
+def task_message(
+    spec: TaskSpec,
+    client_id: int,
+    server_round: int,
+    message_type: str,
+    node_id: int,
+    ttl: float | None,
+    down: Mapping[str, np.ndarray],
+    extra: Mapping[str, np.ndarray],
+    template: Template,
+) -> tuple[Message, ArrayRecord, set[str]]:
+    """The message, its array record (for the byte count) and the layer groups it carries."""
+    arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
+    for k, v in extra.items():
+        arrays[WIRE_EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
+    groups = {group_of(k) for k in down} | {group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template}
+    config = ConfigRecord({wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()})
+    content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: config})
+    return Message(content=content, message_type=message_type, dst_node_id=node_id, ttl=ttl), arrays, groups

@@ -84,7 +84,7 @@ def cnn_fedtsdp(
 
     conv1 = Conv(C,32,3)-ReLU; conv2 = Conv(32,64,3)-ReLU-MaxPool(2)-Flatten;
     fc1 = Dropout(0.25)-Linear(.,512)-ReLU; classifier = Dropout(0.5)-Linear(512,C).
-    ``pool_after_each_conv`` (fedtsdp.md [A13]) adds a 2x2 max-pool to conv1 as well.
+    ``pool_after_each_conv`` (the FedTSDP paper's CNN as its code builds it) adds a 2x2 max-pool to conv1 as well.
     """
     c = in_shape[0]
     convs = OrderedDict(

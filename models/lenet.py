@@ -8,7 +8,7 @@ from torch import nn
 
 from .layered import LayeredNet
 
-_HIDDEN = (120, 84, 64)  # fc1, fc2, fc3 widths (fedcmd.md Tables XI-XIII)
+_HIDDEN = (120, 84, 64)  # fc1, fc2, fc3 widths (the FedCMD paper's LeNet-5 tables)
 
 
 def _conv_block(c_in: int, c_out: int, flatten: bool) -> nn.Sequential:

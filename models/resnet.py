@@ -84,7 +84,7 @@ def resnet(
 
     ``stem``: "imagenet" (Felo/Velo paper, models and data, default) or "cifar" (FedTSDP paper, models).
     ``feature_dim``: width of the ``pool`` output (None = native: 512, or 2048 for ResNet50).
-    ``blocks``: override the per-stage block counts (fedtsdp.md [A13] ``resnet_blocks``).
+    ``blocks``: override the per-stage block counts (the FedTSDP paper's ``resnet_blocks``).
     """
     if depth not in RESNET_LAYOUTS:
         raise ValueError(f"unknown ResNet depth {depth}; valid depths: {sorted(RESNET_LAYOUTS)}")

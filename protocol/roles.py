@@ -54,11 +54,21 @@ def check_phase(owner: str, phase: int, phases: tuple[int, ...], voting: tuple[i
         raise RoleArgsError(f"{owner} phase {phase} votes for a layer: it needs candidate layers")
 
 
+# every role's arguments, by role name: a RoleArgs subclass with its own ``role`` joins it
+ROLE_ARGS: dict[str, type[RoleArgs]] = {}
+
+
 @dataclass(frozen=True)
 class RoleArgs:
-    """Base of every role's arguments. ``role`` names the client role they are for."""
+    """Base of every role's arguments. ``role`` names the client role they are for; a subclass
+    that sets its own registers itself."""
 
     role: ClassVar[str] = "sgd"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "role" in cls.__dict__ and cls.__module__ == __name__:
+            ROLE_ARGS[cls.role] = cls
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -291,15 +301,6 @@ class FeloArgs(RoleArgs):
         check_min(self.role, "temperature", self.temperature, 0, strict=True)
         check_min(self.role, "feature_dim", self.feature_dim, 0)  # 0: not checked
         check_min(self.role, "feature_samples", self.feature_samples, 0)  # 0: class means
-
-
-ROLE_ARGS: dict[str, type[RoleArgs]] = {
-    cls.role: cls
-    for cls in (
-        SGDArgs, ProximalArgs, FedAMPArgs, FedRepArgs, FedBabuArgs, DittoArgs, FedDynArgs, FedFomoArgs, MOONArgs,
-        FedAPArgs, FedCMDArgs, FedCPMDArgs, KAPCArgs, FeloArgs,
-    )
-}
 
 
 def role_args(role: str, values: dict[str, Any] | None) -> RoleArgs:

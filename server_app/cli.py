@@ -25,6 +25,7 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
        pflower leaderboard status|run|write [PROTOCOL ...]
                                   (every method on the shared protocols of conf/leaderboard.yaml,
                                    several seeds: run what is missing, write docs/leaderboard.md)
+       pflower methods [NAME ...]       (the methods; a method's options: type, default, allowed, doc)
        pflower superlink status|stop     (the local SuperLink `flwr run .` uses from this shell:
                                    its ports and working directory; stop only that one)
 
@@ -311,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report import main as report_main
 
         return report_main(rest)
+    if command == "methods":
+        from .methods_cli import main as methods_main
+
+        return methods_main(rest)
     if command == "leaderboard":
         from .leaderboard import main as leaderboard_main
 

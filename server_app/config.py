@@ -326,7 +326,7 @@ def validate(cfg: DictConfig) -> None:
     from models import MODELS, model_options
     from models.schema import assign_archs
     from protocol.wire import OPTIMIZERS
-    from strategies import STRATEGIES, method_options
+    from strategies import STRATEGIES, OptionError
     from strategies.schedule import LRSchedule
 
     for key, kind in NUMBERS.items():
@@ -402,11 +402,10 @@ def validate(cfg: DictConfig) -> None:
             f"use one model, or a method for heterogeneous clients ({', '.join(capable)})"
         )
     if cfg.method.name in STRATEGIES:
-        unknown = sorted(set(method_args(cfg)) - set(method_options(cfg.method.name)))
-        if unknown:
-            raise ConfigError(
-                f"method {cfg.method.name!r} has no option(s) {unknown}; its options: {method_options(cfg.method.name)}"
-            )
+        try:  # the method's options dataclass: unknown keys, types and ranges, before any run starts
+            STRATEGIES[cfg.method.name].options_type.build(cfg.method.name, method_args(cfg))
+        except OptionError as exc:
+            raise ConfigError(str(exc)) from exc
 
 
 def _plain(value: Any) -> Any:

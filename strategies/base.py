@@ -54,6 +54,9 @@ from .store import STORE_MODES, ClientStore, open_store
 from .task_messages import hello_spec, task_message, task_spec
 from .validation import ClientUpdate, record_bytes
 
+# every method, by name: a strategy class defined in this package with its own ``name`` joins it
+METHODS: dict[str, type[PersonalizedStrategy]] = {}
+
 # hooks that moved: a subclass defining one of these would be silently ignored
 _RETIRED_HOOKS = {
     "downlink": "downlinks(client_ids, server_round) (a whole round at once)",
@@ -72,6 +75,11 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                 raise TypeError(f"{cls.__name__} defines {hook}(); override {instead} instead")
         if cls.client_keeps not in wire.KEEP_MODES:
             raise TypeError(f"{cls.__name__}.client_keeps must be one of {list(wire.KEEP_MODES)}")
+        if "name" in cls.__dict__ and cls.__module__.startswith("strategies."):  # a method registers by subclassing
+            known = METHODS.get(cls.name)
+            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise TypeError(f"method name {cls.name!r} is taken by {known.__module__}.{known.__qualname__}")
+            METHODS[cls.name] = cls
 
     def __init__(
         self,
@@ -86,8 +94,12 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         seed: int = 42,
         final_eval: bool = True,
         discover_timeout: float = 300.0,
+        **options: Any,
     ) -> None:
+        """``options``: the method's (``options_type``), checked here, before round 1; the method
+        reads them as ``self.options``."""
         before = set(vars(self))  # a subclass may set attributes before calling this: those are its own
+        self.options = self.options_type.build(self.name, options)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         spec = dict(client_spec)

@@ -40,6 +40,7 @@ alpha_cross_max; low or negative when the halves pull apart), whether or not it 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -51,8 +52,18 @@ from .clustering import bipartition, cross_cosine_max
 from .clusters import Clusters, cluster_fedavg
 from .diagnostics import Panel
 from .model_distance import update_statistics
+from .options import MethodOptions, option
 from .similarity import cosine_from_gram
 from .validation import ClientUpdate
+
+
+@dataclass(frozen=True)
+class CFLOptions(MethodOptions):
+    eps1: float = option(0.4, "split when the norm of the mean update falls below this", low=0)
+    eps2: float = option(1.6, "... and the largest update norm rises above this", low=0)
+    min_cluster_size: int = option(2, "only a cluster with more members (and more participants in the round) splits", low=1)
+    start_round: int = option(20, "no split before this round", low=0)
+    lr_normalized: bool = option(True, "compare update norms rescaled to the base learning rate")
 
 
 class CFL(PersonalizedStrategy):
@@ -62,25 +73,21 @@ class CFL(PersonalizedStrategy):
     learning rate)."""
 
     name = "cfl"
+    options_type = CFLOptions
     diagnostic_panels = (
         Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
         Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
         Panel("num_clusters", "clusters"),
     )
 
-    def __init__(
-        self,
-        *args: Any,
-        eps1: float = 0.4,
-        eps2: float = 1.6,
-        min_cluster_size: int = 2,
-        start_round: int = 20,
-        lr_normalized: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not eps1 >= 0 or not eps2 >= 0 or min_cluster_size < 1:
-            raise ValueError(f"CFL needs eps1, eps2 >= 0 and min_cluster_size >= 1 (got {eps1}, {eps2}, {min_cluster_size})")
+        o = self.options
+        (
+            eps1, eps2, min_cluster_size, start_round, lr_normalized
+        ) = (
+            o.eps1, o.eps2, o.min_cluster_size, o.start_round, o.lr_normalized
+        )
         self.eps1, self.eps2 = float(eps1), float(eps2)
         self.min_cluster_size, self.start_round = int(min_cluster_size), int(start_round)
         self.lr_normalized = bool(lr_normalized)

@@ -3,11 +3,19 @@ v trained on F(v) + lam/2 ||v - w_global||^2, and that personal model is the one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.roles import DittoArgs
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class DittoOptions(MethodOptions):
+    lam: float = option(0.1, "pull of the personal model toward the global one (FedTSDP recommends 0.1)", low=0)
+    personal_epochs: int | None = option(None, "epochs on the personal model a round (null: the run's local_epochs)", low=0)
 
 
 class Ditto(PersonalizedStrategy):
@@ -15,11 +23,12 @@ class Ditto(PersonalizedStrategy):
     epochs on v per round (None: the run's local_epochs)."""
 
     name = "ditto"
+    options_type = DittoOptions
     role = "ditto"
 
-    def __init__(self, *args: Any, lam: float = 0.1, personal_epochs: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.args = DittoArgs(lam=float(lam), personal_epochs=personal_epochs)
+        self.args = DittoArgs(lam=self.options.lam, personal_epochs=self.options.personal_epochs)
 
     def role_config(self, client_id: int, server_round: int) -> DittoArgs:
         return self.args

@@ -22,6 +22,7 @@ computed stably, so large distances never underflow to an all-zero row.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from protocol.roles import CLOUD_PREFIX, FedAMPArgs
 from .aggregation import column_blocks, mixing_average
 from .base import PersonalizedStrategy
 from .model_distance import inner_products, spread, squared_norms, store_from_state, store_state
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 KERNELS = ("distance", "cosine")
@@ -73,21 +75,26 @@ def attention_matrix(gram: np.ndarray, self_weight: float, sigma: float = 1.0, k
     return xi
 
 
+@dataclass(frozen=True)
+class FedAMPOptions(MethodOptions):
+    lam: float = option(1.0, "the pull of each client toward its cloud model u_i", low=0)
+    sigma: float = option(1.0, "kernel scale", above=0)
+    self_weight: float = option(0.5, "alpha_k = xi_ii, a client's weight on its own model", low=0, high=1)
+    kernel: str = option("distance", "attention kernel over model distances or cosines", choices=KERNELS)
+
+
 class FedAMP(PersonalizedStrategy):
     """Options: ``lam`` (the pull toward u_i), ``sigma`` (kernel scale), ``self_weight``
     (alpha_k = xi_ii, in [0, 1]), ``kernel`` (``distance`` or ``cosine``)."""
 
     name = "fedamp"
+    options_type = FedAMPOptions
     role = "fedamp"
 
-    def __init__(
-        self, *args: Any, lam: float = 1.0, sigma: float = 1.0, self_weight: float = 0.5, kernel: str = "distance", **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if kernel not in KERNELS:
-            raise ValueError(f"FedAMP kernel must be one of {list(KERNELS)}, got {kernel!r}")
-        if not lam >= 0 or not sigma > 0 or not 0.0 <= self_weight <= 1.0:
-            raise ValueError(f"FedAMP needs lam >= 0, sigma > 0, 0 <= self_weight <= 1 (got {lam}, {sigma}, {self_weight})")
+        o = self.options
+        lam, sigma, self_weight, kernel = o.lam, o.sigma, o.self_weight, o.kernel
         self.lam, self.sigma, self.self_weight, self.kernel = float(lam), float(sigma), float(self_weight), kernel
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded w_j of each client
 

@@ -27,6 +27,7 @@ Resolutions (stated, since the papers give only mu):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -38,6 +39,7 @@ from protocol.roles import FedAPArgs
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
 from .model_distance import store_from_state, store_state
+from .options import MethodOptions, option
 from .phases import phase_rounds
 from .validation import ClientUpdate
 
@@ -90,29 +92,32 @@ def fedap_weights(distances: Sequence[float], momentum: float) -> np.ndarray:
     return np.concatenate([[momentum], (1.0 - momentum) * inv / inv.sum()])
 
 
+@dataclass(frozen=True)
+class FedAPOptions(MethodOptions):
+    momentum: float = option(0.5, "the weight of a client's own model (the papers: 0.5)", low=0, high=1)
+    warmup_ratio: float = option(0.5, "W = int(warmup_ratio * total_rounds)", low=0, high=1)
+    total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
+    warmup: int | None = option(None, "W in rounds (overrides warmup_ratio)", low=0)
+    warmup_epochs: int | None = option(1, "local epochs in the warm-up (null: local_epochs)", low=0)
+
+
 class FedAP(PersonalizedStrategy):
     """Options: ``momentum`` (the weight of a client's own model; papers: 0.5), ``warmup_ratio``
     and ``total_rounds`` (W = int(warmup_ratio * total_rounds)), ``warmup`` (W in rounds,
     overrides the ratio), ``warmup_epochs`` (local epochs in the warm-up; null = local_epochs)."""
 
     name = "fedap"
+    options_type = FedAPOptions
     role = "fedap"
 
-    def __init__(
-        self,
-        *args: Any,
-        momentum: float = 0.5,
-        warmup_ratio: float = 0.5,
-        total_rounds: int | None = None,
-        warmup: int | None = None,
-        warmup_epochs: int | None = 1,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"FedAP momentum must be in [0, 1], got {momentum}")
-        if warmup_epochs is not None and warmup_epochs < 0:
-            raise ValueError(f"FedAP warmup_epochs must be >= 0, got {warmup_epochs}")
+        o = self.options
+        (
+            momentum, warmup_ratio, total_rounds, warmup, warmup_epochs
+        ) = (
+            o.momentum, o.warmup_ratio, o.total_rounds, o.warmup, o.warmup_epochs
+        )
         self.bn_keys = list(self.schema().bn_params)
         self.bn_channels = list(self.schema().bn_channels)
         if not self.bn_channels:

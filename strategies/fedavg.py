@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.roles import SGDArgs
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class FedAvgOptions(MethodOptions):
+    finetune_epochs: int = option(0, "epochs of fine-tuning a copy of the received model before test_before (FedAvg-FT)", low=0)
 
 
 class FedAvg(PersonalizedStrategy):
-    """The whole model is shared; BN running statistics stay on each client (fedcmd.md A11).
+    """The whole model is shared; BN running statistics stay on each client (as in the FedCMD paper's FedAvg baseline).
 
     ``finetune_epochs > 0`` gives FedAvg-FT: each client fine-tunes a copy of the received
     model on its training split before ``test_before`` is measured.
     """
 
     name = "fedavg"
+    options_type = FedAvgOptions
 
     heterogeneous = True  # each architecture is averaged apart (the base's aggregate)
 
-    def __init__(self, *args: Any, finetune_epochs: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.args = SGDArgs(finetune_epochs=finetune_epochs)
+        self.args = SGDArgs(finetune_epochs=self.options.finetune_epochs)
 
     def role_config(self, client_id: int, server_round: int) -> SGDArgs:
         return self.args

@@ -3,11 +3,19 @@ never sent; only the body is trained and FedAvg'd; clients fine-tune before eval
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from protocol.roles import FedBabuArgs
+from protocol.roles import FINETUNE_PARTS, FedBabuArgs
 
 from .fedper import FedPer
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class FedBabuOptions(MethodOptions):
+    finetune_epochs: int = option(5, "fine-tuning before each evaluation (official code: 5; 0: the frozen head as is)", low=0)
+    finetune_part: str = option("all", "what the fine-tuning updates: all (official code) or head", choices=FINETUNE_PARTS)
 
 
 class FedBabu(FedPer):
@@ -15,13 +23,13 @@ class FedBabu(FedPer):
     head as is). ``finetune_part``: ``all`` (official code) or ``head``."""
 
     name = "fedbabu"
+    options_type = FedBabuOptions
     role = "fedbabu"
 
-    def __init__(self, *args: Any, finetune_epochs: int = 5, finetune_part: str = "all", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.finetune_epochs = int(finetune_epochs)
-        self.finetune_part = finetune_part
-        self.role_config(0, 1)  # a bad option fails here, before round 1
+        self.finetune_epochs = self.options.finetune_epochs
+        self.finetune_part = self.options.finetune_part
 
     def role_config(self, client_id: int, server_round: int) -> FedBabuArgs:
         return FedBabuArgs(

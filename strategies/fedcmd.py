@@ -1,4 +1,4 @@
-"""FedCMD (Chen et al., IEEE TC 2024): a data-chosen personal layer l* (fedcmd.md).
+"""FedCMD (Chen et al., IEEE TC 2024): a data-chosen personal layer l* (docs/methods/fedcmd.md).
 
 Phase 1 (rounds 1..Kp): FedAvg of the whole model; every client votes for the candidate
 layer of lowest feature-distribution-transfer score; the server keeps each round's
@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from protocol.roles import FedCMDArgs
+from protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
 
 from .base import PersonalizedStrategy
 from .fedcmd_math import personal_layer_index, personalized_posts, round_winner
 from .model_distance import gram_matrix
+from .options import MethodOptions, option
 from .phases import phase_rounds
 from .similarity import EQ8_EPS, cosine_from_gram
 from .validation import ClientUpdate
@@ -98,6 +99,20 @@ def _copy(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: np.array(v, copy=True) for k, v in arrays.items()}
 
 
+@dataclass(frozen=True)
+class FedCMDOptions(MethodOptions):
+    kp: int = option(20, "Kp, the rounds of phase 1 (layer selection); the paper: 20 of 200", low=0)
+    rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
+    total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
+    weighted_aggregation: bool = option(True, "phase 2 weighs the personal layers by Eq. 8's similarities (false: the clients' own)")
+    force_layer: str | None = option(None, "skip the vote and personalize this group (a candidate)")
+    candidates: list[str] | None = option(None, "groups that may become the personal layer (null: every group but the first)")
+    score_mode: str = option("paper", "layer score: paper (Eq. 5/6) or code (the authors' code)", choices=SCORE_MODES)
+    w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
+    selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
+    granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
+
+
 class FedCMD(PersonalizedStrategy):
     """FedCMD on the strategy base; options are conf/method/fedcmd.yaml's keys.
 
@@ -110,24 +125,19 @@ class FedCMD(PersonalizedStrategy):
     """
 
     name = "fedcmd"
+    options_type = FedCMDOptions
     role = "fedcmd"
 
-    def __init__(
-        self,
-        *args: Any,
-        kp: int = 20,
-        rho: float | None = None,
-        total_rounds: int | None = None,
-        weighted_aggregation: bool = True,
-        force_layer: str | None = None,
-        candidates: Sequence[str] | None = None,
-        score_mode: str = "paper",
-        w2_mode: str = "gaussian",
-        selection_timing: str = "during_training",
-        granularity: str = "batch",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        o = self.options
+        (
+            kp, rho, total_rounds, weighted_aggregation, force_layer, candidates, score_mode, w2_mode,
+            selection_timing, granularity
+        ) = (
+            o.kp, o.rho, o.total_rounds, o.weighted_aggregation, o.force_layer, o.candidates, o.score_mode,
+            o.w2_mode, o.selection_timing, o.granularity
+        )
         self.kp = phase_rounds("FedCMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
         if total_rounds is not None and self.kp >= total_rounds:  # it would never personalize anything
             raise ValueError(

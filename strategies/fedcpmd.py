@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -39,7 +40,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from protocol.roles import FedCPMDArgs
+from protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
 
 from .aggregation import fedavg
 from .base import PersonalizedStrategy
@@ -50,6 +51,7 @@ from .evaluation import weighted_test_metrics
 from .fedcmd import default_candidates
 from .fedcmd_math import personalized_posts
 from .model_distance import gram_matrix
+from .options import MethodOptions, option
 from .phases import phase_rounds
 from .similarity import EQ8_EPS, cosine_from_gram
 from .validation import ClientUpdate
@@ -60,7 +62,7 @@ CLASSIFIER = "classifier"
 
 
 def cluster_sample_size(members: int, gamma: float, rule: str = "refcode") -> int:
-    """Clients a cluster of ``members`` trains per round (fedcpmd.md A9)."""
+    """Clients a cluster of ``members`` trains per round (docs/methods/fedcpmd.md: the reference code's rule or the paper's)."""
     if rule == "refcode":
         return members if members <= 5 else max(5, math.ceil(gamma * members))
     return min(members, max(1, round(gamma * members)))
@@ -75,35 +77,45 @@ def personal_layer_of(votes: Sequence[tuple[int, str]]) -> str | None:
     return max((rnd, layer) for rnd, layer in votes if counts[layer] == top)[1]
 
 
+@dataclass(frozen=True)
+class FedCPMDOptions(MethodOptions):
+    kp: int = option(60, "Kp, the rounds of phase 1 (votes; at least 1); the paper: 60 of 200", low=0)
+    rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
+    total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
+    k_extra: int = option(20, "phase 1 goes on until every client voted, for at most this many more rounds", low=0)
+    candidates: list[str] | None = option(None, "groups that may become a client's personal layer (null: every group but the first)")
+    distance: str = option("js", "distance between two 1-D Gaussians", choices=DISTANCES)
+    selector: str = option("eq7", "the layer score", choices=SELECTORS)
+    label_fit: str = option("scaled", "z^y: y / (C - 1) (scaled) or per-batch min-max", choices=LABEL_FITS)
+    sigma_floor: float = option(1e-3, "smallest standard deviation of a fitted Gaussian", above=0)
+    tie_prior: str | None = option("fc2", "the group a tied vote goes to (null: forward order)")
+    granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
+    selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
+    cluster_fit_count: str = option("refcode", "clients trained a phase-2 round: the authors' code's count, or the paper's", choices=FIT_COUNTS)
+    fedcmd_split: bool = option(False, "inside a cluster, FedAvg the layers before l* (FedCMD's split) instead of the similarity mix")
+    ablation: str | None = option(None, "the paper's ablations: only_cluster, only_decoupling (null: the method)", choices=ABLATIONS)
+
+
 class FedCPMD(PersonalizedStrategy):
     """Options are conf/method/fedcpmd.yaml's keys (see the module docstring and FedCPMD paper, hyper-parameters)."""
 
     name = "fedcpmd"
+    options_type = FedCPMDOptions
     role = "fedcpmd"
     client_keeps = "model"  # a layer shared in phase 1 and personal in phase 2 keeps the client's own value
     checkpoint_exclude = ("_probing", "_probe_bytes")  # per-round scratch
 
-    def __init__(
-        self,
-        *args: Any,
-        kp: int = 60,
-        rho: float | None = None,
-        total_rounds: int | None = None,
-        k_extra: int = 20,
-        candidates: Sequence[str] | None = None,
-        distance: str = "js",
-        selector: str = "eq7",
-        label_fit: str = "scaled",
-        sigma_floor: float = 1e-3,
-        tie_prior: str | None = "fc2",
-        granularity: str = "batch",
-        selection_timing: str = "during_training",
-        cluster_fit_count: str = "refcode",
-        fedcmd_split: bool = False,
-        ablation: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        o = self.options
+        (
+            kp, rho, total_rounds, k_extra, candidates, distance, selector, label_fit, sigma_floor, tie_prior,
+            granularity, selection_timing, cluster_fit_count, fedcmd_split, ablation
+        ) = (
+            o.kp, o.rho, o.total_rounds, o.k_extra, o.candidates, o.distance, o.selector, o.label_fit,
+            o.sigma_floor, o.tie_prior, o.granularity, o.selection_timing, o.cluster_fit_count, o.fedcmd_split,
+            o.ablation
+        )
         self.kp = phase_rounds("FedCPMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
         if self.kp < 1:
             raise ValueError("FedCPMD needs kp >= 1 phase-1 rounds: the clusters come from the phase-1 votes")
@@ -112,15 +124,9 @@ class FedCPMD(PersonalizedStrategy):
                 f"FedCPMD kp={self.kp} leaves no phase-2 round in a run of {total_rounds} rounds: "
                 f"set method.kp below rounds (the paper: kp=60 of 200), or method.rho"
             )
-        if k_extra < 0:
-            raise ValueError(f"FedCPMD k_extra must be >= 0, got {k_extra}")
         cands = list(candidates) if candidates else default_candidates(self.groups)
         if any(c not in self.groups for c in cands) or len(set(cands)) != len(cands):
             raise ValueError(f"FedCPMD candidates {cands} must be distinct groups of the model {self.groups}")
-        if cluster_fit_count not in FIT_COUNTS:
-            raise ValueError(f"FedCPMD cluster_fit_count must be one of {list(FIT_COUNTS)}, got {cluster_fit_count!r}")
-        if ablation not in ABLATIONS:
-            raise ValueError(f"FedCPMD ablation must be one of {list(ABLATIONS)}, got {ablation!r}")
         self.k_extra = int(k_extra)
         self.candidates = [g for g in self.groups if g in cands]
         self.scoring = {

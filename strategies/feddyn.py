@@ -9,6 +9,7 @@ h <- h - alpha/N * sum_{i in P} (w_i - w_global) and w_global <- mean_{i in P}(w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from protocol.roles import FedDynArgs
 
 from .base import PersonalizedStrategy
 from .model_distance import copy_arrays
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 Arrays = Mapping[str, np.ndarray]
@@ -35,17 +37,21 @@ def feddyn_server_update(
     return new_global, new_h
 
 
+@dataclass(frozen=True)
+class FedDynOptions(MethodOptions):
+    alpha: float = option(0.01, "regularization weight (FedCMD/FedCPMD baselines: 0.01)", above=0)
+
+
 class FedDyn(PersonalizedStrategy):
     """``alpha``: the regularization weight (FedCMD/FedCPMD baselines: 0.01)."""
 
     name = "feddyn"
+    options_type = FedDynOptions
     role = "feddyn"
 
-    def __init__(self, *args: Any, alpha: float = 0.01, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not alpha > 0:
-            raise ValueError(f"FedDyn alpha must be > 0, got {alpha}")
-        self.alpha = float(alpha)
+        self.alpha = self.options.alpha
         self.h = {k: np.zeros(v.shape) for k, v in self.global_arrays.items()}
 
     def role_config(self, client_id: int, server_round: int) -> FedDynArgs:

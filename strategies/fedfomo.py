@@ -14,6 +14,7 @@ reports the raw weights, which are added to P[i, j]. FedCMD paper, hyper-paramet
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,18 @@ import numpy as np
 from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 POOLS = ("latest", "all")
+
+
+@dataclass(frozen=True)
+class FedFomoOptions(MethodOptions):
+    m: int = option(5, "models downloaded per client a round", low=1)
+    val_ratio: float = option(0.2, "validation share of the local training split", above=0, below=1)
+    pool: str = option("latest", "which stored models are offered: the most recent round's uploads, or all", choices=POOLS)
+    epsilon: float = option(0.0, "exploration: the chance of offering random models instead of the best", low=0, high=1)
 
 
 class FedFomo(PersonalizedStrategy):
@@ -31,17 +41,13 @@ class FedFomo(PersonalizedStrategy):
     local training split), ``pool`` (``latest`` or ``all``), ``epsilon`` (exploration)."""
 
     name = "fedfomo"
+    options_type = FedFomoOptions
     role = "fedfomo"
 
-    def __init__(
-        self, *args: Any, m: int = 5, val_ratio: float = 0.2, pool: str = "latest", epsilon: float = 0.0, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if m < 1 or not 0.0 < val_ratio < 1.0 or pool not in POOLS or not 0.0 <= epsilon <= 1.0:
-            raise ValueError(
-                f"FedFomo needs m >= 1, 0 < val_ratio < 1, pool in {list(POOLS)}, 0 <= epsilon <= 1 "
-                f"(got m={m}, val_ratio={val_ratio}, pool={pool!r}, epsilon={epsilon})"
-            )
+        o = self.options
+        m, val_ratio, pool, epsilon = o.m, o.val_ratio, o.pool, o.epsilon
         self.m, self.val_ratio, self.pool, self.epsilon = int(m), float(val_ratio), pool, float(epsilon)
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded model of each client
         self.model_round: dict[int, int] = {}  # the round it was uploaded in

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.roles import ProximalArgs
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class FedProxOptions(MethodOptions):
+    mu: float = option(1.0, "proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)", low=0)
 
 
 class FedProx(PersonalizedStrategy):
     """``mu``: proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)."""
 
     name = "fedprox"
+    options_type = FedProxOptions
     role = "proximal"
 
-    def __init__(self, *args: Any, mu: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.args = ProximalArgs(mu=float(mu))
+        self.args = ProximalArgs(mu=self.options.mu)
 
     def role_config(self, client_id: int, server_round: int) -> ProximalArgs:
         return self.args

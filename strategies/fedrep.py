@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.roles import FedRepArgs
 
 from .fedper import FedPer
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class FedRepOptions(MethodOptions):
+    body_epochs: int = option(1, "of the E local epochs, the last ones that train the body (the ones before train the head)", low=0)
 
 
 class FedRep(FedPer):
     """``body_epochs`` of the E local epochs train the body, the E - body_epochs before them the head."""
 
     name = "fedrep"
+    options_type = FedRepOptions
     role = "fedrep"
 
-    def __init__(self, *args: Any, body_epochs: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.body_epochs = int(body_epochs)
-        self.role_config(0, 1)  # a bad option fails here, before round 1
+        self.body_epochs = self.options.body_epochs
 
     def role_config(self, client_id: int, server_round: int) -> FedRepArgs:
         return FedRepArgs(head=self.personal_groups(client_id, server_round), body_epochs=self.body_epochs)

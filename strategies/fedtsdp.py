@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -45,9 +46,26 @@ from .fedtsdp_math import (
     weight_distances_from_gram,
 )
 from .model_distance import gram_matrix
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 AMEND_MODES = ("literal", "bounded")
+
+
+@dataclass(frozen=True)
+class FedTSDPOptions(MethodOptions):
+    h_th: float = option(0.65, "Hopkins threshold (strict >, the paper's); inf: never cluster, exactly FedAvg", low=0)
+    eps1: float = option(0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0)
+    eps2: float = option(3.5, "stage 2 DBSCAN radius on weight L2 distance (calibrate for small models); inf: one group", above=0)
+    min_pts: int = option(2, "DBSCAN min_samples in both stages (the point itself included)", low=1)
+    psi: float = option(0.98, "shared-unit counter *= psi at each re-clustering", above=0, high=1)
+    decay: str = option("float", "float: the counter kept as a float, S = floor; int: int(counter * psi)", choices=DECAY_MODES)
+    public_batch: int = option(50, "public points drawn per round (one batch shared by all clients)", low=1)
+    amend: str = option("literal", "literal: + N_pub / batch to the triggering batch's weights (eqs. 7-8); bounded: + amend_increment", choices=AMEND_MODES)
+    amend_increment: float | None = option(None, "bounded mode's increment (null: 1 / N_pub)", above=0)
+    m_tilde: int | None = option(None, "Hopkins sample size (null: max(2, round(0.1 m)))", low=1)
+    hopkins_repeats: int = option(1, "H = the mean of this many Hopkins draws (1: the paper's one draw)", low=1)
+    upsilon: float = option(1e-6, "the eq. 9 offset (torch pairwise_distance's eps)", low=0)
 
 
 class FedTSDP(PersonalizedStrategy):
@@ -61,6 +79,7 @@ class FedTSDP(PersonalizedStrategy):
     about ±0.07 round to round), ``upsilon``."""
 
     name = "fedtsdp"
+    options_type = FedTSDPOptions
     diagnostic_panels = (
         Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
         Panel("shared_units", "shared prefix (units)"),
@@ -71,44 +90,12 @@ class FedTSDP(PersonalizedStrategy):
     needs_public_data = True  # the runner hands the public images to attach_public()
     checkpoint_exclude = ("public_images", "_probe")
 
-    def __init__(
-        self,
-        *args: Any,
-        h_th: float = 0.65,
-        eps1: float = 0.15,
-        eps2: float = 3.5,
-        min_pts: int = 2,
-        psi: float = 0.98,
-        decay: str = "float",
-        public_batch: int = 50,
-        amend: str = "literal",
-        amend_increment: float | None = None,
-        m_tilde: int | None = None,
-        hopkins_repeats: int = 1,
-        upsilon: float = 1e-6,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        problems = [
-            (not float(h_th) >= 0, f"h_th must be >= 0 (inf: never cluster), got {h_th}"),
-            (not float(eps1) > 0 or not float(eps2) > 0, f"eps1 and eps2 must be > 0 (inf: that stage keeps one group), got {eps1}, {eps2}"),
-            (int(min_pts) < 1, f"min_pts must be >= 1, got {min_pts}"),
-            (not 0 < float(psi) <= 1, f"psi must be in (0, 1], got {psi}"),
-            (decay not in DECAY_MODES, f"decay must be one of {list(DECAY_MODES)}, got {decay!r}"),
-            (int(public_batch) < 1, f"public_batch must be >= 1, got {public_batch}"),
-            (amend not in AMEND_MODES, f"amend must be one of {list(AMEND_MODES)}, got {amend!r}"),
-            (m_tilde is not None and int(m_tilde) < 1, f"m_tilde must be >= 1 (or null), got {m_tilde}"),
-            (int(hopkins_repeats) < 1, f"hopkins_repeats must be >= 1, got {hopkins_repeats}"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise ValueError(f"FedTSDP: {message}")
-        self.h_th, self.eps1, self.eps2 = float(h_th), float(eps1), float(eps2)
-        self.min_pts, self.psi, self.decay = int(min_pts), float(psi), decay
-        self.public_batch, self.amend, self.upsilon = int(public_batch), amend, float(upsilon)
-        self.amend_increment = None if amend_increment is None else float(amend_increment)
-        self.m_tilde = None if m_tilde is None else int(m_tilde)
-        self.hopkins_repeats = int(hopkins_repeats)
+        o = self.options
+        self.h_th, self.eps1, self.eps2, self.min_pts, self.psi, self.decay = o.h_th, o.eps1, o.eps2, o.min_pts, o.psi, o.decay
+        self.public_batch, self.amend, self.upsilon = o.public_batch, o.amend, o.upsilon
+        self.amend_increment, self.m_tilde, self.hopkins_repeats = o.amend_increment, o.m_tilde, o.hopkins_repeats
         self.units = self.schema().keys(buffers=True)  # state-dict order: input to output
         self.trainable_units = self.schema().keys()
         self.shared_counter = float(len(self.units))  # Ls: every unit shared at the start

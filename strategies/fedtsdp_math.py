@@ -20,7 +20,7 @@ def js_matrix(probs: np.ndarray) -> np.ndarray:
     """Pairwise Jensen-Shannon divergence of clients' softmax outputs, averaged over the batch.
 
     ``probs``: [m, B, C], each row a distribution over C classes. Natural log: values in
-    [0, ln 2], not square-rooted (fedtsdp.md [A3]; scipy's ``jensenshannon`` is the root).
+    [0, ln 2], not square-rooted (the FedTSDP paper's divergence; scipy's ``jensenshannon`` is the root).
     Symmetric with a zero diagonal. O(m^2 B C) in chunks of one client against all.
     """
     p = np.asarray(probs, dtype=np.float64)

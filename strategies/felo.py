@@ -1,4 +1,4 @@
-"""Felo, Velo and FedHe (felo_velo.md): clients of different architectures share class knowledge.
+"""Felo, Velo and FedHe ("Federated Learning with Heterogeneous Models" family; docs/methods/felo_velo.md): clients of different architectures share class knowledge.
 
 Felo (Felo/Velo paper): FedAvg only among clients of the same architecture (the base's per-architecture
 aggregation); every reply's per-class mean features and logits go into a per-class store over
@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from .base import PersonalizedStrategy
 from .diagnostics import Panel
 from .evaluation import global_test_numbers
 from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 KNOWLEDGE = "knowledge/"
@@ -45,6 +47,20 @@ def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifie
     raise ValueError("the model's last layer group has no 2-d weight (a linear classifier): Felo/Velo need one")
 
 
+@dataclass(frozen=True)
+class FeloOptions(MethodOptions):
+    alpha: float = option(0.5, "weight of the distillation terms in Eq. 1", low=0)
+    warmup: float = option(0.05, "share of the rounds trained on CE alone (knowledge still uploaded)", low=0, below=1)
+    total_rounds: int = option(100, "K, the run's rounds (the method config sets it to rounds)", low=1)
+    temperature: float = option(1.0, "KL temperature", above=0)
+    feature_cap: int = option(5000, "stored feature vectors per class (FIFO)", low=1)
+    logit_cap: int = option(50000, "stored logit vectors per class (FIFO)", low=1)
+    window: str = option("all", "all: every past report | latest_per_client: one entry per (client, class)", choices=WINDOWS)
+    global_eval_every: int = option(1, "with dataset.public=test|holdout: rounds between evaluations of the group models on it", low=1)
+    feature_upload: str = option("class_mean", "class_mean: per-class means (the paper) | samples: per-sample features (the authors' code)", choices=FEATURE_UPLOADS)
+    feature_samples: int = option(500, "samples: features a client sends a round (its last ones)", low=1)
+
+
 class Felo(PersonalizedStrategy):
     """``alpha``: the distillation weight of Eq. 1; ``warmup``: the CE-only share of the rounds
     (0.05); ``total_rounds``: the run's rounds; ``temperature`` of the KL; the store's caps and
@@ -52,31 +68,25 @@ class Felo(PersonalizedStrategy):
     (``class_mean`` | ``samples``: the last ``feature_samples`` training features a round)."""
 
     name = "felo"
+    options_type = FeloOptions
     role = "felo"
     heterogeneous = True
     shared_buffers = True  # step 5: BN running statistics are averaged within the architecture too
     mse_weight = 1.0
+    derived_role_args = ("feature_samples",)  # 0 (class means) unless feature_upload=samples
     evaluates_on_public = True  # the runner hands the labelled public split (dataset.public=test) to attach_public_test()
     checkpoint_exclude = ("store", "_probes", "public_test")
 
-    def __init__(
-        self,
-        *args: Any,
-        alpha: float = 0.5,
-        warmup: float = 0.05,
-        total_rounds: int = 100,
-        temperature: float = 1.0,
-        feature_cap: int = 5000,
-        logit_cap: int = 50000,
-        window: str = "all",
-        global_eval_every: int = 1,
-        feature_upload: str = "class_mean",
-        feature_samples: int = 500,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if feature_upload not in FEATURE_UPLOADS:
-            raise ValueError(f"{self.name} feature_upload must be one of {list(FEATURE_UPLOADS)}, got {feature_upload!r}")
+        o = self.options
+        (
+            alpha, warmup, total_rounds, temperature, feature_cap, logit_cap, window, global_eval_every,
+            feature_upload, feature_samples
+        ) = (
+            o.alpha, o.warmup, o.total_rounds, o.temperature, o.feature_cap, o.logit_cap, o.window,
+            o.global_eval_every, o.feature_upload, o.feature_samples
+        )
         self.samples = feature_upload == "samples"
         if self.samples and (self.mse_weight == 0 or window != "all" or int(feature_samples) < 1):
             raise ValueError(
@@ -89,14 +99,8 @@ class Felo(PersonalizedStrategy):
         models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
         self._probes = {arch: copy.deepcopy(m) for arch, m in models.items()}  # the server runs the group models in these
         self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
-        if int(global_eval_every) < 1:
-            raise ValueError(f"{self.name} global_eval_every must be >= 1 (rounds between global-test evaluations), got {global_eval_every}")
         self.global_eval_every = int(global_eval_every)
         self.total_rounds = int(total_rounds)
-        if not 0 <= warmup < 1:
-            raise ValueError(f"{self.name} warmup is the CE-only share of the rounds, in [0, 1); got {warmup}")
-        if window not in WINDOWS:
-            raise ValueError(f"{self.name} window must be one of {list(WINDOWS)}, got {window!r}")
         widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in self.schemas.items()}
         if len(set(widths.values())) > 1:
             raise ValueError(
@@ -238,34 +242,38 @@ class FedHe(Felo):
         return self.class_features  # never sent
 
 
+@dataclass(frozen=True)
+class VeloOptions(FeloOptions):
+    cvae_interval: int = option(1, "rounds between CVAE trainings (Table 4: 1-10 all similar)", low=1)
+    cvae_epochs: int = option(10, "epochs over the stored features per training", low=1)
+    cvae_batch: int = option(50, "the CVAE's batch size", low=2)
+    cvae_lr: float = option(1e-3, "the CVAE's Adam step", above=0)
+    cvae_loss: str = option("elbo", "elbo: per-sample sums, batch mean | code: the paper's code (MSE mean + KL sum)", choices=CVAE_LOSSES)
+    cvae_label_dim: int = option(512, "label embedding width", low=1)
+    cvae_hidden: int = option(1024, "hidden width", low=1)
+    cvae_latent: int = option(512, "latent width", low=1)
+
+
 class Velo(Felo):
     """Felo whose class features come from a conditional VAE trained on the stored features:
     ``cvae_interval`` rounds between trainings, ``cvae_epochs``, ``cvae_batch``, ``cvae_lr``,
     ``cvae_loss`` (elbo | code) and the CVAE's sizes (label embedding, hidden, latent)."""
 
     name = "velo"
+    options_type = VeloOptions
     diagnostic_panels = (Panel("s_rel_dist", "distance of S to the class means (relative)"),)
     # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
     checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae", "_s_quality")
 
-    def __init__(
-        self,
-        *args: Any,
-        cvae_interval: int = 1,
-        cvae_epochs: int = 10,
-        cvae_batch: int = 50,
-        cvae_lr: float = 1e-3,
-        cvae_loss: str = "elbo",
-        cvae_label_dim: int = 512,
-        cvae_hidden: int = 1024,
-        cvae_latent: int = 512,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if int(cvae_interval) < 1 or int(cvae_epochs) < 1 or int(cvae_batch) < 2:
-            raise ValueError(f"velo needs cvae_interval >= 1, cvae_epochs >= 1 and cvae_batch >= 2; got {cvae_interval}, {cvae_epochs}, {cvae_batch}")
-        if cvae_loss not in CVAE_LOSSES:
-            raise ValueError(f"velo cvae_loss must be one of {list(CVAE_LOSSES)}, got {cvae_loss!r}")
+        o = self.options
+        (
+            cvae_interval, cvae_epochs, cvae_batch, cvae_lr, cvae_loss, cvae_label_dim, cvae_hidden, cvae_latent
+        ) = (
+            o.cvae_interval, o.cvae_epochs, o.cvae_batch, o.cvae_lr, o.cvae_loss, o.cvae_label_dim,
+            o.cvae_hidden, o.cvae_latent
+        )
         self.cvae_interval, self.cvae_epochs, self.cvae_batch = int(cvae_interval), int(cvae_epochs), int(cvae_batch)
         self.cvae_lr, self.cvae_loss = float(cvae_lr), str(cvae_loss)
         self.cvae_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -19,6 +19,7 @@ from protocol.roles import RoleArgs
 
 from .aggregation import fedavg
 from .diagnostics import Panel
+from .options import MethodOptions
 from .validation import ClientUpdate
 
 
@@ -30,6 +31,9 @@ class MethodHooks:
     diagnostic_panels: tuple[Panel, ...] = ()
 
     name = "base"
+    options_type: type[MethodOptions] = MethodOptions  # the method's options, declared once (strategies.options)
+    # role arguments the strategy computes from several options rather than copying one (checked apart)
+    derived_role_args: tuple[str, ...] = ()
     role = "sgd"
     client_keeps = "personal"  # "personal" | "model" (wire.KEEP_MODES)
     shared_buffers = False  # float BN buffers travel with their group and are averaged (off: they never leave)
@@ -136,6 +140,6 @@ class MethodHooks:
 
     def sample(self, server_round: int) -> list[int]:
         """This round's client ids: a seeded uniform draw, the same stream for every method
-        (fedcmd.md A13). Override to sample differently (FedCPMD: per cluster, from :meth:`draw`)."""
+        (so methods compare on one client sample stream). Override to sample differently (FedCPMD: per cluster, from :meth:`draw`)."""
         return self.draw(range(self.num_clients), self.sample_size())
 

@@ -1,4 +1,4 @@
-"""KAPC and KAPC+BLS (Zhi et al., IEEE TMC 2024; kapc_bls.md): knowledge-aware parameter coaching.
+"""KAPC and KAPC+BLS (Zhi et al., IEEE TMC 2024; docs/methods/kapc.md): knowledge-aware parameter coaching.
 
 The server keeps a relationship cube R (N x L x N, rows non-negative summing to 1; a "layer" is a
 conv/linear with the BatchNorm affine after it, :func:`models.schema.parameter_layers`) and each
@@ -20,6 +20,7 @@ the initial model's: a pull toward w^0).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,27 @@ from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
 from .diagnostics import Panel
-from .kapc_math import CUBE_LRS, cube_step, downlink_mask, initial_cube, slice_rows, write_back
+from .kapc_math import CUBE_INITS, CUBE_LRS, cube_step, downlink_mask, initial_cube, slice_rows, write_back
 from .model_distance import gram_matrix
+from .options import MethodOptions, option
 from .validation import ClientUpdate
+
+
+@dataclass(frozen=True)
+class KAPCOptions(MethodOptions):
+    lam: float = option(1.0, "coaching weight lambda (the paper at alpha 0.1: 1)", low=0)
+    beta: float = option(0.005, "pull of R toward uniform (the paper at alpha 0.1: 0.005)", low=0)
+    cube_lr: float | str = option(
+        "centered", "eta_r per layer: centered = 1 / (beta + 2 lam lambda_max(C G^l C)) on the Gram of the clients' "
+        "deviations; theory = the same on the raw Gram; a number = a fixed step (the paper's 0.01)",
+        choices=CUBE_LRS, above=0,
+    )
+    cube_steps: int = option(1, "E_r, cube iterations per round", low=0)
+    cube_init: str = option("random", "the cube's start: random (U[0,1), rows normalized) or uniform", choices=CUBE_INITS)
+    write_back: str = option("scaled", "scaled (mass-preserving) or literal (write, then renormalize)", choices=("scaled", "literal"))
+    bls: bool = option(False, "bidirectional layer selection (method kapc_bls turns it on)")
+    mu: float = option(0.7, "BLS downlink: skip layer l for client i when R[i,l,i] > mu", low=0, high=1)
+    omega_min: int | None = option(None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1)
 
 
 class KAPC(PersonalizedStrategy):
@@ -44,6 +63,7 @@ class KAPC(PersonalizedStrategy):
     BLS only), ``omega_min`` (null = L - 2)."""
 
     name = "kapc"
+    options_type = KAPCOptions
     diagnostic_panels = (
         Panel("cube_delta", "mean |ΔR| a round"),
         Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
@@ -51,41 +71,20 @@ class KAPC(PersonalizedStrategy):
     role = "kapc"
     client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
     checkpoint_exclude = ("_self_weights", "_cube_delta")  # per-round scratch
-    bls_default = False
 
-    def __init__(
-        self,
-        *args: Any,
-        lam: float = 1.0,
-        beta: float = 0.005,
-        cube_lr: float | str = "centered",
-        cube_steps: int = 1,
-        cube_init: str = "random",
-        write_back: str = "scaled",
-        bls: bool | None = None,
-        mu: float = 0.7,
-        omega_min: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        o = self.options
         self.layers = [list(keys) for keys in self.schema().layers]
         n_layers = len(self.layers)
-        self.bls = self.bls_default if bls is None else bool(bls)
-        if not (cube_lr in CUBE_LRS or (isinstance(cube_lr, (int, float)) and not isinstance(cube_lr, bool) and cube_lr > 0)):
-            raise ValueError(f"KAPC cube_lr must be a number > 0 or one of {list(CUBE_LRS)}, got {cube_lr!r}")
-        if not beta >= 0 or cube_steps < 0 or write_back not in ("scaled", "literal") or not 0 <= mu <= 1:
-            raise ValueError(
-                f"KAPC needs beta >= 0, cube_steps >= 0, write_back scaled|literal, 0 <= mu <= 1 "
-                f"(got {beta}, {cube_steps}, {write_back!r}, {mu})"
-            )
-        self.omega_min = max(1, n_layers - 2) if omega_min is None else int(omega_min)
+        self.bls = o.bls
+        self.omega_min = max(1, n_layers - 2) if o.omega_min is None else o.omega_min
         if not 1 <= self.omega_min <= n_layers:
-            raise ValueError(f"KAPC omega_min must be in 1..{n_layers} (the model's layers), got {omega_min}")
-        KAPCArgs(lam=lam, omega_min=self.omega_min)  # a bad option fails here, before round 1
-        self.lam, self.beta, self.cube_lr, self.cube_steps = float(lam), float(beta), cube_lr, int(cube_steps)
-        self.write_back, self.mu = write_back, float(mu)
+            raise ValueError(f"KAPC omega_min must be in 1..{n_layers} (the model's layers), got {o.omega_min}")
+        self.lam, self.beta, self.cube_lr, self.cube_steps = o.lam, o.beta, o.cube_lr, o.cube_steps
+        self.write_back, self.mu = o.write_back, o.mu
         self.cube_rng = np.random.default_rng([self.seed, 11])  # its own stream: sampling stays method-independent
-        self.cube = initial_cube(self.num_clients, n_layers, self.cube_rng, cube_init)
+        self.cube = initial_cube(self.num_clients, n_layers, self.cube_rng, o.cube_init)
         model_bytes = sum(v.nbytes for v in self.global_arrays.values())
         self.models = self.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
         self.q = np.zeros(self.num_clients, dtype=np.int64)  # participations
@@ -228,6 +227,11 @@ def plot_cube(cube: np.ndarray, path: Path, layer_names: Sequence[str]) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class KAPCBLSOptions(KAPCOptions):
+    bls: bool = option(True, "bidirectional layer selection (on: KAPC+BLS)")
+
+
 class KAPCBLS(KAPC):
     """KAPC with bidirectional layer selection (the same options; ``bls`` on)."""
 
@@ -238,4 +242,4 @@ class KAPCBLS(KAPC):
         Panel("omega_by_bound", "clients whose Ω came from the bound"),
         Panel("omega_floor_bound", "clients whose Ω came from the floor"),
     )
-    bls_default = True
+    options_type = KAPCBLSOptions

@@ -60,6 +60,7 @@ def theory_lr(gram: np.ndarray, lam: float, beta: float) -> np.ndarray:
     return 1.0 / (beta + 2.0 * lam * np.maximum(top, 0.0))
 
 
+CUBE_INITS = ("random", "uniform")  # R^0
 CUBE_LRS = ("centered", "theory")  # the named step sizes; a number is a fixed step
 
 

@@ -7,9 +7,11 @@ every group before the first FC group) stay on each client; the upper groups are
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
 
 
 def lower_groups(groups: Sequence[str]) -> list[str]:
@@ -18,13 +20,21 @@ def lower_groups(groups: Sequence[str]) -> list[str]:
     return list(groups[:first_fc])
 
 
+@dataclass(frozen=True)
+class LGFedAvgOptions(MethodOptions):
+    local_groups: list[str] | None = option(None, "the personal (local) groups (null: the lower groups, e.g. LeNet-5's conv1, conv2)")
+
+
 class LGFedAvg(PersonalizedStrategy):
     """``local_groups``: the personal groups (default :func:`lower_groups`, e.g. LeNet-5's conv1, conv2)."""
 
     name = "lgfedavg"
+    options_type = LGFedAvgOptions
 
-    def __init__(self, *args: Any, local_groups: Sequence[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        o = self.options
+        local_groups = o.local_groups
         chosen = list(local_groups) if local_groups else lower_groups(self.groups)
         unknown = sorted(set(chosen) - set(self.groups))
         if unknown:

@@ -6,11 +6,19 @@ The server is FedAvg; the client keeps its previous local model between rounds.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.roles import MOONArgs
 
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class MOONOptions(MethodOptions):
+    mu: float = option(1.0, "weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)", low=0)
+    tau: float = option(0.5, "temperature of the contrastive term", above=0)
 
 
 class MOON(PersonalizedStrategy):
@@ -18,11 +26,12 @@ class MOON(PersonalizedStrategy):
     ``tau``: its temperature (0.5)."""
 
     name = "moon"
+    options_type = MOONOptions
     role = "moon"
 
-    def __init__(self, *args: Any, mu: float = 1.0, tau: float = 0.5, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.args = MOONArgs(mu=float(mu), tau=float(tau))
+        self.args = MOONArgs(mu=self.options.mu, tau=self.options.tau)
 
     def role_config(self, client_id: int, server_round: int) -> MOONArgs:
         return self.args

@@ -14,6 +14,7 @@ clients. Hyper-parameters are FL-bench's defaults (hn_lr 5e-3, embedding 100, hi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from torch import nn
 from .aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights
 from .base import PersonalizedStrategy
 from .model_distance import store_from_state, store_state
+from .options import MethodOptions, option
 from .validation import ClientUpdate
 
 Arrays = Mapping[str, np.ndarray]
@@ -105,17 +107,23 @@ def hypernet_step(
     return layerwise_mix(models, alpha, layer_keys)
 
 
+@dataclass(frozen=True)
+class PFedLAOptions(MethodOptions):
+    hn_lr: float = option(5e-3, "the hypernetwork's SGD step", above=0)
+    embedding_dim: int = option(100, "width of a client's embedding", low=1)
+    hidden_dim: int = option(100, "width of the hypernetwork's hidden layers", low=1)
+
+
 class PFedLA(PersonalizedStrategy):
     """Options: ``hn_lr`` (hypernetwork SGD step), ``embedding_dim``, ``hidden_dim``."""
 
     name = "pfedla"
+    options_type = PFedLAOptions
 
-    def __init__(
-        self, *args: Any, hn_lr: float = 5e-3, embedding_dim: int = 100, hidden_dim: int = 100, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not hn_lr > 0 or embedding_dim < 1 or hidden_dim < 1:
-            raise ValueError(f"pFedLA needs hn_lr > 0 and positive dims (got {hn_lr}, {embedding_dim}, {hidden_dim})")
+        o = self.options
+        hn_lr, embedding_dim, hidden_dim = o.hn_lr, o.embedding_dim, o.hidden_dim
         self.hn_lr = float(hn_lr)
         self.layer_keys = [self.keys([g]) for g in self.groups]
         with torch.random.fork_rng():  # seeded, and the server's torch RNG stream is left alone

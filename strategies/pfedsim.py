@@ -14,6 +14,7 @@ only: it is never averaged or sent back).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -22,6 +23,7 @@ from flwr.common import log
 
 from .aggregation import mixing_average, normalized_weights
 from .base import PersonalizedStrategy
+from .options import MethodOptions, option
 from .phases import phase_rounds
 from .similarity import EQ8_EPS, cosine_of_vectors
 from .validation import ClientUpdate
@@ -63,25 +65,26 @@ def pfedsim_weights(sim_row: np.ndarray, own: int, weighting: str = "pfedsim") -
     raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
 
 
+@dataclass(frozen=True)
+class PFedSimOptions(MethodOptions):
+    rho_general: float = option(0.5, "warm-up share of the rounds (the papers: 0.5)", low=0, high=1)
+    total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
+    warmup: int | None = option(None, "the warm-up in rounds (overrides rho_general)", low=0)
+    weighting: str = option("pfedsim", "how similarities weigh the bodies: pfedsim (-log(1 - S)) or linear", choices=WEIGHTINGS)
+
+
 class PFedSim(PersonalizedStrategy):
     """Options: ``rho_general`` (warm-up share of the rounds; the papers: 0.5), ``total_rounds``
     (K; the method config sets it to ``rounds``), ``warmup`` (rounds; overrides rho_general),
     ``weighting`` (``pfedsim`` or ``linear``)."""
 
     name = "pfedsim"
+    options_type = PFedSimOptions
 
-    def __init__(
-        self,
-        *args: Any,
-        rho_general: float = 0.5,
-        total_rounds: int | None = None,
-        warmup: int | None = None,
-        weighting: str = "pfedsim",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"pFedSim weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
+        o = self.options
+        rho_general, total_rounds, warmup, weighting = o.rho_general, o.total_rounds, o.warmup, o.weighting
         self.warmup = phase_rounds("pFedSim warmup", warmup, rho_general, total_rounds, "floor", "rho_general")
         self.weighting = weighting
         self.head = [self.groups[-1]]

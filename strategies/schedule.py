@@ -3,7 +3,7 @@
 Local optimizers are rebuilt every round (the papers' protocol), so a schedule over rounds is
 a function of the round number, not optimizer state: Felo/Velo's MultiStepLR (x0.1 at 40 % and
 70 % of the rounds, Felo/Velo paper, round schedule) and FedTSDP's exponential decay (0.05 * 0.95^(r-1),
-fedtsdp.md A12) are both one line of :meth:`LRSchedule.lr`.
+the FedTSDP paper's) are both one line of :meth:`LRSchedule.lr`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class LRSchedule:
         )
 
     def milestone_rounds(self) -> list[int]:
-        """Milestones as round numbers (fractions of ``rounds`` floored, as felo_velo.md's ⌊0.4T⌋)."""
+        """Milestones as round numbers (fractions of ``rounds`` floored, as the Felo/Velo paper's ⌊0.4T⌋)."""
         return [int(m * self.rounds) if m < 1 and self.rounds else int(m) for m in self.milestones]
 
     def lr(self, base: float, server_round: int) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-EQ8_EPS = 1e-8  # fedcmd.md Eq. 8, fedcpmd.md Eq. 13
+EQ8_EPS = 1e-8  # the FedCMD paper's Eq. 8, the FedCPMD paper's Eq. 13
 
 
 def _cosine(dots: np.ndarray, norms: np.ndarray, eps: float, lo: float) -> np.ndarray:

@@ -1,26 +1,19 @@
-"""Client roles: what a method does on the client, chosen by the ``role`` in the message config."""
+"""Client roles: what a method does on the client, chosen by the ``role`` in the message config.
+
+A role registers itself by subclassing :class:`Role` with its own ``name`` in this package;
+importing the package imports every module in it.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from .base import Role, RoleContext, SGDRole
-from .ditto import DittoRole
-from .fedamp import FedAMPRole
-from .fedap import FedAPRole
-from .fedbabu import FedBabuRole
-from .fedcmd import FedCMDRole
-from .fedcpmd import FedCPMDRole
-from .feddyn import FedDynRole
-from .fedfomo import FedFomoRole
-from .fedrep import FedRepRole
-from .felo import FeloRole
-from .kapc import KAPCRole
-from .moon import MOONRole
-from .proximal import ProximalRole
+from .base import ROLES, Role, RoleContext, SGDRole
 
-ROLES: dict[str, type[Role]] = {cls.name: cls for cls in (SGDRole, FedCMDRole, ProximalRole, FedRepRole, FedBabuRole, DittoRole)}
-ROLES.update({cls.name: cls for cls in (FedAMPRole, FedDynRole, FedFomoRole, FedAPRole, MOONRole, FedCPMDRole, KAPCRole, FeloRole)})
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
@@ -29,5 +22,4 @@ def build_role(name: str, args: dict[str, Any]) -> Role:
     return ROLES[name](args)
 
 
-__all__ = ["ROLES", "DittoRole", "FedBabuRole", "FedCMDRole", "FedRepRole", "ProximalRole", "Role", "RoleContext", "SGDRole", "build_role"]
-__all__ += ["FedAMPRole", "FedAPRole", "FedCPMDRole", "FedDynRole", "FedFomoRole", "KAPCRole", "MOONRole"]
+__all__ = ["ROLES", "Role", "RoleContext", "SGDRole", "build_role"]

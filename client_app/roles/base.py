@@ -34,15 +34,28 @@ class RoleContext:
     upload_keys: list[str] = field(default_factory=list)
 
 
+# every client role, by name: a Role subclass defined in this package with its own ``name`` joins it
+ROLES: dict[str, type[Role]] = {}
+
+
 class Role:
     """A method's client side. Subclasses override only what differs from plain SGD.
 
     ``args_type``: the role's arguments (a :mod:`protocol.roles` dataclass, shared with its
-    strategy); ``self.args`` is an instance, parsed and checked from the message.
+    strategy); ``self.args`` is an instance, parsed and checked from the message. A subclass
+    with its own ``name`` in ``client_app/roles/`` registers itself (no list to edit).
     """
 
     name = "base"
     args_type: type[RoleArgs] = SGDArgs
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__ and cls.__module__.startswith("client_app.roles."):
+            known = ROLES.get(cls.name)
+            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise TypeError(f"client role {cls.name!r} is taken by {known.__module__}.{known.__qualname__}")
+            ROLES[cls.name] = cls
 
     def __init__(self, args: Mapping[str, Any] | RoleArgs | None = None) -> None:
         self.args: Any = args if isinstance(args, self.args_type) else self.args_type.from_dict(dict(args or {}))

@@ -102,7 +102,7 @@ def gaussian_fit(m: Moments, sigma_floor: float = 0.0) -> GaussianFit:
 def label_fit(m: Moments, mode: str = "minmax", num_classes: int = 2, sigma_floor: float = 0.0) -> GaussianFit:
     """z^y of a batch's labels. ``minmax``: like any tensor (FedCMD; a one-class batch is
     constant). ``scaled``: (mean, std) of y / (C - 1) with no per-batch min-max, std floored
-    (fedcpmd.md A4: the official code's per-batch min-max makes one-class batches NaN)."""
+    (the FedCPMD paper's reading: the official code's per-batch min-max makes one-class batches NaN)."""
     if mode == "minmax":
         return gaussian_fit(m, sigma_floor)
     if mode != "scaled":

@@ -383,7 +383,7 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, "method.mu=0.0"),  # mu = 0: round 2 masks layers
     # the nodes partition the shared digits themselves (client-id, no data-dir): the server keeps a
     # public hold-out; h_th = 0 with psi = 0.5 would halve the shared prefix at every re-clustering,
-    # but two clients are too few for the Hopkins statistic (m < 3: no clustering, fedtsdp.md [A4])
+    # but two clients are too few for the Hopkins statistic (m < 3: no clustering)
     "fedtsdp": (2, {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
                 "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5"),
     # the two nodes run different architectures, a ResNet10 and a LeNet-5, both ending in a 32-wide

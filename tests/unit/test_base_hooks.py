@@ -98,7 +98,7 @@ def test_whole_model_persistence_saves_every_tensor_and_personal_mode_only_the_p
 
 def test_fedcmd_opting_into_whole_model_persistence_would_change_nothing(compose, tiny_overrides):
     """The measured reason FedCMD does not opt in: every tensor it does not send is its personal
-    layer, which it persists anyway (φ_init arrives at the first phase-2 contact, fedcmd.md A10),
+    layer, which it persists anyway (φ_init arrives at the first phase-2 contact, as the FedCMD paper's phase 2 reads),
     so the run is identical, round by round, while each client would store its whole model."""
 
     class FedCMDKeeping(FedCMD):

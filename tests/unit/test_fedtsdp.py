@@ -162,8 +162,8 @@ def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(c
 def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_overrides):
     with pytest.raises(ConfigError, match=r"public unlabelled data on the server: set dataset.public=holdout"):
         make(compose, tiny_overrides, "method=fedtsdp")
-    for bad, message in (("method.psi=1.5", "psi must be in"), ("method.decay=log", "decay must be one of"),
-                         ("method.amend=x", "amend must be one of"), ("method.eps1=0", "eps1 and eps2 must be > 0")):
+    for bad, message in (("method.psi=1.5", "psi must be > 0 and <= 1, got 1.5"), ("method.decay=log", "decay must be one of"),
+                         ("method.amend=x", "amend must be one of"), ("method.eps1=0", "eps1 must be > 0, got 0")):
         with pytest.raises(ValueError, match=message):
             make(compose, tiny_overrides, *TSDP, bad)
 

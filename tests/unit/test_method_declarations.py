@@ -1,23 +1,26 @@
-"""A method's options are declared twice, in its conf/method/<name>.yaml (what users see and
-override) and as its strategy's keyword defaults (what code that builds it directly gets): the two
-must agree, key for key and default for default."""
+"""A method's options are declared once, as its options dataclass (strategies.options): its
+conf/method/<name>.yaml (what users see and override) and its client role's arguments
+(protocol.roles, what the message carries) must agree with it, key for key and default for
+default; methods and roles register by subclassing."""
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import types
+import typing
 
 import pytest
 from omegaconf import OmegaConf
 
-from server_app.config import compose_config
-from strategies import STRATEGIES, PersonalizedStrategy, method_options
+from protocol.roles import ROLE_ARGS
+from server_app.config import ConfigError, compose_config, conf_dir
+from strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
+from strategies.options import option
 
 
 def interpolated(method: str) -> set[str]:
     """Keys whose yaml value is an interpolation (``total_rounds: ${rounds}``), in the method's file
     or a file it extends (``defaults: [kapc]``): their value is the run's, not a default."""
-    from server_app.config import conf_dir
-
     raw = OmegaConf.load(conf_dir() / "method" / f"{method}.yaml")
     keys = {k for k in raw if k != "defaults" and OmegaConf.is_interpolation(raw, k)}
     for parent in raw.get("defaults", []) or []:
@@ -26,35 +29,153 @@ def interpolated(method: str) -> set[str]:
     return keys
 
 
-def init_defaults(cls: type) -> dict[str, object]:
-    """Keyword-only defaults of the strategy's __init__ chain (a subclass's own first)."""
-    out: dict[str, object] = {}
-    for klass in cls.__mro__:
-        if klass is PersonalizedStrategy:
-            break
-        if "__init__" in vars(klass):
-            for name, p in inspect.signature(klass.__init__).parameters.items():
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in out:
-                    out[name] = p.default
-    return out
+def yaml_options(method: str) -> dict[str, object]:
+    composed = compose_config([f"method={method}"]).method
+    return {k: v for k, v in OmegaConf.to_container(composed, resolve=False).items() if k != "name"}
+
+
+def own_options(cls: type[PersonalizedStrategy]) -> set[str]:
+    """The options a method's class declares itself (not those a parent method's dataclass brings:
+    FedHe takes Felo's feature options but sends no features)."""
+    parents = {f.name for base in cls.options_type.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    shared = any(c.options_type is cls.options_type for c in cls.__mro__[1:] if issubclass(c, PersonalizedStrategy))
+    return set() if shared else set(cls.options_type.names()) - parents
+
+
+def disagreements(method: str, yaml: dict[str, object]) -> list[str]:
+    """What the yaml and the options dataclass disagree on (empty: they agree)."""
+    cls = STRATEGIES[method]
+    declared = cls.options_type.defaults()
+    problems = [f"yaml key {k!r} is not an option" for k in sorted(set(yaml) - set(declared))]
+    problems += [f"option {k!r} missing from the yaml" for k in sorted(own_options(cls) - set(yaml))]
+    skip = interpolated(method)
+    problems += [
+        f"{k}: yaml {v!r} != options {declared[k]!r}" for k, v in yaml.items()
+        if k in declared and k not in skip and v != declared[k]
+    ]
+    return problems
 
 
 @pytest.mark.parametrize("method", sorted(STRATEGIES))
-def test_the_yaml_and_the_strategy_declare_the_same_options_and_defaults(method):
+def test_the_yaml_and_the_options_dataclass_declare_the_same_options_and_defaults(method):
+    assert disagreements(method, yaml_options(method)) == []
+
+
+def test_a_drifted_yaml_default_is_caught():
+    """The check itself: KAPC's yaml saying lam 0.5 while its options say 1.0 is named."""
+    yaml = {**yaml_options("kapc"), "lam": 0.5}
+    assert disagreements("kapc", yaml) == ["lam: yaml 0.5 != options 1.0"]
+    assert disagreements("kapc", {k: v for k, v in yaml_options("kapc").items() if k != "beta"}) == ["option 'beta' missing from the yaml"]
+
+
+def field_types(hint) -> set:
+    return set(typing.get_args(hint)) - {type(None)} if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+
+
+def role_disagreements(method: str, sent: dict[str, object], role_args: type) -> list[str]:
+    """Where what the strategy sends its role (``sent``, one round's role arguments at the default
+    options) disagrees with the method's options: a field both declare must have a type the role
+    accepts and carry the option's value (an option with default null is resolved by the strategy:
+    KAPC's omega_min = L - 2 is sent as a number). ``derived_role_args`` on the strategy names
+    the fields it computes from several options instead (Felo's feature_samples: 0 unless
+    feature_upload=samples)."""
     cls = STRATEGIES[method]
-    yaml_options = {k: v for k, v in OmegaConf.to_container(compose_config([f"method={method}"]).method, resolve=False).items()
-                    if k != "name"}
-    options = set(method_options(method))
-    assert set(yaml_options) <= options, f"{method}: yaml keys the strategy does not take: {sorted(set(yaml_options) - options)}"
-    # an option the yaml leaves out must come from a parent method (FedHe takes Felo's feature options
-    # but sends no features): a method's own options are all in its yaml
-    own = {k for k, p in inspect.signature(cls.__init__).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} if "__init__" in vars(cls) else set()
-    missing = sorted((own & options) - set(yaml_options))
-    assert not missing, f"{method}: options missing from conf/method/{method}.yaml: {missing}"
-    defaults = init_defaults(cls)
-    differ = {
-        k: (v, defaults[k]) for k, v in yaml_options.items()
-        if defaults.get(k) is not None and k not in interpolated(method) and defaults[k] is not inspect.Parameter.empty
-        and v != defaults[k]
-    }
-    assert not differ, f"{method}: yaml default != strategy default (yaml, code): {differ}"
+    hints, arg_hints = typing.get_type_hints(cls.options_type), typing.get_type_hints(role_args)
+    problems = []
+    for name, default in cls.options_type.defaults().items():
+        if name not in arg_hints:
+            continue
+        if not field_types(hints[name]) <= field_types(arg_hints[name]):
+            problems.append(f"{name}: options type {hints[name]} does not fit role args type {arg_hints[name]}")
+        if default is not None and name not in cls.derived_role_args and sent.get(name) != default:
+            problems.append(f"{name}: options {default!r}, sent {sent.get(name)!r}")
+    return problems
+
+
+def sent_role_args(method: str, **options) -> dict[str, object]:
+    from models import build_model
+
+    model = build_model("lenet5", (1, 28, 28), 10, seed=0)
+    spec = {"model": {"name": "lenet5"}, "train": {"lr": 0.01}}
+    run = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}  # the paper's K
+    strategy = STRATEGIES[method](model, spec, num_clients=4, fraction=0.5, **run, **options)
+    args = strategy.role_config(0, 1)
+    return args.to_dict() if hasattr(args, "to_dict") else dict(args)
+
+
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
+def test_the_options_and_the_role_arguments_agree(method):
+    role_args = ROLE_ARGS[STRATEGIES[method].role]
+    assert role_disagreements(method, sent_role_args(method), role_args) == []
+
+
+def test_a_role_argument_that_drifts_from_its_option_is_caught():
+    """The check itself: KAPC sending lam 0.5 while its option says 1.0 is named, and so is an
+    option whose type the role would refuse."""
+    sent = {**sent_role_args("kapc"), "lam": 0.5}
+    assert role_disagreements("kapc", sent, ROLE_ARGS["kapc"]) == ["lam: options 1.0, sent 0.5"]
+
+    @dataclasses.dataclass(frozen=True)
+    class NarrowKAPCArgs(ROLE_ARGS["kapc"]):
+        lam: int = 1
+
+    assert "lam: options type <class 'float'> does not fit role args type <class 'int'>" in role_disagreements(
+        "kapc", sent_role_args("kapc"), NarrowKAPCArgs
+    )
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method.beta=-1", "method 'kapc': option beta must be >= 0, got -1; set method.beta=<value>"),
+    ("method.cube_lr=fast", "option cube_lr must be one of ['centered', 'theory'], or a number > 0, got 'fast'"),
+    ("method.cube_steps=1.5", "option cube_steps must be int, got 1.5"),
+    ("method.mu=2", "option mu must be >= 0 and <= 1, got 2"),
+])
+def test_a_bad_option_fails_config_validation_naming_it(override, message):
+    with pytest.raises(ConfigError) as err:
+        compose_config(["method=kapc", override])
+    assert message in str(err.value)
+
+
+def test_options_coerce_numbers_and_keep_the_declared_types():
+    from strategies.kapc import KAPCOptions
+
+    o = KAPCOptions(lam=1, cube_lr=0.01, omega_min=None)
+    assert isinstance(o.lam, float) and o.cube_lr == 0.01 and o.omega_min is None and o.bls is False
+    assert KAPCOptions(cube_lr=2).cube_lr == 2.0  # a number where "float | str" is declared
+    with pytest.raises(OptionError, match="option bls must be bool"):
+        KAPCOptions(bls="yes")
+    with pytest.raises(OptionError, match=r"has no option\(s\) \['lamda'\]"):
+        KAPCOptions.build("kapc", {"lamda": 1.0})
+
+
+def test_methods_and_roles_register_by_subclassing():
+    """Every strategy module's method is registered with no list to edit, every strategy's role
+    exists on the client side with the same arguments class, and a name cannot be taken twice."""
+    from client_app.roles import ROLES
+
+    assert len(STRATEGIES) == 25 and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
+    assert all(cls.name == name for name, cls in STRATEGIES.items())
+    assert {cls.role for cls in STRATEGIES.values()} <= set(ROLES)
+    assert set(ROLES) == set(ROLE_ARGS) and all(ROLES[n].args_type is ROLE_ARGS[n] for n in ROLES)
+    with pytest.raises(TypeError, match="method name 'fedavg' is taken"):
+        type("Impostor", (PersonalizedStrategy,), {"name": "fedavg", "__module__": "strategies.impostor"})
+
+
+def test_pflower_methods_prints_a_method_s_options_from_its_dataclass(capsys):
+    from server_app.cli import main
+
+    assert main(["methods", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    assert "fedprox: client role proximal" in out
+    assert "mu      float  1.0      >= 0" in out and "proximal weight" in out
+    assert main(["methods", "nosuch"]) == 2
+
+
+def test_a_method_without_options_uses_the_base_dataclass():
+    assert STRATEGIES["fedper"].options_type is MethodOptions and MethodOptions.build("fedper", {}).to_dict() == {}
+
+    @dataclasses.dataclass(frozen=True)
+    class Demo(MethodOptions):
+        n: int = option(3, "a count", low=1)
+
+    assert Demo.describe() == [{"option": "n", "type": "int", "default": "3", "allowed": ">= 1", "doc": "a count"}]

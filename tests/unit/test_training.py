@@ -108,10 +108,10 @@ def test_train_with_adam_and_steps_lowers_the_loss() -> None:
 
 
 def test_learning_rate_schedules() -> None:
-    multistep = LRSchedule("multistep", (0.4, 0.7), 0.1, rounds=100)  # felo_velo.md: x0.1 at 40 % and 70 %
+    multistep = LRSchedule("multistep", (0.4, 0.7), 0.1, rounds=100)  # the Felo/Velo paper: x0.1 at 40 % and 70 %
     assert multistep.milestone_rounds() == [40, 70]
     assert [multistep.lr(1e-3, r) for r in (1, 40, 41, 70, 71, 100)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4, 1e-5, 1e-5])
-    exponential = LRSchedule("exponential", gamma=0.95)  # fedtsdp.md A12: 0.05 * 0.95^(r-1)
+    exponential = LRSchedule("exponential", gamma=0.95)  # the FedTSDP paper: 0.05 * 0.95^(r-1)
     assert exponential.lr(0.05, 1) == 0.05 and exponential.lr(0.05, 3) == pytest.approx(0.05 * 0.95**2)
     assert LRSchedule().lr(0.01, 50) == 0.01
     assert LRSchedule("multistep", (5,), 0.5).lr(1.0, 6) == 0.5  # a round number needs no total

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def options_table(name: str) -> str:
@@ -24,12 +25,67 @@ def options_table(name: str) -> str:
     return "\n".join(lines)
 
 
+# a method page holds its options table between these markers; `pflower methods --write-docs` fills them
+BLOCK = "<!-- options:{name} -->\n{table}\n<!-- /options:{name} -->"
+DOC_PAGES = {"fedcmd": "fedcmd", "fedcpmd": "fedcpmd", "fedtsdp": "fedtsdp", "felo": "felo_velo", "velo": "felo_velo",
+             "fedhe": "felo_velo", "kapc": "kapc", "kapc_bls": "kapc", "cfl": "cfl"}  # the others: baselines
+
+
+def page_of(name: str) -> str:
+    return f"methods/{DOC_PAGES.get(name, 'baselines')}.md"
+
+
+def options_markdown(name: str) -> str:
+    """Method ``name``'s options as a Markdown table (the docs' copy of its options dataclass)."""
+    from strategies import STRATEGIES
+
+    rows = STRATEGIES[name].options_type.describe()
+    if not rows:
+        return f"`method={name}` has no options."
+    out = [f"`method={name}`:", "", "| option | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"`{r['option']}`", r["type"].replace("|", "\\|"), f"`{r['default']}`", r["allowed"] or "-", r["doc"]]
+        out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+    return "\n".join(out)
+
+
+def write_docs(docs: Path) -> list[Path]:
+    """Fill every method's options block in its page under ``docs`` (a page lacking one gets it
+    appended under an "Options" heading); the pages that changed."""
+    import re
+
+    from strategies import STRATEGIES
+
+    changed = []
+    for page in sorted({page_of(n) for n in STRATEGIES}):
+        path = docs / page
+        text = before = path.read_text()
+        for name in (n for n in STRATEGIES if page_of(n) == page):
+            block = BLOCK.format(name=name, table=options_markdown(name))
+            pattern = re.compile(re.escape(f"<!-- options:{name} -->") + ".*?" + re.escape(f"<!-- /options:{name} -->"), re.S)
+            if pattern.search(text):
+                text = pattern.sub(lambda _: block, text)
+            else:
+                heading = "" if "\n## Options (generated)" in text else "\n## Options (generated)\n\nFrom each method's options dataclass (`pflower methods NAME` prints the same).\n"
+                text = text.rstrip("\n") + "\n" + heading + "\n" + block + "\n"
+        if text != before:
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
 def main(argv: list[str]) -> int:
     from strategies import STRATEGIES
 
     parser = argparse.ArgumentParser(prog="pflower methods", description=__doc__)
     parser.add_argument("names", nargs="*", help="methods to show (none: the list)")
+    parser.add_argument("--write-docs", metavar="DOCS", nargs="?", const="docs",
+                        help="fill the options tables of the method pages under DOCS (default docs/)")
     args = parser.parse_args(argv)
+    if args.write_docs:
+        for path in write_docs(Path(args.write_docs)):
+            print(f"wrote {path}")
+        return 0
     unknown = [n for n in args.names if n not in STRATEGIES]
     if unknown:
         print(f"pflower methods: unknown method(s) {unknown}; the methods: {', '.join(STRATEGIES)}", file=sys.stderr)

@@ -179,3 +179,27 @@ def test_a_method_without_options_uses_the_base_dataclass():
         n: int = option(3, "a count", low=1)
 
     assert Demo.describe() == [{"option": "n", "type": "int", "default": "3", "allowed": ">= 1", "doc": "a count"}]
+
+
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
+def test_each_method_page_shows_the_options_table_of_its_dataclass(method):
+    """docs/methods/ carries a copy of each options dataclass; `pflower methods --write-docs`
+    refreshes it. A changed option without the refreshed page fails here."""
+    from server_app.methods_cli import BLOCK, options_markdown, page_of
+
+    page = (conf_dir().parent / "docs" / page_of(method)).read_text()
+    assert BLOCK.format(name=method, table=options_markdown(method)) in page, (
+        f"docs/{page_of(method)} lacks the current options of {method}: run `pflower methods --write-docs`"
+    )
+
+
+def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
+    from server_app.methods_cli import options_markdown, write_docs
+
+    (tmp_path / "methods").mkdir()
+    for page in ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "baselines"):
+        (tmp_path / "methods" / f"{page}.md").write_text(f"# {page}\n\nprose\n")
+    assert len(write_docs(tmp_path)) == 7
+    text = (tmp_path / "methods" / "kapc.md").read_text()
+    assert text.startswith("# kapc\n\nprose\n") and options_markdown("kapc_bls") in text
+    assert write_docs(tmp_path) == []  # a second run changes nothing

@@ -23,9 +23,10 @@ are skipped and say so: 1000 ResNet18 updates are 42 GiB, which a server holding
 replies at once (Flower's ``send_and_receive`` returns them together) could not hold here
 either.
 
-Adding a strategy is one line in :data:`CASES` (a ``prepare`` function if its steady state
-needs stored state); tests/unit/test_benchmarks.py fails for a registered method with its own
-server math and no case.
+Every registered method with its own server math is measured: a method with no line in
+:data:`TUNED_CASES` gets a default case (its default options, round 2, nothing stored), so a new
+method needs no line here; a line sets a steady state (a ``prepare`` function), options, or a
+variant under its own name (``cfl_split``).
 
 Run: ``python -m benchmarks.server_scaling`` (``--quick`` for a seconds-long smoke run;
 ``--sizes``, ``--models``, ``--strategies``, ``--repeats``, ``--threads``).
@@ -186,8 +187,9 @@ def case(method: str, prepare: Prepare = nothing, round: int = 2, **options: Any
     return Case(method, options, prepare, round)
 
 
-# one line per strategy; a variant of a method gets its own name (cfl_split)
-CASES: dict[str, Case] = {
+# cases whose steady state needs stored state, options or a round of their own; a variant of a
+# method gets its own name (cfl_split). Methods not named here get a default case (with_default_cases).
+TUNED_CASES: dict[str, Case] = {
     "fedavg": case("fedavg"),
     "feddyn": case("feddyn"),
     "fedcmd": case("fedcmd", fedcmd_phase2, round=21, kp=20),
@@ -221,6 +223,23 @@ def base_math_methods() -> list[str]:
         name for name, cls in STRATEGIES.items()
         if all(getattr(cls, m, None) is getattr(PersonalizedStrategy, m, None) for m in SERVER_MATH)
     ]
+
+
+def with_default_cases(tuned: Mapping[str, Case]) -> dict[str, Case]:
+    """``tuned`` plus ``case(method)`` for every registered method with its own server math that
+    ``tuned`` does not measure."""
+    covered = {c.method for c in tuned.values()}
+    own_math = sorted(set(_strategies()) - set(base_math_methods()) - covered)
+    return {**tuned, **{m: case(m) for m in own_math}}
+
+
+def _strategies() -> dict[str, Any]:
+    from strategies import STRATEGIES
+
+    return STRATEGIES
+
+
+CASES: dict[str, Case] = with_default_cases(TUNED_CASES)
 
 
 # ----------------------------------------------------------------------------- one round

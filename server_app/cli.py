@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 
-from .config import ConfigError, conf_dir, resume_config, validate
+from .config import ConfigError, conf_dir, resume_config
+from .simulate import simulate
 from .progress import Sweep, job_label, parse_sweep
 
 USAGE = """usage: pflower sim [-m] [key=value ...]
@@ -35,65 +34,6 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
   pflower sim experiment=smoke                        (a conf/experiment/ file)
   pflower sim resume=outputs/<date>/<run> rounds=60   (continue a run after its last checkpoint)
 Keys: see conf/config.yaml; groups: method, dataset, model, partition, experiment."""
-
-
-def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
-    """Run one composed config in Flower's simulation engine (in this process), or with
-    ``backend=serial`` on an in-process Grid (no Ray).
-
-    ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress lines).
-    """
-    from .runner import check_strategy, run_experiment
-
-    validate(cfg)
-    check_strategy(cfg)
-    if cfg.get("backend", "ray") in ("serial", "parallel"):
-        from .inprocess import InProcessGrid
-        from .config import resolve_workers
-        from .parallel import ParallelGrid
-
-        # the ServerApp and every client in this process (serial: one after the other in client-id
-        # order) or in worker processes forked from it (parallel): each node keeps its Context
-        # across rounds as a SuperNode does, each client runs on one torch thread as a Ray actor
-        # with client-resources num_cpus=1 does: the same numbers on every engine
-        if cfg.backend == "serial":
-            grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
-        else:
-            grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto")), client_threads=1)
-        try:
-            return run_experiment(grid, cfg, sweep=sweep)
-        finally:
-            grid.close()
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation  # imports Ray (0.6 s): only on this engine
-
-    from client_app.app import app as client_app
-
-    from .failures import USER_ERRORS
-
-    out: dict[str, Any] = {}
-    refused: list[Exception] = []
-    server_app = ServerApp()
-
-    @server_app.main()
-    def _main(grid: Grid, context: Context) -> None:
-        try:
-            out.update(run_experiment(grid, cfg, sweep=sweep))
-        except USER_ERRORS as exc:  # one line from pflower, not Flower's traceback
-            refused.append(exc)
-
-    # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
-    # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
-    # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
-    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    backend = ray_backend_config(cfg)
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
-    if refused:
-        raise refused[0]
-    if not out:
-        raise RuntimeError("the simulation ended without a result; see the log above for the ServerApp's error")
-    return out
 
 
 def split_sweep(value: str) -> list[str]:
@@ -157,62 +97,6 @@ def precheck(argv: list[str]) -> None:
         raise ConfigError(
             f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n" + "\n".join(problems)
         )
-
-
-def _gpu_share() -> float:
-    try:
-        import torch
-
-        return 0.25 if torch.cuda.is_available() else 0.0
-    except ImportError:
-        return 0.0
-
-
-def ray_backend_config(cfg: DictConfig) -> dict[str, Any]:
-    """Flower's Ray backend settings from the ``ray`` keys: per-ClientApp resources, and with
-    ``ray.address`` the running cluster to join (checked first: a bad address fails in seconds
-    with one line, not after Ray's minute of retries)."""
-    ray_cfg = cfg.get("ray") or {}
-    gpus = ray_cfg.get("client_gpus", "auto")
-    resources = {"num_cpus": float(ray_cfg.get("client_cpus", 1)), "num_gpus": _gpu_share() if gpus == "auto" else float(gpus)}
-    init_args: dict[str, Any] = {"log_to_driver": True}
-    address = ray_cfg.get("address")
-    if address:
-        init_args["address"] = check_ray_address(str(address))
-    return {"client_resources": resources, "init_args": init_args}
-
-
-def check_ray_address(address: str, timeout: float = 3.0) -> str:
-    """The cluster address to pass to ``ray.init``, after checking that a Ray head answers there:
-    ``auto`` must find a cluster started on this machine (``ray start --head``); ``HOST:PORT``
-    must accept a connection within ``timeout`` seconds."""
-    import socket
-
-    if address == "auto":
-        # what ray.init(address="auto") itself calls to find the cluster started on this machine
-        from ray._private.services import canonicalize_bootstrap_address
-
-        try:
-            found = canonicalize_bootstrap_address("auto")
-        except ConnectionError:
-            found = None
-        if not found:
-            raise ConfigError(
-                "ray.address=auto: no Ray cluster was started on this machine; start one with "
-                "`ray start --head` or give the head's HOST:PORT"
-            ) from None
-        return found
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"ray.address={address!r} is not HOST:PORT (the head's GCS address, e.g. 10.0.0.5:6379) or auto")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConfigError(
-            f"ray.address={address}: no Ray head answers there ({exc.strerror or exc}); start one with "
-            f"`ray start --head --port {port}` on that machine, or fix the address"
-        ) from None
-    return address
 
 
 def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:

@@ -117,7 +117,7 @@ def check_jobs(jobs: Sequence[Job]) -> None:
 
 def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]]:
     """Run what is not done, one after another (each run in this process, its protocol's engine)."""
-    from .cli import simulate
+    from .simulate import simulate
     from .config import compose_config
 
     check_jobs(jobs)

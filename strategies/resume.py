@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import WARNING
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from flwr.common import log
@@ -18,11 +18,11 @@ from flwr.common import log
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
 
-if TYPE_CHECKING:
-    from .base import PersonalizedStrategy
+# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this module)
+Strategy = Any
 
 
-def strategy_state(s: PersonalizedStrategy) -> dict[str, Any]:
+def strategy_state(s: Strategy) -> dict[str, Any]:
     """Everything needed to continue the run after ``s.last_round()`` (live references:
     :func:`strategies.checkpoint.save_checkpoint` encodes them at once)."""
     archs = s.architectures.state()
@@ -39,7 +39,7 @@ def strategy_state(s: PersonalizedStrategy) -> dict[str, Any]:
     }
 
 
-def restore_strategy_state(s: PersonalizedStrategy, state: Mapping[str, Any]) -> None:
+def restore_strategy_state(s: Strategy, state: Mapping[str, Any]) -> None:
     """Continue ``s`` from ``state``; refused when it is another method's, another run's, or the
     arrays do not fit the models."""
     if state["method"] != s.name:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import log
@@ -19,15 +19,15 @@ from .messaging import TTL_MARGIN_S, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
 
-if TYPE_CHECKING:
-    from .base import PersonalizedStrategy
+# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this module)
+Strategy = Any
 
 RoundCallback = Callable[[dict[str, Any]], None]
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 def run_rounds(
-    strategy: PersonalizedStrategy,
+    strategy: Strategy,
     grid: Grid,
     initial_arrays: ArrayRecord | None,
     num_rounds: int,

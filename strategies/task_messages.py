@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
@@ -14,11 +14,11 @@ from protocol import wire
 from protocol.roles import RoleArgs
 from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-if TYPE_CHECKING:
-    from .base import PersonalizedStrategy
+# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this module)
+Strategy = Any
 
 
-def task_spec(s: PersonalizedStrategy, client_id: int, server_round: int, task: str) -> TaskSpec:
+def task_spec(s: Strategy, client_id: int, server_round: int, task: str) -> TaskSpec:
     """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
     schema = s.schema(client_id)
     args = s.role_config(client_id, server_round) if task != "query" else {}

@@ -70,8 +70,8 @@ def imports_of(path: Path) -> set[str]:
 
 
 # the simulation engines host both sides in one process: they run the ClientApp's handlers
-# (inprocess.py, parallel.py) or hand Flower the ClientApp object (cli.py's simulate)
-SIMULATION_HARNESS = {"server_app/inprocess.py", "server_app/parallel.py", "server_app/cli.py"}
+# (inprocess.py, parallel.py) or hand Flower the ClientApp object (simulate.py)
+SIMULATION_HARNESS = {"server_app/inprocess.py", "server_app/parallel.py", "server_app/simulate.py"}
 
 
 @pytest.mark.parametrize(

@@ -36,16 +36,27 @@ def page_of(name: str) -> str:
 
 
 def options_markdown(name: str) -> str:
-    """Method ``name``'s options as a Markdown table (the docs' copy of its options dataclass)."""
+    """Method ``name``'s options as a Markdown table, then its mechanism diagnostics (the docs'
+    copy of its options dataclass and its ``diagnostic_panels``)."""
     from strategies import STRATEGIES
 
-    rows = STRATEGIES[name].options_type.describe()
+    cls = STRATEGIES[name]
+    rows = cls.options_type.describe()
     if not rows:
-        return f"`method={name}` has no options."
-    out = [f"`method={name}`:", "", "| option | type | default | allowed | what it does |", "|---|---|---|---|---|"]
-    for r in rows:
-        cells = [f"`{r['option']}`", r["type"].replace("|", "\\|"), f"`{r['default']}`", r["allowed"] or "-", r["doc"]]
-        out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+        out = [f"`method={name}` has no options."]
+    else:
+        out = [f"`method={name}`:", "", "| option | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+        for r in rows:
+            cells = [f"`{r['option']}`", r["type"].replace("|", "\\|"), f"`{r['default']}`", r["allowed"] or "-", r["doc"]]
+            out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+    if cls.diagnostic_panels:
+        shown = "; ".join(
+            f"`{p.key}` ({p.label}"
+            + (f", against `{p.threshold}`" if p.threshold else "")
+            + (f", events: `{p.events}`" if p.events else "") + ")"
+            for p in cls.diagnostic_panels
+        )
+        out += ["", f"Mechanism diagnostics (`metrics.jsonl`; `pflower report` draws them): {shown}."]
     return "\n".join(out)
 
 
@@ -66,7 +77,7 @@ def write_docs(docs: Path) -> list[Path]:
             if pattern.search(text):
                 text = pattern.sub(lambda _: block, text)
             else:
-                heading = "" if "\n## Options (generated)" in text else "\n## Options (generated)\n\nFrom each method's options dataclass (`pflower methods NAME` prints the same).\n"
+                heading = "" if "\n## Options (generated)" in text else "\n## Options (generated)\n\nFrom each method's options dataclass (`pflower methods NAME` prints the same); every method's rows on the shared protocols are on the [leaderboard](../leaderboard.md).\n"
                 text = text.rstrip("\n") + "\n" + heading + "\n" + block + "\n"
         if text != before:
             path.write_text(text)

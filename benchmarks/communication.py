@@ -150,7 +150,7 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
 
     args = {k: v for k, v in METHOD_ARGS.get(method, {}).items() if k in method_options(method)}
     # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
-    public = ["dataset.public=holdout"] if getattr(STRATEGIES[method], "needs_public_data", False) else []
+    public = ["dataset.public=holdout"] if STRATEGIES[method].needs_public_data else []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_config([
             *WORKLOAD, *public, *overrides, f"method={method}", f"rounds={rounds}", f"output_dir={tmp}",

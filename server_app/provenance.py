@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .results import _atomic_write
+from .results import atomic_write
 
 # pflower's source tree (the folder holding server_app/, client_app/, ...)
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def write_provenance(run_dir: Path, grid: Any = None, resumed_after_round: int |
     else:
         data = read_provenance(run_dir) or {"resumes": []}  # a run started before provenance existed
         data.setdefault("resumes", []).append({**record, "after_round": resumed_after_round})
-    _atomic_write(path, json.dumps(data, indent=2, sort_keys=True))
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True))
     return data
 
 

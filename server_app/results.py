@@ -40,7 +40,7 @@ class RunWriter:
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
 
     def append_round(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps(_jsonable(record), sort_keys=True)
+        line = json.dumps(jsonable(record), sort_keys=True)
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
@@ -48,7 +48,7 @@ class RunWriter:
         self.rounds.append(dict(record))
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
-        _atomic_write(self.run_dir / "summary.json", json.dumps(_jsonable(summary), indent=2, sort_keys=True))
+        atomic_write(self.run_dir / "summary.json", json.dumps(jsonable(summary), indent=2, sort_keys=True))
 
     def plot(self, title: str) -> Path:
         return plot_accuracy(self.rounds, self.run_dir / "accuracy.png", title)
@@ -84,17 +84,17 @@ def plot_accuracy(rounds: Sequence[Mapping[str, Any]], path: Path, title: str) -
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         return value.item()
     return value

@@ -29,7 +29,7 @@ from .config import MIXED, ConfigError, client_spec, config_diff, data_spec_dict
 from .failures import discard_unstarted_run
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
-from .results import RunWriter, _atomic_write, _jsonable, make_run_dir
+from .results import RunWriter, atomic_write, jsonable, make_run_dir
 
 
 def check_data(cfg: DictConfig) -> list[int]:
@@ -77,11 +77,11 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
         final_eval=bool(cfg.final_eval),
     )
     strategy.resume_force = bool(cfg.get("resume_force", False))
-    if getattr(strategy, "needs_public_data", False):
+    if strategy.needs_public_data:
         strategy.attach_public(public_images(cfg))
     elif str(cfg.dataset.get("public", "none")) != "none":
         spec = DataSpec.from_dict(data_spec_dict(cfg))
-        if not spec.info.node_local and getattr(strategy, "evaluates_on_public", False):
+        if not spec.info.node_local and strategy.evaluates_on_public:
             strategy.attach_public_test(*load_public_data(spec))
         if not spec.info.node_local and strategy.clients_evaluate_on_public:
             strategy.final_global_test = True  # each client scores its own model on the global test set at the end
@@ -147,7 +147,7 @@ def _run_in(
         except ValueError as exc:
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
         writer.rounds = restore_metrics(run_dir, strategy.history)
-        _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
+        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
         write_provenance(run_dir, grid, resumed_after_round=checkpoint.round)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
     every = int(cfg.get("checkpoint_every", 1))
@@ -278,12 +278,12 @@ def restore_metrics(run_dir: Path, history: list[dict[str, Any]]) -> list[dict[s
     if [int(r["round"]) for r in rounds] != list(range(1, last + 1)):
         log(WARNING, "%s does not hold rounds 1..%d once each: rewriting it from the checkpoint", path, last)
         discarded = [line for line in lines if line.strip()]
-        rounds = json.loads(json.dumps(_jsonable(history)))
+        rounds = json.loads(json.dumps(jsonable(history)))
         kept = [json.dumps(r, sort_keys=True) for r in rounds]
     if discarded:
         with open(run_dir / "metrics.discarded.jsonl", "a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in discarded)
-        _atomic_write(path, "".join(line + "\n" for line in kept))
+        atomic_write(path, "".join(line + "\n" for line in kept))
         log(WARNING, "%d line(s) of %s after round %d moved to metrics.discarded.jsonl", len(discarded), path.name, last)
     return rounds
 

@@ -43,6 +43,17 @@ class MethodHooks:
     # runner switches it on with dataset.public=test|holdout for methods with clients_evaluate_on_public)
     clients_evaluate_on_public = False
     final_global_test = False
+    # the runner hands the server the public split: its images (attach_public: FedTSDP clusters the
+    # clients' outputs on them) and, when it is labelled, images and labels (attach_public_test:
+    # Felo/Velo score their group models on it)
+    needs_public_data = False
+    evaluates_on_public = False
+
+    def attach_public(self, images: Any) -> None:
+        """Receive the public images (only called when ``needs_public_data``)."""
+
+    def attach_public_test(self, images: Any, labels: Any) -> None:
+        """Receive the labelled public split (only called when ``evaluates_on_public``)."""
 
     # ------------------------------------------------------------------ method hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:

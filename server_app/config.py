@@ -467,12 +467,19 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
 
 
 def client_spec(
-    cfg: DictConfig, run_token: str, client_state_dir: str | None = None, server_store_dir: str | None = None
+    cfg: DictConfig,
+    run_token: str,
+    client_state_dir: str | None = None,
+    server_store_dir: str | None = None,
+    *,
+    data: dict[str, Any] | None = None,
+    models: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a client needs, sent in every message's config (a SuperNode knows only its id).
 
     ``client_state_dir`` is where clients without a node ``state-dir`` persist their personal
-    tensors (simulation only: the path is the server's).
+    tensors (simulation only: the path is the server's). ``data`` and ``models``: the data spec
+    fields and model entries when already resolved (a :class:`server_app.run_plan.RunPlan`).
     """
     return {
         "run": run_token,
@@ -482,7 +489,7 @@ def client_spec(
         "seed": int(cfg.seed),
         "device": str(cfg.device),
         "deterministic": bool(cfg.get("deterministic", False)),
-        "data": data_spec_dict(cfg),
+        "data": data_spec_dict(cfg) if data is None else data,
         "train": {
             "epochs": int(cfg.local_epochs),
             "batch_size": int(cfg.batch_size),
@@ -496,7 +503,7 @@ def client_spec(
         # heterogeneous federation the architectures and who runs which
         "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},
         "server_store": {"mode": str(cfg.get("server_store", "auto")), "dir": server_store_dir},
-        **_model_entries(cfg),
+        **(_model_entries(cfg) if models is None else models),
     }
 
 

@@ -17,7 +17,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from federated_data import DataSpec, load_public_data, partition_sizes
+from federated_data import load_public_data, partition_sizes
 from federated_data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
@@ -25,17 +25,18 @@ from strategies.round_log import format_value
 from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
 
-from .config import MIXED, ConfigError, client_spec, config_diff, data_spec_dict, load_saved_config, method_args, model_archs
+from .config import ConfigError, client_spec, config_diff, load_saved_config
 from .failures import discard_unstarted_run
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
 from .results import RunWriter, atomic_write, jsonable, make_run_dir
+from .run_plan import RunPlan
 
 
-def check_data(cfg: DictConfig) -> list[int]:
+def check_data(cfg: DictConfig | RunPlan) -> list[int]:
     """Build the partition once on the server (simulation shares the data): fail before round 1."""
     try:
-        return partition_sizes(DataSpec.from_dict(data_spec_dict(cfg)))
+        return partition_sizes(RunPlan.of(cfg).data)
     except (PartitionError, FileNotFoundError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -52,23 +53,29 @@ def client_state_dir(cfg: DictConfig, run_dir: Path | None) -> str | None:
     return str(Path(str(value)).expanduser().resolve())
 
 
-def build_models(cfg: DictConfig) -> LayeredNet | dict[str, LayeredNet]:
+def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet]:
     """The run's initial model (seeded), or one per architecture of a mixed federation."""
-    info = DataSpec.from_dict(data_spec_dict(cfg)).info
-    archs, _ = model_archs(cfg)
+    plan = RunPlan.of(cfg)
+    info, seed = plan.data.info, int(plan.cfg.seed)
     models = {
-        arch: build_model(spec["name"], info.in_shape, info.num_classes, seed=int(cfg.seed), **{k: v for k, v in spec.items() if k != "name"})
-        for arch, spec in archs.items()
+        arch: build_model(spec["name"], info.in_shape, info.num_classes, seed=seed, **{k: v for k, v in spec.items() if k != "name"})
+        for arch, spec in plan.archs.items()
     }
-    return models if cfg.model.name == MIXED else next(iter(models.values()))
+    return models if plan.mixed else next(iter(models.values()))
 
 
-def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
+def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
+    plan = RunPlan.of(cfg)
+    cfg = plan.cfg
+    spec = client_spec(
+        cfg, run_token, client_state_dir(cfg, run_dir), None if run_dir is None else str(run_dir / "server_store"),
+        data=plan.data_fields, models=plan.model_entries(),
+    )
     strategy = build_strategy(
-        cfg.method.name,
-        build_models(cfg),
-        client_spec(cfg, run_token, client_state_dir(cfg, run_dir), None if run_dir is None else str(run_dir / "server_store")),
-        method_args=method_args(cfg),
+        plan.method,
+        build_models(plan),
+        spec,
+        method_args=plan.options,
         num_clients=int(cfg.num_clients),
         fraction=float(cfg.fraction),
         min_clients=int(cfg.min_clients),
@@ -78,33 +85,32 @@ def build(cfg: DictConfig, run_token: str, run_dir: Path | None = None) -> Perso
     )
     strategy.resume_force = bool(cfg.get("resume_force", False))
     if strategy.needs_public_data:
-        strategy.attach_public(public_images(cfg))
-    elif str(cfg.dataset.get("public", "none")) != "none":
-        spec = DataSpec.from_dict(data_spec_dict(cfg))
-        if not spec.info.node_local and strategy.evaluates_on_public:
-            strategy.attach_public_test(*load_public_data(spec))
-        if not spec.info.node_local and strategy.clients_evaluate_on_public:
+        strategy.attach_public(public_images(plan))
+    elif plan.data.public != "none":
+        if not plan.data.info.node_local and strategy.evaluates_on_public:
+            strategy.attach_public_test(*load_public_data(plan.data))
+        if not plan.data.info.node_local and strategy.clients_evaluate_on_public:
             strategy.final_global_test = True  # each client scores its own model on the global test set at the end
     return strategy
 
 
-def public_images(cfg: DictConfig) -> Any:
+def public_images(cfg: DictConfig | RunPlan) -> Any:
     """The server's public unlabelled images (FedTSDP): the ``dataset.public`` split, labels dropped."""
-    spec = DataSpec.from_dict(data_spec_dict(cfg))
-    if spec.public == "none" or spec.info.node_local:
+    plan = RunPlan.of(cfg)
+    if plan.data.public == "none" or plan.data.info.node_local:
         raise ConfigError(
-            f"method {cfg.method.name!r} needs public unlabelled data on the server: set dataset.public=holdout "
+            f"method {plan.method!r} needs public unlabelled data on the server: set dataset.public=holdout "
             "(a held-out share of the pooled data, dataset.public_fraction) or dataset.public=test (the official "
             "test split), with a dataset the server can read (not dataset=local)"
         )
-    return load_public_data(spec)[0]
+    return load_public_data(plan.data)[0]
 
 
-def check_strategy(cfg: DictConfig) -> None:
+def check_strategy(cfg: DictConfig | RunPlan) -> None:
     """Build the run's strategy once, before Ray starts and before any run directory exists, so a
     method option that cannot work (FedCMD's ``kp >= rounds``...) is one line, not a traceback."""
     try:
-        build(cfg, run_token="check")
+        build(RunPlan.of(cfg), run_token="check")
     except ConfigError:
         raise
     except ValueError as exc:
@@ -116,16 +122,17 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
 
     ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
     """
+    plan = RunPlan.of(cfg)  # the config resolved once; every step below reads it
     checkpoint = resumable(cfg) if cfg.get("resume") else None
     if check_partition:
-        check_data(cfg)
+        check_data(plan)
     if checkpoint is None:
         run_dir = make_run_dir(cfg.output_dir, cfg.method.name, cfg.dataset.name)
         run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
     else:
         run_dir, run_token = checkpoint.path.parent, checkpoint.run_token
     try:
-        return _run_in(run_dir, run_token, grid, cfg, checkpoint, sweep)
+        return _run_in(run_dir, run_token, grid, plan, checkpoint, sweep)
     except BaseException:
         if checkpoint is None:
             discard_unstarted_run(run_dir)
@@ -133,9 +140,10 @@ def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sw
 
 
 def _run_in(
-    run_dir: Path, run_token: str, grid: Grid, cfg: DictConfig, checkpoint: Checkpoint | None, sweep: Sweep | None
+    run_dir: Path, run_token: str, grid: Grid, plan: RunPlan, checkpoint: Checkpoint | None, sweep: Sweep | None
 ) -> dict[str, Any]:
-    strategy = build(cfg, run_token, run_dir)
+    cfg = plan.cfg
+    strategy = build(plan, run_token, run_dir)
     writer = RunWriter(run_dir)
     if checkpoint is None:
         writer.write_config(cfg)
@@ -168,7 +176,7 @@ def _run_in(
     summary: dict[str, Any] = {
         "method": cfg.method.name,
         "dataset": cfg.dataset.name,
-        **data_record(cfg, strategy),
+        **data_record(plan, strategy),
         "model": cfg.model.name,
         "num_clients": int(cfg.num_clients),
         **summarize(writer.rounds, int(cfg.headline_window)),
@@ -189,14 +197,15 @@ def _run_in(
     return summary
 
 
-def data_record(cfg: DictConfig, strategy: PersonalizedStrategy) -> dict[str, Any]:
+def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> dict[str, Any]:
     """The summary's partition, alpha (and for node-held data, where it came from).
 
     With ``dataset=local`` the config's partition keys say nothing about the data: each node
     reports its directory's meta.json at discovery, and the run records what they report (the
     partition the directories were exported from, if they all agree)."""
-    if not DataSpec.from_dict(data_spec_dict(cfg)).info.node_local:
-        return {"partition": cfg.partition.name, "alpha": cfg.partition.get("alpha")}
+    plan = RunPlan.of(cfg)
+    if not plan.data.info.node_local:
+        return {"partition": plan.cfg.partition.name, "alpha": plan.cfg.partition.get("alpha")}
     origins = {cid: info.origin for cid, info in sorted(strategy.clients.items())}
     exported = [o.get("exported_from") if isinstance(o, dict) else None for o in origins.values()]
     names = sorted({str(o.get("name")) for o in origins.values() if isinstance(o, dict) and o.get("name")})

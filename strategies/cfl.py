@@ -83,14 +83,8 @@ class CFL(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            eps1, eps2, min_cluster_size, start_round, lr_normalized
-        ) = (
-            o.eps1, o.eps2, o.min_cluster_size, o.start_round, o.lr_normalized
-        )
-        self.eps1, self.eps2 = float(eps1), float(eps2)
-        self.min_cluster_size, self.start_round = int(min_cluster_size), int(start_round)
-        self.lr_normalized = bool(lr_normalized)
+        self.eps1, self.eps2, self.min_cluster_size, self.start_round = o.eps1, o.eps2, o.min_cluster_size, o.start_round
+        self.lr_normalized = o.lr_normalized
         self.split_rounds: list[int] = []
         self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
         self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round

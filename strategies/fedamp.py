@@ -94,8 +94,7 @@ class FedAMP(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        lam, sigma, self_weight, kernel = o.lam, o.sigma, o.self_weight, o.kernel
-        self.lam, self.sigma, self.self_weight, self.kernel = float(lam), float(sigma), float(self_weight), kernel
+        self.lam, self.sigma, self.self_weight, self.kernel = o.lam, o.sigma, o.self_weight, o.kernel
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded w_j of each client
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:

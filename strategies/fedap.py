@@ -113,18 +113,13 @@ class FedAP(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            momentum, warmup_ratio, total_rounds, warmup, warmup_epochs
-        ) = (
-            o.momentum, o.warmup_ratio, o.total_rounds, o.warmup, o.warmup_epochs
-        )
         self.bn_keys = list(self.schema().bn_params)
         self.bn_channels = list(self.schema().bn_channels)
         if not self.bn_channels:
             raise ValueError("FedAP weighs clients by BatchNorm statistics: this model has no BatchNorm layer")
-        self.momentum = float(momentum)
-        self.warmup = phase_rounds("FedAP warmup", warmup, warmup_ratio, total_rounds, "floor", "warmup_ratio")
-        self.warmup_epochs = warmup_epochs
+        self.momentum = o.momentum
+        self.warmup = phase_rounds("FedAP warmup", o.warmup, o.warmup_ratio, o.total_rounds, "floor", "warmup_ratio")
+        self.warmup_epochs = o.warmup_epochs
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained non-BN parameters of each client
         self.stats: dict[int, dict[str, np.ndarray]] = {}  # BN input statistics of each client
 

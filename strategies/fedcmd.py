@@ -131,37 +131,27 @@ class FedCMD(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            kp, rho, total_rounds, weighted_aggregation, force_layer, candidates, score_mode, w2_mode,
-            selection_timing, granularity
-        ) = (
-            o.kp, o.rho, o.total_rounds, o.weighted_aggregation, o.force_layer, o.candidates, o.score_mode,
-            o.w2_mode, o.selection_timing, o.granularity
-        )
-        self.kp = phase_rounds("FedCMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
-        if total_rounds is not None and self.kp >= total_rounds:  # it would never personalize anything
+        self.kp = phase_rounds("FedCMD kp", None if o.rho is not None else o.kp, o.rho, o.total_rounds, "round", "rho")
+        if o.total_rounds is not None and self.kp >= o.total_rounds:  # it would never personalize anything
             raise ValueError(
-                f"FedCMD kp={self.kp} leaves no phase-2 round in a run of {total_rounds} rounds (l* would be chosen "
+                f"FedCMD kp={self.kp} leaves no phase-2 round in a run of {o.total_rounds} rounds (l* would be chosen "
                 f"after the last round): set method.kp below rounds (the paper: kp=20 of 200) or method.rho=0.1"
             )
-        self.weighted_aggregation = bool(weighted_aggregation)
-        cands = list(candidates) if candidates else default_candidates(self.groups)
+        self.weighted_aggregation = o.weighted_aggregation
+        cands = list(o.candidates) if o.candidates else default_candidates(self.groups)
         unknown = [c for c in cands if c not in self.groups]
         if unknown or len(set(cands)) != len(cands):
             raise ValueError(f"FedCMD candidates {cands} must be distinct groups of the model {self.groups}")
         cands = [g for g in self.groups if g in cands]  # forward order: the last tie-break
-        if force_layer is not None and force_layer not in cands:
-            raise ValueError(f"FedCMD force_layer={force_layer!r} is not a candidate; candidates: {cands}")
-        if self.kp == 0 and force_layer is None:
+        if o.force_layer is not None and o.force_layer not in cands:
+            raise ValueError(f"FedCMD force_layer={o.force_layer!r} is not a candidate; candidates: {cands}")
+        if self.kp == 0 and o.force_layer is None:
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
-        self.force_layer = force_layer
+        self.force_layer = o.force_layer
         self.scoring = {
-            "score_mode": score_mode,
-            "w2_mode": w2_mode,
-            "selection_timing": selection_timing,
-            "granularity": granularity,
+            "score_mode": o.score_mode, "w2_mode": o.w2_mode, "selection_timing": o.selection_timing, "granularity": o.granularity,
         }
-        FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # a bad option fails here, before round 1
+        FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # the role's own checks, before round 1
         self.state = FedCMDState(candidates=cands)
 
     # ------------------------------------------------------------------ phases and groups

@@ -108,33 +108,25 @@ class FedCPMD(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            kp, rho, total_rounds, k_extra, candidates, distance, selector, label_fit, sigma_floor, tie_prior,
-            granularity, selection_timing, cluster_fit_count, fedcmd_split, ablation
-        ) = (
-            o.kp, o.rho, o.total_rounds, o.k_extra, o.candidates, o.distance, o.selector, o.label_fit,
-            o.sigma_floor, o.tie_prior, o.granularity, o.selection_timing, o.cluster_fit_count, o.fedcmd_split,
-            o.ablation
-        )
-        self.kp = phase_rounds("FedCPMD kp", None if rho is not None else kp, rho, total_rounds, "round", "rho")
+        self.kp = phase_rounds("FedCPMD kp", None if o.rho is not None else o.kp, o.rho, o.total_rounds, "round", "rho")
         if self.kp < 1:
             raise ValueError("FedCPMD needs kp >= 1 phase-1 rounds: the clusters come from the phase-1 votes")
-        if total_rounds is not None and self.kp >= total_rounds:
+        if o.total_rounds is not None and self.kp >= o.total_rounds:
             raise ValueError(
-                f"FedCPMD kp={self.kp} leaves no phase-2 round in a run of {total_rounds} rounds: "
+                f"FedCPMD kp={self.kp} leaves no phase-2 round in a run of {o.total_rounds} rounds: "
                 f"set method.kp below rounds (the paper: kp=60 of 200), or method.rho"
             )
-        cands = list(candidates) if candidates else default_candidates(self.groups)
+        cands = list(o.candidates) if o.candidates else default_candidates(self.groups)
         if any(c not in self.groups for c in cands) or len(set(cands)) != len(cands):
             raise ValueError(f"FedCPMD candidates {cands} must be distinct groups of the model {self.groups}")
-        self.k_extra = int(k_extra)
+        self.k_extra = o.k_extra
         self.candidates = [g for g in self.groups if g in cands]
         self.scoring = {
-            "distance": distance, "selector": selector, "label_fit": label_fit, "sigma_floor": float(sigma_floor),
-            "tie_prior": tie_prior, "granularity": granularity, "selection_timing": selection_timing,
+            "distance": o.distance, "selector": o.selector, "label_fit": o.label_fit, "sigma_floor": o.sigma_floor,
+            "tie_prior": o.tie_prior, "granularity": o.granularity, "selection_timing": o.selection_timing,
         }
-        FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)  # a bad option fails here, before round 1
-        self.cluster_fit_count, self.fedcmd_split, self.ablation = cluster_fit_count, bool(fedcmd_split), ablation
+        FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)  # the role's own checks, before round 1
+        self.cluster_fit_count, self.fedcmd_split, self.ablation = o.cluster_fit_count, o.fedcmd_split, o.ablation
         self.votes: dict[int, list[tuple[int, str]]] = {}  # client -> its (round, layer) votes
         self.last_cls: dict[int, dict[str, np.ndarray]] = {}  # client -> its last phase-1 classifier
         self.n_train: dict[int, int] = {}

@@ -47,8 +47,7 @@ class FedFomo(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        m, val_ratio, pool, epsilon = o.m, o.val_ratio, o.pool, o.epsilon
-        self.m, self.val_ratio, self.pool, self.epsilon = int(m), float(val_ratio), pool, float(epsilon)
+        self.m, self.val_ratio, self.pool, self.epsilon = o.m, o.val_ratio, o.pool, o.epsilon
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded model of each client
         self.model_round: dict[int, int] = {}  # the round it was uploaded in
         self.affinity = np.zeros((self.num_clients, self.num_clients))

@@ -80,27 +80,18 @@ class Felo(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            alpha, warmup, total_rounds, temperature, feature_cap, logit_cap, window, global_eval_every,
-            feature_upload, feature_samples
-        ) = (
-            o.alpha, o.warmup, o.total_rounds, o.temperature, o.feature_cap, o.logit_cap, o.window,
-            o.global_eval_every, o.feature_upload, o.feature_samples
-        )
-        self.samples = feature_upload == "samples"
-        if self.samples and (self.mse_weight == 0 or window != "all" or int(feature_samples) < 1):
+        self.samples = o.feature_upload == "samples"
+        if self.samples and (self.mse_weight == 0 or o.window != "all"):
             raise ValueError(
-                f"{self.name} feature_upload=samples needs a method that uses features (not fedhe), window=all "
-                f"(a FIFO per class) and feature_samples >= 1 (features a client sends a round); got window={window!r}, "
-                f"feature_samples={feature_samples}"
+                f"{self.name} feature_upload=samples needs a method that uses features (not fedhe) and window=all "
+                f"(a FIFO per class); got window={o.window!r}"
             )
-        self.feature_samples = int(feature_samples) if self.samples else 0
+        self.feature_samples = o.feature_samples if self.samples else 0
         model = args[0] if args else kwargs.get("model")
         models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
         self._probes = {arch: copy.deepcopy(m) for arch, m in models.items()}  # the server runs the group models in these
         self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.global_eval_every = int(global_eval_every)
-        self.total_rounds = int(total_rounds)
+        self.global_eval_every, self.total_rounds = o.global_eval_every, o.total_rounds
         widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in self.schemas.items()}
         if len(set(widths.values())) > 1:
             raise ValueError(
@@ -109,10 +100,10 @@ class Felo(PersonalizedStrategy):
             )
         self.feature_dim = next(iter(widths.values()))
         self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
-        self.warmup_rounds = math.ceil(float(warmup) * int(total_rounds))
-        self.args = FeloArgs(alpha=float(alpha), mse_weight=self.mse_weight, temperature=float(temperature),
+        self.warmup_rounds = math.ceil(o.warmup * o.total_rounds)
+        self.args = FeloArgs(alpha=o.alpha, mse_weight=self.mse_weight, temperature=o.temperature,
                              feature_dim=self.feature_dim, feature_samples=self.feature_samples)
-        self.store = KnowledgeStore(self.num_classes, self.feature_dim, int(feature_cap), int(logit_cap), window)
+        self.store = KnowledgeStore(self.num_classes, self.feature_dim, o.feature_cap, o.logit_cap, o.window)
         self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
         self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
         self.known = np.zeros(self.num_classes, np.uint8)
@@ -268,18 +259,12 @@ class Velo(Felo):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        (
-            cvae_interval, cvae_epochs, cvae_batch, cvae_lr, cvae_loss, cvae_label_dim, cvae_hidden, cvae_latent
-        ) = (
-            o.cvae_interval, o.cvae_epochs, o.cvae_batch, o.cvae_lr, o.cvae_loss, o.cvae_label_dim,
-            o.cvae_hidden, o.cvae_latent
-        )
-        self.cvae_interval, self.cvae_epochs, self.cvae_batch = int(cvae_interval), int(cvae_epochs), int(cvae_batch)
-        self.cvae_lr, self.cvae_loss = float(cvae_lr), str(cvae_loss)
+        self.cvae_interval, self.cvae_epochs, self.cvae_batch = o.cvae_interval, o.cvae_epochs, o.cvae_batch
+        self.cvae_lr, self.cvae_loss = o.cvae_lr, o.cvae_loss
         self.cvae_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         torch_state = torch.get_rng_state()
         torch.manual_seed(int(self.seed) + 7177)  # the CVAE's initial weights: from the run's seed, not the global stream
-        self.cvae = CVAE(self.feature_dim, self.num_classes, int(cvae_label_dim), int(cvae_hidden), int(cvae_latent))
+        self.cvae = CVAE(self.feature_dim, self.num_classes, o.cvae_label_dim, o.cvae_hidden, o.cvae_latent)
         torch.set_rng_state(torch_state)
         self.cvae_gen = torch.Generator().manual_seed(int(self.seed) + 7919)
         self.cvae_trained = 0

@@ -123,13 +123,12 @@ class PFedLA(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        hn_lr, embedding_dim, hidden_dim = o.hn_lr, o.embedding_dim, o.hidden_dim
-        self.hn_lr = float(hn_lr)
+        self.hn_lr = o.hn_lr
         self.layer_keys = [self.keys([g]) for g in self.groups]
         with torch.random.fork_rng():  # seeded, and the server's torch RNG stream is left alone
             torch.manual_seed(self.seed)
-            self.hypernet = HyperNetwork(self.num_clients, len(self.groups), embedding_dim, hidden_dim)
-            self.embeddings = torch.randn(self.num_clients, embedding_dim).numpy()  # e_i at init
+            self.hypernet = HyperNetwork(self.num_clients, len(self.groups), o.embedding_dim, o.hidden_dim)
+            self.embeddings = torch.randn(self.num_clients, o.embedding_dim).numpy()  # e_i at init
         self.initial_hypernet = {k: v.detach().numpy().copy() for k, v in self.hypernet.state_dict().items()}
         self.hypernets: dict[int, dict[str, np.ndarray]] = {}  # each client's hypernetwork, once updated
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained model of each client

@@ -84,9 +84,8 @@ class PFedSim(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        rho_general, total_rounds, warmup, weighting = o.rho_general, o.total_rounds, o.warmup, o.weighting
-        self.warmup = phase_rounds("pFedSim warmup", warmup, rho_general, total_rounds, "floor", "rho_general")
-        self.weighting = weighting
+        self.warmup = phase_rounds("pFedSim warmup", o.warmup, o.rho_general, o.total_rounds, "floor", "rho_general")
+        self.weighting = o.weighting
         self.head = [self.groups[-1]]
         self.body = self.groups[:-1]
         self.sim = np.eye(self.num_clients)

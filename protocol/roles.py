@@ -24,9 +24,9 @@ SCORE_MODES = ("paper", "code")  # FedCMD layer score (FedCMD paper, layer score
 W2_MODES = ("gaussian", "mean_only")
 SELECTION_TIMINGS = ("during_training", "after_training")
 GRANULARITIES = ("batch", "dataset")
-SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11), A3)
+SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))
 DISTANCES = ("js", "w2", "hellinger", "bhattacharyya", "w2_mean")  # d between two 1-D Gaussians
-LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD A4)
+LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD)
 
 
 class RoleArgsError(ValueError):
@@ -231,7 +231,7 @@ class FedCMDArgs(RoleArgs):
 @dataclass(frozen=True)
 class FedCPMDArgs(RoleArgs):
     """FedCPMD (FedCPMD paper, algorithm): ``phase`` 1 trains and votes for a candidate layer, 2 trains,
-    0 is a vote-only probe (a no-grad scoring pass over the training split, no update; C4). The
+    0 is a vote-only probe (a no-grad scoring pass over the training split, no update). The
     score: ``distance`` between 1-D Gaussian fits, ``selector`` (Eq. 7, FedCMD's code form, or
     Eq. 6), labels fitted as y / (C - 1) (``label_fit``), sigma floored, exact ties at the minimum
     to ``tie_prior``."""

@@ -4,14 +4,14 @@ Phase 1, cluster preparation (rounds 1..Kp, FedCPMD paper, cluster preparation (
 classifier stays on each client, the body is FedAvg'd) in which every client scores the
 candidate layers with the layer-wise knowledge representation (FedCMD's scorer under FedCPMD's
 rule: JS, W2, Hellinger or Bhattacharyya between 1-D Gaussian fits) and sends its round vote.
-Phase 1 runs on until every client has voted at least once, for at most ``k_extra`` more rounds
-(A8); a client that still has not is probed at its first phase-2 contact (a vote-only pass, C4).
+Phase 1 runs on until every client has voted at least once, for at most ``k_extra`` more rounds;
+a client that still has not is probed at its first phase-2 contact (a vote-only pass).
 
 Clustering (FedCPMD paper): each client's layer l*_i is its most frequent vote (ties: the most recent of
 the tied); clients with the same layer form a cluster. A cluster's starting body is the phase-1
 global body, with the classifier (if it is no longer personal there) the n-weighted mean of the
-members' last phase-1 classifiers (C2, A14). Each client keeps its own trained l*_i (the clients
-keep their whole models, so no layer reverts to its seeded value; C3).
+members' last phase-1 classifiers. Each client keeps its own trained l*_i (the clients
+keep their whole models, so no layer reverts to its seeded value).
 
 Phase 2 (FedCPMD paper): the clusters run side by side in every round, each sampling its own clients
 (``cluster_fit_count``: the reference code's |M| if |M| <= 5 else max(5, ceil(gamma |M|)), or the
@@ -19,7 +19,7 @@ paper's max(1, round(gamma |M|))). Nothing is ever aggregated across clusters. I
 each participant's stored body is the average of the participants' bodies weighted by the
 clipped cosine similarity of their personal layers (Eq. 12-13; FedCMD's Eq. 7-8 code), and the
 cluster body (sent to members without a stored one) is their FedAvg (Eq. 5). ``fedcmd_split``
-FedAvgs the layers before l* instead (A12).
+FedAvgs the layers before l* instead.
 
 Ablations (Fig. 5): ``only_cluster`` (clusters from the votes, FedAvg of the whole model inside
 each, no personal layer) and ``only_decoupling`` (each client keeps its own layer, one federation:
@@ -176,7 +176,7 @@ class FedCPMD(PersonalizedStrategy):
             [f"{layer}: {len(m)}" for layer, m in zip(self.cluster_layers, members)])
 
     def _cluster_start(self, members: Sequence[int], layer: str) -> dict[str, np.ndarray]:
-        """omega_m: the phase-1 global body, and the members' mean classifier where it is shared now (C2)."""
+        """omega_m: the phase-1 global body, and the members' mean classifier where it is shared now."""
         shared = self.cluster_groups(layer)
         model = {k: self.global_arrays[k].copy() for k in self.keys([g for g in shared if g != CLASSIFIER])}
         if CLASSIFIER in shared:
@@ -194,7 +194,7 @@ class FedCPMD(PersonalizedStrategy):
     # ------------------------------------------------------------------ hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         if self.phase(server_round) == 1 or client_id not in self.layer_of or client_id in self._probing:
-            return [CLASSIFIER]  # A1: the classifier is every client's personal layer in phase 1
+            return [CLASSIFIER]  # the classifier is every client's personal layer in phase 1
         return [] if self.ablation == "only_cluster" else [self.layer_of[client_id]]
 
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
@@ -202,7 +202,7 @@ class FedCPMD(PersonalizedStrategy):
             return []  # a vote-only probe sends nothing back but its vote
         if self.phase(server_round) == 2 and self.ablation == "only_decoupling":
             return super().uplink_groups(client_id, server_round)
-        return list(self.groups)  # phase 1: the classifier is stored (A14); phase 2: phi for Eq. 13 (A13)
+        return list(self.groups)  # phase 1: the classifier is stored; phase 2: phi for Eq. 13
 
     def role_config(self, client_id: int, server_round: int) -> FedCPMDArgs:
         if client_id in self._probing:
@@ -212,7 +212,7 @@ class FedCPMD(PersonalizedStrategy):
         return FedCPMDArgs(phase=2, **{k: v for k, v in self.scoring.items()})
 
     def sample(self, server_round: int) -> list[int]:
-        """Phase 1: the run's uniform draw. Phase 2: each cluster draws its own clients (A9)."""
+        """Phase 1: the run's uniform draw. Phase 2: each cluster draws its own clients."""
         if self.clusters is None or self.phase(server_round) == 1:
             return super().sample(server_round)
         out: list[int] = []
@@ -247,7 +247,7 @@ class FedCPMD(PersonalizedStrategy):
         return messages
 
     def _probe_new_clients(self, server_round: int, grid: Grid) -> None:
-        """C4: a connected client without a layer runs a vote-only pass; it joins the cluster of its
+        """A connected client without a layer runs a vote-only pass; it joins the cluster of its
         vote, or the largest cluster if no cluster has that layer."""
         new = sorted(c for c in self.clients if c not in self.layer_of)
         if not new:
@@ -335,7 +335,7 @@ class FedCPMD(PersonalizedStrategy):
             phi_bytes += sum(u.arrays[k].nbytes for u in ups for k in phi_keys)
             phi = cosine_from_gram(gram_matrix([u.arrays for u in ups], phi_keys), EQ8_EPS, lo=0.0)  # Eq. 13
             mixed_groups = self.cluster_groups(layer)
-            if self.fedcmd_split:  # A12: the layers before l* are the cluster's FedAvg, only those after are mixed
+            if self.fedcmd_split:  # the layers before l* are the cluster's FedAvg, only those after are mixed
                 mixed_groups = self.groups[self.groups.index(layer) + 1 :]
             mixed_keys = self.keys(mixed_groups)
             if mixed_keys:
@@ -354,7 +354,7 @@ class FedCPMD(PersonalizedStrategy):
             "log_keys": ["phase", "num_clusters"],
         }
         if phi_bytes:
-            record["bytes_up_phi"] = phi_bytes  # the personal layers' share of bytes_up (A13: similarity only)
+            record["bytes_up_phi"] = phi_bytes  # the personal layers' share of bytes_up (similarity only)
         return record
 
     def _aggregate_decoupled(self, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

@@ -14,11 +14,11 @@ that turns personal keeps the client's own trained value. With ``h_th = inf`` it
 
 The math lives in :mod:`strategies.fedtsdp_math`; this file holds the round. Resolutions of
 the points the FedTSDP paper leaves open are read as follows: one public batch per round
-shared by all clients [A2], softmax + natural-log JS not square-rooted [A3], m_tilde = max(2,
-round(0.1 m)) [A4], the literal amended sampling with a bounded option [A5], one global
-float counter [A6], trainable parameters for the weight distance [A7], noise as singletons [A8],
-re-clustering from scratch [A9]; a client absent from a re-clustering joins the new cluster
-holding most of its former cluster-mates, or the largest one [A10].
+shared by all clients, softmax + natural-log JS not square-rooted, m_tilde = max(2,
+round(0.1 m)), the literal amended sampling with a bounded option, one global
+float counter, trainable parameters for the weight distance, noise as singletons,
+re-clustering from scratch; a client absent from a re-clustering joins the new cluster
+holding most of its former cluster-mates, or the largest one.
 
 Where the server runs the models: on the server, from the uploads (the clients upload their
 whole model anyway, for eq. 9), in eval mode with the uploaded BN statistics, so the outputs are
@@ -205,7 +205,7 @@ class FedTSDP(PersonalizedStrategy):
         return {"stage1_clusters": len(first)}
 
     def _home(self, client_id: int, new: Clusters) -> int:
-        """[A10]: the new cluster holding most of ``client_id``'s former cluster-mates (ties and
+        """The new cluster holding most of ``client_id``'s former cluster-mates (ties and
         clients never clustered: the largest cluster)."""
         old = self.clusters.get(client_id)
         if old is None:

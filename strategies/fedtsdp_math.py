@@ -48,7 +48,7 @@ def hopkins(points: np.ndarray, m_tilde: int, rng: np.random.Generator) -> float
     ``m_tilde`` real points (without replacement) and as many uniform points in the data's
     bounding box; z: uniform point -> nearest real point, v: real point -> nearest *other*
     real point; H = sum z / (sum z + sum v), 0 when both are 0 (all points equal). Fewer than
-    3 points: 0 (no clustering, [A4]).
+    3 points: 0 (no clustering).
     """
     from sklearn.neighbors import NearestNeighbors
 
@@ -68,12 +68,12 @@ def hopkins(points: np.ndarray, m_tilde: int, rng: np.random.Generator) -> float
 
 
 def default_m_tilde(m: int) -> int:
-    """max(2, round(0.1 m)), at most m - 1 ([A4])."""
+    """max(2, round(0.1 m)), at most m - 1."""
     return max(1, min(max(2, round(0.1 * m)), m - 1))
 
 
 def dbscan_groups(distances: np.ndarray, eps: float, min_pts: int) -> list[list[int]]:
-    """DBSCAN on a precomputed distance matrix; every noise point its own singleton ([A8]).
+    """DBSCAN on a precomputed distance matrix; every noise point its own singleton.
 
     Groups are sorted lists of row indices, ordered by their smallest member. ``eps = inf``
     puts every point in one group.

@@ -59,7 +59,7 @@ class KAPC(PersonalizedStrategy):
     (``centered``: 1/(beta + 2 lam lambda_max(C G^l C)) per layer on the centred Gram, the default;
     ``theory``: the same on the raw Gram; a number: a fixed step, the paper's 0.01; see
     :mod:`strategies.kapc_math`), ``cube_steps`` (E_r), ``cube_init``
-    (random | uniform), ``write_back`` (scaled | literal, A6), ``bls``, ``mu`` (downlink threshold;
+    (random | uniform), ``write_back`` (scaled | literal), ``bls``, ``mu`` (downlink threshold;
     BLS only), ``omega_min`` (null = L - 2)."""
 
     name = "kapc"

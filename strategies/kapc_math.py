@@ -32,7 +32,7 @@ ROW_EPS = 1e-12
 
 
 def project_rows(r: np.ndarray) -> np.ndarray:
-    """Clamp at 0 and divide each row (last axis) by its sum; a row summing to ~0 becomes uniform (A5)."""
+    """Clamp at 0 and divide each row (last axis) by its sum; a row summing to ~0 becomes uniform."""
     r = np.maximum(np.asarray(r, dtype=np.float64), 0.0)
     sums = r.sum(axis=-1, keepdims=True)
     uniform = np.full_like(r, 1.0 / r.shape[-1])
@@ -55,7 +55,7 @@ def centered(gram: np.ndarray) -> np.ndarray:
 
 
 def theory_lr(gram: np.ndarray, lam: float, beta: float) -> np.ndarray:
-    """eta^l = 1 / (beta + 2 lambda lambda_max(G^l)) per layer (Thm 1's step size, A7)."""
+    """eta^l = 1 / (beta + 2 lambda lambda_max(G^l)) per layer (Thm 1's step size)."""
     top = np.linalg.eigvalsh(np.asarray(gram, dtype=np.float64))[..., -1]
     return 1.0 / (beta + 2.0 * lam * np.maximum(top, 0.0))
 
@@ -88,7 +88,7 @@ def slice_rows(cube: np.ndarray, ids: Sequence[int]) -> np.ndarray:
 
 
 def write_back(cube: np.ndarray, ids: Sequence[int], block: np.ndarray, mode: str = "scaled") -> None:
-    """Put a participants' block back into the cube (in place; A6). ``scaled`` (default): each row
+    """Put a participants' block back into the cube (in place). ``scaled`` (default): each row
     block keeps the mass it had among the participants, so every full row still sums to 1 and the
     non-participants' entries keep their weight. ``literal``: write, then renormalize the rows."""
     ids = np.asarray(ids, dtype=np.int64)
@@ -107,7 +107,7 @@ def downlink_mask(
     block: np.ndarray, mu: float | None, first: Sequence[bool], prefix: Sequence[int] | None = None
 ) -> np.ndarray:
     """mask[i, l] = 1 when layer l of client i's regularizer is sent (ALG3): unless its self-weight
-    R[i, l, i] > mu; a client's first participation gets every layer ([R], A12). mu None: all.
+    R[i, l, i] > mu; a client's first participation gets every layer ([R]). mu None: all.
 
     ``prefix[i]``: the number of layers client i uploaded last time (its Omega). Eq. 20's partial
     regularizer coaches the layers after Omega toward the client's own weights, so they are not
@@ -124,7 +124,7 @@ def downlink_mask(
 
 
 def initial_cube(n: int, layers: int, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
-    """R^0: U[0, 1) with rows normalized ("randomly", A5), or exactly uniform."""
+    """R^0: U[0, 1) with rows normalized ("randomly"), or exactly uniform."""
     if kind == "uniform":
         return np.full((n, layers, n), 1.0 / n)
     if kind != "random":

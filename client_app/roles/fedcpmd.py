@@ -1,4 +1,4 @@
-"""FedCPMD's client side (FedCPMD paper, client vote, C4): FedCMD's layer scoring under FedCPMD's rule.
+"""FedCPMD's client side (FedCPMD paper, client vote): FedCMD's layer scoring under FedCPMD's rule.
 
 Phase 1: SGD on the whole model while every candidate layer is scored on each training batch
 (the distance its options choose, labels fitted as y / (C - 1), sigma floored, ties to fc2);

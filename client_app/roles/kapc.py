@@ -2,7 +2,7 @@
 
 The client trains its own model (kept across rounds) on CE + lambda * sum_l ||w^l - target^l||^2:
 the target of layer l is the server's regularizer s_i^l (extra arrays ``s/<key>``, never loaded
-into the model) when the server sent it, else the client's own round-start layer (A4). That is
+into the model) when the server sent it, else the client's own round-start layer. That is
 the proximal term with mu = 2 lambda (the proximal term carries a 1/2, the paper's does not).
 With BLS the client then picks how many leading layers to upload, Omega, by the
 generalization-bound rule of ALG4 in log space (KAPC paper): plain functions of the layers' norms,

@@ -316,6 +316,7 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         "of the best one. Budget columns: clients trained a round (measured from the runs), the local work per "
         "round (config), MiB a round (the messages' arrays), CPU time summed over the seeds (a run's wall time "
         "on one core: one torch thread, the in-process engine).",
+        *(["", str(plan["intro"]).strip()] if plan.get("intro") else []),
     ]
     total_spent, total_left, total_unfinished = 0.0, 0.0, 0
     for name, proto in (plan.get("protocols") or {}).items():

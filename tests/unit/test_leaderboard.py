@@ -89,8 +89,10 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
     assert "Read this" not in text
     plan["protocols"]["tiny"]["note"] = "Read this: the rows measure different models."
+    plan["intro"] = "The set-up: 100 rounds."
     text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
     assert "## tiny (`experiment=smoke`)\n\nRead this: the rows measure different models.\n\n4 of 4 planned" in text
+    assert "the in-process engine).\n\nThe set-up: 100 rounds.\n\n" in text
 
     # a second metric's column: mean ± std over the seeds that wrote it, '-' for an entry without it
     for j in jobs:

@@ -67,10 +67,8 @@ class CFLOptions(MethodOptions):
 
 
 class CFL(PersonalizedStrategy):
-    """Options: ``eps1``, ``eps2`` (split thresholds on the mean and the max update norm),
-    ``min_cluster_size`` (only a cluster with more members, and more participants in the
-    round, splits), ``start_round``, ``lr_normalized`` (compare norms rescaled to the base
-    learning rate)."""
+    """Clustered FL: one model per cluster, a cluster splits in two when its clients' updates
+    diverge (options: :class:`CFLOptions`)."""
 
     name = "cfl"
     options_type = CFLOptions

@@ -19,8 +19,7 @@ class DittoOptions(MethodOptions):
 
 
 class Ditto(PersonalizedStrategy):
-    """``lam``: the pull toward the global model (FedTSDP recommends 0.1); ``personal_epochs``:
-    epochs on v per round (None: the run's local_epochs)."""
+    """A global FedAvg model and a personal model v pulled toward it (options: :class:`DittoOptions`)."""
 
     name = "ditto"
     options_type = DittoOptions

@@ -84,8 +84,8 @@ class FedAMPOptions(MethodOptions):
 
 
 class FedAMP(PersonalizedStrategy):
-    """Options: ``lam`` (the pull toward u_i), ``sigma`` (kernel scale), ``self_weight``
-    (alpha_k = xi_ii, in [0, 1]), ``kernel`` (``distance`` or ``cosine``)."""
+    """Attentive message passing: each client is pulled toward its own cloud model u_i, a
+    similarity-weighted mix of the clients' latest models (options: :class:`FedAMPOptions`)."""
 
     name = "fedamp"
     options_type = FedAMPOptions

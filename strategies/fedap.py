@@ -102,9 +102,8 @@ class FedAPOptions(MethodOptions):
 
 
 class FedAP(PersonalizedStrategy):
-    """Options: ``momentum`` (the weight of a client's own model; papers: 0.5), ``warmup_ratio``
-    and ``total_rounds`` (W = int(warmup_ratio * total_rounds)), ``warmup`` (W in rounds,
-    overrides the ratio), ``warmup_epochs`` (local epochs in the warm-up; null = local_epochs)."""
+    """FedBN with a FedAvg warm-up, then models mixed by the distance of the clients' BN
+    statistics (options: :class:`FedAPOptions`)."""
 
     name = "fedap"
     options_type = FedAPOptions

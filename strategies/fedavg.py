@@ -17,11 +17,8 @@ class FedAvgOptions(MethodOptions):
 
 
 class FedAvg(PersonalizedStrategy):
-    """The whole model is shared; BN running statistics stay on each client (as in the FedCMD paper's FedAvg baseline).
-
-    ``finetune_epochs > 0`` gives FedAvg-FT: each client fine-tunes a copy of the received
-    model on its training split before ``test_before`` is measured.
-    """
+    """The whole model is shared; BN running statistics stay on each client (as in the FedCMD paper's
+    FedAvg baseline). ``finetune_epochs > 0`` gives FedAvg-FT (options: :class:`FedAvgOptions`)."""
 
     name = "fedavg"
     options_type = FedAvgOptions

@@ -19,8 +19,8 @@ class FedBabuOptions(MethodOptions):
 
 
 class FedBabu(FedPer):
-    """``finetune_epochs``: fine-tuning before each evaluation (official code: 5; 0 = the frozen
-    head as is). ``finetune_part``: ``all`` (official code) or ``head``."""
+    """FedPer with the head frozen at its seeded init and fine-tuned before evaluation (options:
+    :class:`FedBabuOptions`)."""
 
     name = "fedbabu"
     options_type = FedBabuOptions

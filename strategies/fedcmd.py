@@ -114,15 +114,10 @@ class FedCMDOptions(MethodOptions):
 
 
 class FedCMD(PersonalizedStrategy):
-    """FedCMD on the strategy base; options are conf/method/fedcmd.yaml's keys.
-
-    ``kp``: phase-1 rounds Kp (0: no phase 1, needs ``force_layer``). ``rho``: if set,
-    Kp = round(rho * total_rounds) instead (``total_rounds`` is K; the method config sets it
-    to the run's ``rounds``). ``weighted_aggregation=False`` is the paper's "w/o WA"
-    ablation: post(l*) is FedAvg'd like pre(l*). ``force_layer`` fixes l* (phase 1 still
-    runs and votes are still logged). ``candidates`` defaults to the FC groups. The other
-    options go to the client role (FedCMD paper, algorithm).
-    """
+    """FedCMD on the strategy base (options: :class:`FedCMDOptions`). ``kp=0`` needs ``force_layer``;
+    ``weighted_aggregation=False`` is the paper's "w/o WA" ablation (post(l*) FedAvg'd like pre(l*));
+    ``force_layer`` fixes l* while phase 1 still runs and its votes are logged. The scoring options go
+    to the client role."""
 
     name = "fedcmd"
     options_type = FedCMDOptions

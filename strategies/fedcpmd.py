@@ -97,7 +97,7 @@ class FedCPMDOptions(MethodOptions):
 
 
 class FedCPMD(PersonalizedStrategy):
-    """Options are conf/method/fedcpmd.yaml's keys (see the module docstring and FedCPMD paper, hyper-parameters)."""
+    """FedCPMD on the strategy base (options: :class:`FedCPMDOptions`; the algorithm: the module docstring)."""
 
     name = "fedcpmd"
     options_type = FedCPMDOptions

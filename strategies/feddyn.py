@@ -43,7 +43,7 @@ class FedDynOptions(MethodOptions):
 
 
 class FedDyn(PersonalizedStrategy):
-    """``alpha``: the regularization weight (FedCMD/FedCPMD baselines: 0.01)."""
+    """FedAvg with a dynamic regularizer and its server state h (options: :class:`FedDynOptions`)."""
 
     name = "feddyn"
     options_type = FedDynOptions

@@ -37,8 +37,8 @@ class FedFomoOptions(MethodOptions):
 
 
 class FedFomo(PersonalizedStrategy):
-    """Options: ``m`` (models downloaded per client), ``val_ratio`` (validation share of the
-    local training split), ``pool`` (``latest`` or ``all``), ``epsilon`` (exploration)."""
+    """Each client keeps its own model and moves toward the peers' models that lower its
+    validation loss (options: :class:`FedFomoOptions`)."""
 
     name = "fedfomo"
     options_type = FedFomoOptions

@@ -17,7 +17,7 @@ class FedProxOptions(MethodOptions):
 
 
 class FedProx(PersonalizedStrategy):
-    """``mu``: proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)."""
+    """FedAvg with a proximal term toward the received model (options: :class:`FedProxOptions`)."""
 
     name = "fedprox"
     options_type = FedProxOptions

@@ -17,7 +17,7 @@ class FedRepOptions(MethodOptions):
 
 
 class FedRep(FedPer):
-    """``body_epochs`` of the E local epochs train the body, the E - body_epochs before them the head."""
+    """FedPer whose local epochs train the head, then the body (options: :class:`FedRepOptions`)."""
 
     name = "fedrep"
     options_type = FedRepOptions

@@ -69,14 +69,10 @@ class FedTSDPOptions(MethodOptions):
 
 
 class FedTSDP(PersonalizedStrategy):
-    """Options: ``h_th`` (Hopkins threshold; inf: never cluster = FedAvg), ``eps1``/``eps2``
-    (DBSCAN radii of stage 1 on JS, stage 2 on weight distances; inf: that stage keeps its
-    input group), ``min_pts``, ``psi`` and ``decay`` (``float`` | ``int``) for the shared-unit
-    counter, ``public_batch``, ``amend`` (``literal``: + N_pub / B to the batch's weights,
-    eqs. 7-8; ``bounded``: + ``amend_increment`` per trigger, default 1 / N_pub, so a batch gains
-    mass slowly), ``m_tilde`` (Hopkins sample; null: max(2, round(0.1 m))), ``hopkins_repeats``
-    (H is the mean of this many draws; 1: the paper's single draw, which with m_tilde = 2 spreads
-    about ±0.07 round to round), ``upsilon``."""
+    """Two-stage clustering triggered by the Hopkins statistic, with a shared prefix that shrinks
+    at each re-clustering (options: :class:`FedTSDPOptions`). With ``amend=bounded`` a triggering
+    batch gains mass slowly; ``hopkins_repeats`` > 1 lowers the noise of H (one draw with
+    m_tilde = 2 spreads about ±0.07 round to round)."""
 
     name = "fedtsdp"
     options_type = FedTSDPOptions

@@ -62,10 +62,8 @@ class FeloOptions(MethodOptions):
 
 
 class Felo(PersonalizedStrategy):
-    """``alpha``: the distillation weight of Eq. 1; ``warmup``: the CE-only share of the rounds
-    (0.05); ``total_rounds``: the run's rounds; ``temperature`` of the KL; the store's caps and
-    ``window`` (``all``: every past report in a FIFO; ``latest_per_client``); ``feature_upload``
-    (``class_mean`` | ``samples``: the last ``feature_samples`` training features a round)."""
+    """Features and logits per class shared between clients of different architectures (options:
+    :class:`FeloOptions`)."""
 
     name = "felo"
     options_type = FeloOptions
@@ -246,9 +244,8 @@ class VeloOptions(FeloOptions):
 
 
 class Velo(Felo):
-    """Felo whose class features come from a conditional VAE trained on the stored features:
-    ``cvae_interval`` rounds between trainings, ``cvae_epochs``, ``cvae_batch``, ``cvae_lr``,
-    ``cvae_loss`` (elbo | code) and the CVAE's sizes (label embedding, hidden, latent)."""
+    """Felo whose class features come from a conditional VAE trained on the stored features (options:
+    :class:`VeloOptions`: Felo's and the CVAE's)."""
 
     name = "velo"
     options_type = VeloOptions

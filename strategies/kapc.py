@@ -55,12 +55,8 @@ class KAPCOptions(MethodOptions):
 
 
 class KAPC(PersonalizedStrategy):
-    """Options: ``lam`` (coaching weight), ``beta`` (pull of R toward uniform), ``cube_lr``
-    (``centered``: 1/(beta + 2 lam lambda_max(C G^l C)) per layer on the centred Gram, the default;
-    ``theory``: the same on the raw Gram; a number: a fixed step, the paper's 0.01; see
-    :mod:`strategies.kapc_math`), ``cube_steps`` (E_r), ``cube_init``
-    (random | uniform), ``write_back`` (scaled | literal), ``bls``, ``mu`` (downlink threshold;
-    BLS only), ``omega_min`` (null = L - 2)."""
+    """Knowledge-aware parameter coaching through the relationship cube (options:
+    :class:`KAPCOptions`; the cube step sizes: :mod:`strategies.kapc_math`)."""
 
     name = "kapc"
     options_type = KAPCOptions

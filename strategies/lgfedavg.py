@@ -26,7 +26,8 @@ class LGFedAvgOptions(MethodOptions):
 
 
 class LGFedAvg(PersonalizedStrategy):
-    """``local_groups``: the personal groups (default :func:`lower_groups`, e.g. LeNet-5's conv1, conv2)."""
+    """The lower groups personal, the upper ones FedAvg'd (options: :class:`LGFedAvgOptions`;
+    the default personal groups: :func:`lower_groups`, e.g. LeNet-5's conv1, conv2)."""
 
     name = "lgfedavg"
     options_type = LGFedAvgOptions

@@ -22,8 +22,7 @@ class MOONOptions(MethodOptions):
 
 
 class MOON(PersonalizedStrategy):
-    """``mu``: weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet);
-    ``tau``: its temperature (0.5)."""
+    """FedAvg with a model-contrastive term in the local loss (options: :class:`MOONOptions`)."""
 
     name = "moon"
     options_type = MOONOptions

@@ -115,7 +115,8 @@ class PFedLAOptions(MethodOptions):
 
 
 class PFedLA(PersonalizedStrategy):
-    """Options: ``hn_lr`` (hypernetwork SGD step), ``embedding_dim``, ``hidden_dim``."""
+    """Per-client hypernetworks on the server weigh every client's stored model layer by layer
+    (options: :class:`PFedLAOptions`)."""
 
     name = "pfedla"
     options_type = PFedLAOptions

@@ -74,9 +74,8 @@ class PFedSimOptions(MethodOptions):
 
 
 class PFedSim(PersonalizedStrategy):
-    """Options: ``rho_general`` (warm-up share of the rounds; the papers: 0.5), ``total_rounds``
-    (K; the method config sets it to ``rounds``), ``warmup`` (rounds; overrides rho_general),
-    ``weighting`` (``pfedsim`` or ``linear``)."""
+    """A FedAvg warm-up, then a personal classifier and bodies mixed by classifier similarity
+    (options: :class:`PFedSimOptions`)."""
 
     name = "pfedsim"
     options_type = PFedSimOptions

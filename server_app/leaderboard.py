@@ -192,12 +192,15 @@ def protocol_rows(
 
 
 def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sort by mean (best first) and mark a row ``tie`` when its gap to the best is within the two
-    entries' seed spreads (std + std); an entry with one seed, or a best with one, ties nothing."""
+    """Sort by mean and mark the ``best`` row (the highest mean among entries with several seeds, when
+    any: a one-seed number has no spread to win with) and a row ``tie`` when its gap to the best is
+    within the two entries' seed spreads (std + std); an entry with one seed, or a best with one, ties
+    nothing."""
     rows.sort(key=lambda r: -r["mean"])
     if rows:
-        best = rows[0]
+        best = next((r for r in rows if r["seeds"] > 1), rows[0])
         for row in rows:
+            row["best"] = row is best
             row["tie"] = row is not best and best["seeds"] > 1 and row["seeds"] > 1 and best["mean"] - row["mean"] <= best["std"] + row["std"]
     return rows
 
@@ -210,7 +213,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
             "MiB up / round", "MiB down / round", "CPU time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
-        mark = " (best)" if i == 0 else (" (tie with best)" if r["tie"] else "")
+        mark = " (best)" if r.get("best", i == 0) else (" (tie with best)" if r["tie"] else "")
         seeds = f"{r['seeds']}" + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "") + (" (one seed)" if r["planned"] == 1 else "")
         final = "" if r["final"] is None else f"{r['final']:.2f}"
         cells = []
@@ -227,11 +230,14 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     """Who wins on a protocol, and who is within the seed spread of it, in words from the numbers."""
     if not rows:
         return "No finished runs yet."
-    best = rows[0]
+    best = next((r for r in rows if r.get("best")), rows[0])
     ties = [r["entry"] for r in rows if r["tie"]]
     text = f"Best: **{best['entry']}**, {best['mean']:.2f} ± {best['std']:.2f} over {best['seeds']} seed(s)."
     if best["seeds"] < 2:
         return text + " One seed only: no spread to compare with."
+    above = [r for r in rows if r["seeds"] < 2 and r["mean"] > best["mean"]]
+    if above:
+        text += " Above it on one seed only (no spread, so not a win): " + ", ".join(f"{r['entry']} {r['mean']:.2f}" for r in above) + "."
     if ties:
         text += " Within the seed spread of it (a tie, not a win): " + ", ".join(ties) + "."
     else:

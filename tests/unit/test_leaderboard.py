@@ -84,6 +84,12 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     spent = sum(json.loads((j.run_dir() / "summary.json").read_text())["wall_time_s"] for j in jobs) / 3600
     assert f"Run time of the finished runs: {spent:.1f} h" in text and "unfinished" not in text
     assert time_budget([{"wall": 30.0}, {"wall": 90.0}], done=4, planned=10) == (120.0, 180.0)
+    # a one-seed entry above the several-seed best is named, never the best
+    lone = mark_ties([{"entry": "solo", "mean": 99.0, "std": 0.0, "seeds": 1, "tie": False},
+                      {"entry": "a", "mean": 95.0, "std": 1.0, "seeds": 3}, {"entry": "b", "mean": 94.5, "std": 1.0, "seeds": 3}])
+    assert [r["entry"] for r in lone if r["best"]] == ["a"] and lone[2]["tie"]
+    assert verdict(lone) == ("Best: **a**, 95.00 ± 1.00 over 3 seed(s). Above it on one seed only (no spread, so not a win): "
+                             "solo 99.00. Within the seed spread of it (a tie, not a win): b.")
     assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
     assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text

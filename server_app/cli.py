@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 
 from .config import ConfigError, conf_dir, resume_config
-from .simulate import simulate
 from .progress import Sweep, job_label, parse_sweep
+from .simulate import simulate
 
 USAGE = """usage: pflower sim [-m] [key=value ...]
        pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT...

@@ -503,12 +503,14 @@ def client_spec(
         # heterogeneous federation the architectures and who runs which
         "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},
         "server_store": {"mode": str(cfg.get("server_store", "auto")), "dir": server_store_dir},
-        **(_model_entries(cfg) if models is None else models),
+        **(model_entries(cfg) if models is None else models),
     }
 
 
-def _model_entries(cfg: DictConfig) -> dict[str, Any]:
-    archs, rule = model_archs(cfg)
+def model_entries(cfg: DictConfig, archs: tuple[dict[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """The client spec's model keys: the model, and for a mixed federation every architecture and
+    the assignment rule (``archs``: :func:`model_archs` of ``cfg`` when already resolved)."""
+    archs, rule = model_archs(cfg) if archs is None else archs
     if model_spec(cfg).get("name") != MIXED:
         return {"model": model_spec(cfg)}
     return {"model": next(iter(archs.values())), "archs": archs, "assign": rule}

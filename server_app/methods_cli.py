@@ -17,11 +17,11 @@ def options_table(name: str) -> str:
     rows = cls.options_type.describe()
     if not rows:
         return "\n".join([*lines, "no options"])
-    head = ("option", "type", "default", "allowed")
-    widths = [max(len(h), *(len(r[k]) for r in rows)) for h, k in zip(head, ("option", "type", "default", "allowed"))]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  what it does")
+    cols = ("option", "type", "default", "allowed")
+    widths = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
+    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths)) + "  what it does")
     for r in rows:
-        lines.append("  ".join(r[k].ljust(w) for k, w in zip(("option", "type", "default", "allowed"), widths)) + "  " + r["doc"])
+        lines.append("  ".join(r[c].ljust(w) for c, w in zip(cols, widths)) + "  " + r["doc"])
     return "\n".join(lines)
 
 

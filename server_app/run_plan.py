@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from federated_data import DataSpec
 
-from .config import MIXED, data_spec_dict, method_args, model_archs, model_spec
+from .config import MIXED, data_spec_dict, method_args, model_archs, model_entries, model_spec
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,5 @@ class RunPlan:
         )
 
     def model_entries(self) -> dict[str, Any]:
-        """The client spec's model keys: the model, and for a mixed federation every architecture."""
-        if not self.mixed:
-            return {"model": model_spec(self.cfg)}
-        return {"model": next(iter(self.archs.values())), "archs": self.archs, "assign": self.assign}
+        """The client spec's model keys (:func:`server_app.config.model_entries`, from the resolved architectures)."""
+        return model_entries(self.cfg, (self.archs, self.assign))

@@ -97,6 +97,7 @@ class Architectures:
         return out
 
     def counts(self) -> dict[str, int]:
+        """Clients per architecture."""
         return {a: sum(1 for v in self.arch_of.values() if v == a) for a in self.schemas}
 
     def take_announced(self, client_id: int, announced: str | None) -> str | None:

@@ -200,7 +200,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         log(INFO, "\t├── method: %s (client role %s)", self.name, self.role)
         log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", self.num_clients, self.fraction, self.seed)
         if len(self.schemas) > 1:
-            counts = {a: sum(1 for v in self.arch_of.values() if v == a) for a in self.schemas}
+            counts = self.architectures.counts()
             log(INFO, "\t├── architectures: %s", ", ".join(f"{a} ({n} clients)" for a, n in counts.items()))
         log(INFO, "\t└── layer groups: %s", ", ".join(self.groups))
 

@@ -12,6 +12,7 @@ as a table).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -133,16 +134,20 @@ class MethodOptions:
     @classmethod
     def describe(cls) -> list[dict[str, str]]:
         """One row per option: name, type, default, what is allowed, its documentation."""
-        hints = cls.hints()
+        hints, defaults = cls.hints(), cls.defaults()
         rows = []
         for f in fields(cls):
-            default = cls.defaults()[f.name]
+            default = defaults[f.name]
             rows.append({
                 "option": f.name, "type": type_name(hints[f.name]),
                 "default": "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default),
                 "allowed": allowed(f), "doc": f.metadata.get("doc", ""),
             })
         return rows
+
+
+# the bounds a field may declare: metadata key, its comparison, how it reads
+BOUNDS = (("low", operator.ge, ">="), ("above", operator.gt, ">"), ("high", operator.le, "<="), ("below", operator.lt, "<"))
 
 
 def out_of_range(f: dataclasses.Field, value: Any) -> str | None:
@@ -154,13 +159,7 @@ def out_of_range(f: dataclasses.Field, value: Any) -> str | None:
     if choices is not None and any(type(c) is type(value) for c in choices) and value not in choices:
         return allowed(f)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if m.get("low") is not None and not value >= m["low"]:
-            return allowed(f)
-        if m.get("high") is not None and not value <= m["high"]:
-            return allowed(f)
-        if m.get("above") is not None and not value > m["above"]:
-            return allowed(f)
-        if m.get("below") is not None and not value < m["below"]:
+        if any(m.get(key) is not None and not holds(value, m[key]) for key, holds, _ in BOUNDS):
             return allowed(f)
     return None
 
@@ -171,8 +170,7 @@ def allowed(f: dataclasses.Field) -> str:
     parts = []
     if m.get("choices") is not None:
         parts.append(f"one of {list(m['choices'])}")
-    bounds = [(m.get("low"), ">="), (m.get("above"), ">"), (m.get("high"), "<="), (m.get("below"), "<")]
-    rng = " and ".join(f"{op} {v}" for v, op in bounds if v is not None)
+    rng = " and ".join(f"{word} {m[key]}" for key, _, word in BOUNDS if m.get(key) is not None)
     if rng:
         parts.append(("a number " if parts else "") + rng)
     return ", or ".join(parts)

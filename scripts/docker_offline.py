@@ -14,6 +14,10 @@ Two steps, each optional:
     (compose: ``PFLOWER_TORCH=...``).
 
 ``env`` prints the ``PFLOWER_BASE``/``PFLOWER_TORCH`` lines for the two, to paste or source.
+
+``prune`` removes the pflower images a rebuild superseded (untagged, carrying the Dockerfile's
+``org.pflower.image`` label); the tagged images, and so the next build's cache, stay. Every
+rebuild after a code change leaves one superseded set (about 2.2 GB with a CPU torch).
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ SET_FILE = "requirements.txt"  # in WHEELS: what the set was downloaded for (par
 DEFAULT_TAG = "local/debian-py311:bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_TORCH = "torch torchvision"  # docker/Dockerfile's TORCH default: PyPI's wheels
+IMAGE_LABEL = "org.pflower.image"  # docker/Dockerfile labels both of its stages with it
+DEPS_TAG = "pflower-deps:latest"  # the tag that keeps the deps stage (the build cache) from `prune`
+# A wheel built here from an sdist is byte-identical from one build to the next when its zip
+# entries carry a fixed date: docker's build cache keys the COPY of docker/buildenv/ on the
+# files' bytes, so a fresh wheel would rebuild the 2 GB virtual-environment layer every time.
+WHEEL_BUILD_EPOCH = "315532800"  # 1980-01-01, the earliest date a zip entry can carry
 
 
 class OfflineError(RuntimeError):
@@ -102,6 +112,12 @@ def wheels_are_for(torch: str, dest: Path = WHEELS) -> bool:
     return stamp.is_file() and stamp.read_text() == "\n".join(wheel_set(torch)) + "\n"
 
 
+def build_wheel(sdist: Path, dest: Path, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> None:
+    """Build ``sdist`` into a wheel in ``dest``, the same bytes every time (see WHEEL_BUILD_EPOCH)."""
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), str(sdist)], check=True,
+                   env={**os.environ, "SOURCE_DATE_EPOCH": WHEEL_BUILD_EPOCH})
+
+
 def fill_wheels(torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> list[Path]:
     """Download the image's wheels (torch spec + pflower's dependencies + setuptools) into ``dest``.
 
@@ -123,13 +139,29 @@ def fill_wheels(torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str,
     for sdist in [p for p in dest.iterdir() if p.is_file() and p.suffix != ".whl"]:
         # a source-only package (hydra's antlr4 runtime): built into a wheel here, so the image
         # needs neither a build backend from an index nor a compiler
-        subprocess.run([*pip, "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), str(sdist)], check=True)
+        build_wheel(sdist, dest, pip)
         sdist.unlink()
     wheels = sorted(dest.glob("*.whl"))
     (dest / SET_FILE).write_text("\n".join(reqs) + "\n")
     size = sum(p.stat().st_size for p in wheels) / 2**20
     print(f"{len(wheels)} wheels, {size:.0f} MiB in {dest}")
     return wheels
+
+
+def tag_deps(base: str, torch: str, tag: str = DEPS_TAG) -> None:
+    """Build (from the cache, when nothing changed) and tag docker/Dockerfile's deps stage, so
+    that :func:`prune_superseded` keeps it: untagged, it would count as superseded."""
+    subprocess.run(["docker", "build", "-q", "-f", str(ROOT / "docker" / "Dockerfile"), "--target", "deps",
+                    "--build-arg", f"BASE={base}", "--build-arg", f"TORCH={torch}", "-t", tag, str(ROOT)],
+                   check=True, capture_output=True)
+
+
+def prune_superseded() -> str:
+    """Remove the untagged pflower images (those a rebuild replaced); returns docker's summary.
+    Only images with the Dockerfile's label are touched; other projects' images stay."""
+    out = subprocess.run(["docker", "image", "prune", "-f", "--filter", f"label={IMAGE_LABEL}"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("env", help="print the PFLOWER_BASE / PFLOWER_TORCH settings for compose")
     e.add_argument("--tag", default=DEFAULT_TAG)
     e.add_argument("--torch", default=DEFAULT_TORCH)
+    sub.add_parser("prune", help="remove the pflower images that a rebuild superseded")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "base":
             make_base(args.tag, args.mirror, args.suite)
         elif args.cmd == "wheels":
             fill_wheels(args.torch)
+        elif args.cmd == "prune":
+            print(prune_superseded() or "nothing to remove")
         else:
             print(f"export PFLOWER_BASE={args.tag}\nexport PFLOWER_TORCH='{args.torch}'")
     except OfflineError as err:

@@ -9,7 +9,9 @@ port: SuperLink with TLS and node authentication, the ServerApp SuperExec, the r
 job and three SuperNodes, each with its own data directory and state volume. `flwr run` from
 the host runs the topology's demo job; SuperNode 1 is restarted (`compose restart`) once it has
 replied in round 2. Everything the project made (containers, networks, volumes) is removed
-afterwards; the images stay, as the build cache of the next run.
+afterwards; the images stay, as the build cache of the next run, and the pflower images that
+this build superseded are removed (each rebuild after a code change leaves one set behind:
+about 2.2 GB, 53 GB over a day of runs before this was done).
 
 Skipped, with the reason, where no Docker engine answers or no compose is installed
 (.ci/run installs and starts one where it can).
@@ -181,8 +183,10 @@ def demo(tmp_path_factory):
     timings.update(base=base, torch=torch, compose=" ".join(compose))
     try:
         t = time.monotonic()
+        offline.tag_deps(base, torch)  # so that the prune below keeps the next build's cache
         d.run("build", timeout=1800)
         timings["build_s"] = round(time.monotonic() - t, 1)
+        timings["pruned"] = offline.prune_superseded()
         d.prepare()
         t = time.monotonic()
         d.run("up", "-d", timeout=300)
@@ -243,6 +247,14 @@ def test_each_node_trained_on_its_own_data(demo):
         assert sizes == {own_test}, (i, sizes, own_test)
     # and the server accepted replies from these nodes only
     assert all(set(r["clients"]) <= set(range(d.topo.nodes)) for r in d.rounds())
+
+
+def test_no_superseded_pflower_image_is_left_behind(demo):
+    out = subprocess.run(["docker", "images", "-q", "--filter", "dangling=true", "--filter", f"label={offline.IMAGE_LABEL}"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], out.stdout
+    for tag in ("pflower-server:latest", "pflower-edge:latest", offline.DEPS_TAG):
+        assert _ok(["docker", "image", "inspect", tag]), tag
 
 
 def test_a_restarted_supernode_keeps_its_personalization(demo):

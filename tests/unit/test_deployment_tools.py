@@ -258,6 +258,8 @@ def test_offline_wheels_are_wheels_only_the_host_builds_source_packages(tmp_path
 
     def fake_run(cmd, **kwargs):
         calls.append(cmd)
+        if cmd[1] == "wheel":
+            assert kwargs["env"]["SOURCE_DATE_EPOCH"] == offline.WHEEL_BUILD_EPOCH
         if "download" in cmd:
             (tmp_path / "pkg-1.0.tar.gz").write_text("sdist")
             (tmp_path / "dep-1.0-py3-none-any.whl").write_text("wheel")
@@ -272,6 +274,33 @@ def test_offline_wheels_are_wheels_only_the_host_builds_source_packages(tmp_path
     assert "torch==1.0+cpu" in calls[0] and "flwr[simulation]>=1.42,<1.43" in calls[0] and "setuptools>=69" in calls[0]
     assert calls[1][:2] == ["pip", "wheel"] and calls[1][-1].endswith("pkg-1.0.tar.gz")
     assert offline.wheels_are_for("torch==1.0+cpu", tmp_path) and not offline.wheels_are_for("torch", tmp_path)
+
+
+def test_a_wheel_built_from_source_has_the_same_bytes_every_time(tmp_path):
+    """Docker's build cache keys the COPY of docker/buildenv/ on the files' bytes: a wheel that
+    differed on every build (its zip entries dated when it was built) rebuilt the 2 GB virtual
+    environment layer on every fresh clone and left the old one behind (53 GB in a day)."""
+    import hashlib
+    import tarfile
+    import time
+
+    offline = script("docker_offline")
+    src = tmp_path / "tinypkg-1.0"
+    (src / "tinypkg").mkdir(parents=True)
+    (src / "tinypkg" / "__init__.py").write_text("X = 1\n")
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='tinypkg', version='1.0', packages=['tinypkg'])\n")
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    sdist = tmp_path / "tinypkg-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    digests = []
+    for attempt in ("a", "b"):
+        out = tmp_path / attempt
+        offline.build_wheel(sdist, out, pip=(sys.executable, "-m", "pip", "--disable-pip-version-check"))
+        (wheel,) = out.glob("*.whl")
+        digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
+        time.sleep(2.1)  # a zip entry's time has a two-second resolution
+    assert digests[0] == digests[1]
 
 
 def _program(path: str) -> str:

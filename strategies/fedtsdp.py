@@ -42,8 +42,8 @@ from .base import PersonalizedStrategy
 from .clusters import Clusters, cluster_fedavg
 from .diagnostics import Panel
 from .fedtsdp_math import (
-    DECAY_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, two_stage,
-    weight_distances_from_gram,
+    DECAY_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, two_stage,
+    upper_pairs, weight_distances_from_gram,
 )
 from .model_distance import gram_matrix
 from .options import MethodOptions, option
@@ -80,6 +80,8 @@ class FedTSDP(PersonalizedStrategy):
         Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
         Panel("shared_units", "shared prefix (units)"),
         Panel("num_clusters", "clusters"),
+        Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
+        Panel("weight_dist_median", "median weight distance in stage-1 groups", threshold="eps2"),
     )
     client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
     shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
@@ -175,11 +177,16 @@ class FedTSDP(PersonalizedStrategy):
         count = sum(int(np.prod(self.template[k][0])) for k in keys)
         sums = np.array([sum(float(np.sum(u.arrays[k], dtype=np.float64)) for k in keys) for u in ups])
 
+        within: list[np.ndarray] = []  # the stage-2 distances, logged so that eps2 can be calibrated
+
         def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group, from its Gram matrix
             rows = list(rows)
-            return weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+            d = weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+            within.extend(upper_pairs(d))
+            return d
 
-        first, second = two_stage(js_matrix(probs), distances, self.eps1, self.eps2, self.min_pts)
+        js = js_matrix(probs)
+        first, second = two_stage(js, distances, self.eps1, self.eps2, self.min_pts)
         members = [[ids[i] for i in g] for g in second]
         models = [cluster_fedavg([ups[i] for i in g]) for g in second]
         new = Clusters(members, models)
@@ -198,7 +205,11 @@ class FedTSDP(PersonalizedStrategy):
         self.events.append(event)
         log(INFO, "FedTSDP round %d: H %.3f > %.2f: %d stage-1 groups, %d clusters %s; shared units now %d of %d",
             server_round, h, self.h_th, len(first), len(second), self.clusters.members, self.shared_units, len(self.units))
-        return {"stage1_clusters": len(first)}
+        # the pairs each radius was compared with: JS over all participants (eps1), weight
+        # distances inside the stage-1 groups (eps2); `pflower report` and the docs read them
+        spread = {f"js_{k}": v for k, v in pair_spread(upper_pairs(js)).items()}
+        spread.update({f"weight_dist_{k}": v for k, v in pair_spread(within).items()})
+        return {"stage1_clusters": len(first), **spread}
 
     def _home(self, client_id: int, new: Clusters) -> int:
         """The new cluster holding most of ``client_id``'s former cluster-mates (ties and

@@ -134,6 +134,21 @@ def two_stage(
     return first, sorted(second, key=lambda g: g[0])
 
 
+def upper_pairs(matrix: np.ndarray) -> np.ndarray:
+    """The pairs of a symmetric distance matrix (its upper triangle, diagonal left out)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    return m[np.triu_indices(len(m), k=1)]
+
+
+def pair_spread(pairs: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """Min, median and max of pair distances: what a DBSCAN radius (eps1 on JS, eps2 on weight
+    distance) must be set against. No pairs: empty."""
+    values = np.asarray(pairs, dtype=np.float64)
+    if values.size == 0:
+        return {}
+    return {"min": float(values.min()), "median": float(np.median(values)), "max": float(values.max())}
+
+
 def draw_batch(weights: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """``size`` distinct public indices drawn with probability proportional to ``weights``, sorted."""
     w = np.asarray(weights, dtype=np.float64)

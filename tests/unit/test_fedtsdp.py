@@ -19,7 +19,8 @@ from method_helpers import trained_states, train_messages
 from server_app.config import ConfigError
 from server_app.inprocess import InProcessGrid
 from strategies.fedtsdp_math import (
-    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, two_stage, weight_distances,
+    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, two_stage,
+    upper_pairs, weight_distances,
 )
 
 TSDP = ["method=fedtsdp", "dataset.public=holdout", "dataset.public_fraction=0.2", "fraction=1.0"]
@@ -66,6 +67,13 @@ def test_dbscan_noise_becomes_singletons_and_two_stages_split_further():
     first, second = two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, 3.5, 1)
     assert first == [[0, 1, 2], [3, 4, 5]] and second == [[0, 1], [2], [3, 4, 5]]
     assert two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, math.inf, 1)[1] == first
+
+
+def test_pair_spread_of_a_distance_matrix_by_hand():
+    d = np.array([[0.0, 1.0, 4.0, 2.0], [1.0, 0.0, 3.0, 5.0], [4.0, 3.0, 0.0, 6.0], [2.0, 5.0, 6.0, 0.0]])
+    assert upper_pairs(d).tolist() == [1.0, 4.0, 2.0, 3.0, 5.0, 6.0]
+    assert pair_spread(upper_pairs(d)) == {"min": 1.0, "median": 3.5, "max": 6.0}
+    assert pair_spread(upper_pairs(np.zeros((1, 1)))) == {}  # one client: no pair, nothing logged
 
 
 def test_weight_distance_is_torch_pairwise_distance():
@@ -201,8 +209,13 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=8", "lr=0.1", "momentum=0.5"]
     common = [*TSDP, "method.h_th=0.0", "method.eps1=inf"]
     _, probe = make(compose, data, *common, "method.eps2=1e-9")  # every client its own cluster: D is logged
-    run(probe, InProcessGrid(6), rounds=1)
+    logged = run(probe, InProcessGrid(6), rounds=1)[0]
     d = seen[0]
+    # the round's record carries the spread of the distances eps2 was compared with (to calibrate it)
+    pairs = d[np.triu_indices(6, k=1)]
+    assert logged["weight_dist_min"] == pairs.min() and logged["weight_dist_max"] == pairs.max()
+    assert logged["weight_dist_median"] == np.median(pairs)
+    assert 0 <= logged["js_min"] <= logged["js_median"] <= logged["js_max"] <= math.log(2)
     within = np.median([d[i, j] for g in ([0, 1, 2], [3, 4, 5]) for i in g for j in g if i < j])
     between = np.median(d[:3, 3:])
     assert within < between

@@ -15,6 +15,12 @@ layers, Omega from the generalization-bound rule (ALG4, :mod:`client_app.roles.k
 The layers after a client's last Omega are not sent either: Eq. 20's partial regularizer coaches
 them toward the client's own weights (the server never received them, so its s_i for them would be
 the initial model's: a pull toward w^0).
+
+Co-participants the server has not heard from (``unheard``): with client sampling (Scenario B,
+10 of 100 a round) most of a round's participants are new in the early rounds, and the server's
+copy of their layers is the untrained initial model. ``skip`` (the default) leaves them out of
+s_i (the row renormalized over the heard ones; a layer with none is not sent); ``initial`` mixes
+the initial model in for them, the literal reading of a server that stores w^0 for every client.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
 from .diagnostics import Panel
-from .kapc_math import CUBE_INITS, CUBE_LRS, cube_step, downlink_mask, initial_cube, slice_rows, write_back
+from .kapc_math import CUBE_INITS, CUBE_LRS, cube_step, downlink_mask, heard_mixing, initial_cube, slice_rows, write_back
 from .model_distance import gram_matrix
 from .options import MethodOptions, option
 from .validation import ClientUpdate
@@ -52,6 +58,10 @@ class KAPCOptions(MethodOptions):
     bls: bool = option(False, "bidirectional layer selection (method kapc_bls turns it on)")
     mu: float = option(0.7, "BLS downlink: skip layer l for client i when R[i,l,i] > mu", low=0, high=1)
     omega_min: int | None = option(None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1)
+    unheard: str = option(
+        "skip", "co-participants the server has no upload of a layer from: skip (left out of s_i; a layer with none is "
+        "not sent) or initial (the initial model stands in, the literal reading)", choices=("skip", "initial"),
+    )
 
 
 class KAPC(PersonalizedStrategy):
@@ -66,7 +76,7 @@ class KAPC(PersonalizedStrategy):
     )
     role = "kapc"
     client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
-    checkpoint_exclude = ("_self_weights", "_cube_delta")  # per-round scratch
+    checkpoint_exclude = ("_self_weights", "_cube_delta", "_sent", "_unheard")  # per-round scratch
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -85,7 +95,9 @@ class KAPC(PersonalizedStrategy):
         self.models = self.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
         self.q = np.zeros(self.num_clients, dtype=np.int64)  # participations
         self.omega_of = np.full(self.num_clients, n_layers, dtype=np.int64)  # each client's last upload prefix (BLS)
-        self.masks: dict[int, list[int]] = {}  # this round's downlink masks
+        self.masks: dict[int, list[int]] = {}  # this round's downlink masks (ALG3 and Eq. 20's prefix)
+        self._sent: dict[int, list[int]] = {}  # the layers actually sent: those masks, less the unheard ones
+        self._unheard: dict[int, int] = {}  # per client, the layers left out for want of a heard co-participant
 
     # ------------------------------------------------------------------ hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
@@ -101,7 +113,7 @@ class KAPC(PersonalizedStrategy):
 
     def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
         return KAPCArgs(
-            lam=self.lam, mask=self.masks.get(client_id, []), bls=self.bls, omega_min=self.omega_min,
+            lam=self.lam, mask=self._sent.get(client_id, []), bls=self.bls, omega_min=self.omega_min,
             first=bool(self.q[client_id] == 0),
         )
 
@@ -127,12 +139,20 @@ class KAPC(PersonalizedStrategy):
             prefix=[int(self.omega_of[c]) for c in ids] if self.bls else None,
         )
         out: dict[int, dict[str, np.ndarray]] = {c: {} for c in ids}
+        sent = mask.copy()  # ALG3's mask (recorded as BLS's saving) and the layers nobody heard can coach
         for layer, keys in enumerate(self.layers):
-            for c, s in zip(ids, mixing_average(models, block[:, layer, :], keys=keys)):
+            weights = block[:, layer, :]
+            if self.options.unheard == "skip":
+                heard = [all(k in self.models.get(c, {}) for k in keys) for c in ids]
+                weights, sendable = heard_mixing(weights, heard)
+                sent[:, layer] &= sendable
+            for c, s in zip(ids, mixing_average(models, weights, keys=keys)):
                 out[c].update({REGULARIZER_PREFIX + k: v for k, v in s.items()})
+        self._unheard = {c: int((mask[row] & ~sent[row]).sum()) for row, c in enumerate(ids)}
         for row, c in enumerate(ids):
             self.masks[c] = [int(m) for m in mask[row]]
-            for layer in np.flatnonzero(~mask[row]):
+            self._sent[c] = [int(m) for m in sent[row]]
+            for layer in np.flatnonzero(~sent[row]):
                 for k in self.layers[layer]:
                     del out[c][REGULARIZER_PREFIX + k]
         self._self_weights = block[np.arange(len(ids)), :, np.arange(len(ids))]  # M x L, for the record
@@ -146,6 +166,8 @@ class KAPC(PersonalizedStrategy):
             self.q[u.client_id] += 1
         # mean_client_acc, the paper's round metric (unweighted, trained models), is in every method's record
         record: dict[str, Any] = {"log_keys": ["mean_client_acc", "cube_delta"]}
+        if self.options.unheard == "skip":  # regularizer layers not sent for want of a heard co-participant
+            record["unheard_layers"] = sum(self._unheard.get(u.client_id, 0) for u in updates)
         omegas = [u.metrics.get("omega", len(self.layers)) for u in updates]
         for u, omega in zip(updates, omegas):
             self.omega_of[u.client_id] = int(omega)
@@ -172,7 +194,7 @@ class KAPC(PersonalizedStrategy):
         if delta is not None:
             record["cube_delta"] = float(delta.mean())  # mean |R_new - R_old| over the round's block
             record["cube_delta_by_layer"] = [float(v) for v in delta]
-        self.masks = {}
+        self.masks, self._sent, self._unheard = {}, {}, {}
         return record
 
     # ------------------------------------------------------------------ reporting

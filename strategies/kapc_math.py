@@ -123,6 +123,22 @@ def downlink_mask(
     return mask
 
 
+def heard_mixing(weights: np.ndarray, heard: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's mixing rows (M x M) restricted to the co-participants whose layer the server
+    has received (``heard``), renormalized. Returns (weights, sendable): a row with no heard
+    co-participant has nothing to coach with, so its layer is not sent (the client coaches it
+    toward its own start, as for a masked layer); such a row is returned as it was. Everyone
+    heard: the rows as they are, same bits."""
+    w = np.asarray(weights, dtype=np.float64)
+    known = np.asarray(heard, dtype=bool)
+    if known.all():
+        return w, np.ones(len(w), dtype=bool)
+    kept = w * known[None, :]
+    total = kept.sum(axis=1)
+    sendable = total > ROW_EPS
+    return np.where(sendable[:, None], kept / np.where(sendable, total, 1.0)[:, None], w), sendable
+
+
 def initial_cube(n: int, layers: int, rng: np.random.Generator, kind: str = "random") -> np.ndarray:
     """R^0: U[0, 1) with rows normalized ("randomly"), or exactly uniform."""
     if kind == "uniform":

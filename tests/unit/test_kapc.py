@@ -20,6 +20,7 @@ from strategies.kapc_math import (
     centered,
     cube_gradient,
     cube_step,
+    heard_mixing,
     downlink_mask,
     project_rows,
     slice_rows,
@@ -118,6 +119,39 @@ def test_downlink_mask_by_self_weight_and_everything_at_first_contact():
     assert downlink_mask(block, 0.7, [False, True], prefix=[2, 1]).tolist() == [[False, True, False], [True, True, True]]
 
 
+def test_unheard_co_participants_are_left_out_of_the_mix_by_hand():
+    w = np.array([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+    same, sendable = heard_mixing(w, [True, True, True])
+    assert same is w or np.array_equal(same, w) and sendable.all()  # everyone heard: untouched
+    mixed, sendable = heard_mixing(w, [True, False, True])  # client 1 never uploaded this layer
+    assert np.allclose(mixed, [[0.5 / 0.7, 0, 0.2 / 0.7], [0.1 / 0.4, 0, 0.3 / 0.4], [0.25, 0, 0.75]]) and sendable.all()
+    mixed, sendable = heard_mixing(w, [False, True, False])
+    assert sendable.tolist() == [True, True, True] and np.allclose(mixed[:, 1], 1.0)
+    mixed, sendable = heard_mixing(w, [False, False, False])  # nobody heard: nothing to send
+    assert sendable.tolist() == [False, False, False] and np.array_equal(mixed, w)
+
+
+def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
+    """Under client sampling most co-participants are new: their layers on the server are the
+    untrained initial model. unheard=skip mixes only the models the server received."""
+    model = build_model("cnn_kapc", (1, 28, 28), 10, seed=0)
+    trained = None
+    for unheard in ("skip", "initial"):
+        strategy = build_strategy("kapc", model, {"model": {"name": "cnn_kapc"}}, num_clients=3, fraction=1.0, seed=0,
+                                  method_args={"cube_steps": 0, "unheard": unheard})
+        trained = trained or {k: v + 1.0 for k, v in strategy.global_arrays.items()}
+        strategy.models[0] = trained  # client 0 has uploaded; clients 1 and 2 are new
+        down = strategy.extra_downlinks([0, 1, 2], 5)
+        for c in (0, 1, 2):
+            s = {k[len(REGULARIZER_PREFIX):]: v for k, v in down[c].items()}
+            if unheard == "skip":  # the only heard model, whatever the weights
+                assert all(np.allclose(s[k], trained[k]) for k in trained)
+            else:  # R[c, l, 0] of the trained model, the rest w^0: most of the pull is toward w^0
+                w0 = strategy.cube[c, 0, 0]
+                k = strategy.layers[0][0]
+                assert np.allclose(s[k], w0 * trained[k] + (1 - w0) * strategy.global_arrays[k], atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- BLS's upload rule
 def direct_criterion(omega, d, n, b_hat, tau_hat, b, tau, c):
     """Eq. 29 evaluated directly in float64 (the spec's form, no logs)."""
@@ -163,6 +197,9 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
     strategy = build_strategy("kapc_bls", model, {"model": {"name": "resnet18"}}, num_clients=3, fraction=1.0, seed=0,
                               method_args={"cube_init": "uniform", "cube_steps": 0})  # only the layer set below is masked
     assert len(strategy.layers) == 21
+    assert strategy.extra_downlinks([0, 1, 2], 1)[0] == {}  # nobody heard from yet: nothing to coach with
+    for c in range(3):
+        strategy.models[c] = dict(strategy.global_arrays)  # each has uploaded its whole model once
     down = strategy.extra_downlinks([0, 1, 2], 1)[0]
     assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(42.655, abs=5e-4)  # 11,181,642 parameters x 4 B
     sizes = [sum(strategy.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
@@ -185,8 +222,12 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
     for m in grid.sent:
         if m.metadata.message_type == "train":
             keys = set(m.content.array_records["arrays"].keys())
-            assert keys == {"extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays}  # s_i only, as extras
-    assert all(r["bytes_down"] == r["bytes_up"] for r in records)  # plain KAPC: the full model both ways
+            if int(m.content["config"]["server-round"]) == 1:
+                assert keys == set()  # round 1: the server has heard from nobody, so it has nothing to coach with
+            else:
+                assert keys == {"extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays}  # s_i only, as extras
+    assert records[0]["bytes_down"] == 0 and records[0]["unheard_layers"] == 4 * len(strategy.layers)
+    assert records[1]["bytes_down"] == records[1]["bytes_up"] and records[1]["unheard_layers"] == 0  # the full model both ways
     assert strategy.q.tolist() == [2, 2, 2, 2] and len(strategy.models) == 4
     from strategies.evaluation import summarize
 
@@ -203,7 +244,9 @@ def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
     assert all(u in [set(keys[: 2 * o]) for o in (3, 4, 5)] for u in ups)  # 2 tensors per layer; omega_min = 5 - 2
     assert all(len(u) == 8 for u in ups[:4])  # the first participation uploads L - 1 layers
     assert records[0]["masked_layers"] == 0 and records[1]["masked_layers"] > 0  # mu = 0: every later layer is left out
-    assert records[1]["bytes_down"] < records[0]["bytes_down"] and records[0]["bytes_up"] < 4 * sum(v.nbytes for v in strategy.global_arrays.values())
+    full = 4 * sum(v.nbytes for v in strategy.global_arrays.values())
+    assert records[0]["bytes_down"] == 0 and records[0]["bytes_up"] < full  # round 1: nobody heard from yet
+    assert records[1]["bytes_down"] < full and records[1]["unheard_layers"] == 0  # mu = 0 leaves the layers out
     specs = [json.loads(m.content.config_records["config"]["spec"]) for m in grid.sent if m.metadata.message_type == "train"]
     assert all(s["role_args"]["first"] for s in specs[:4]) and not any(s["role_args"]["first"] for s in specs[4:])
 
@@ -244,6 +287,8 @@ def test_the_cube_moves_into_the_groups_at_the_default_settings_and_bls_saves_do
     # self-weights above mu = 0.7 on some clients' fc1 (ALG3), besides the layers after Omega (Eq. 20)
     assert rounds[-1]["masked_by_layer"][2] >= 1 and rounds[0]["masked_layers"] == 0
     sent = [sum(len(m.content.array_records["arrays"].keys()) for m in grid.sent
-                if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == rnd) for rnd in (1, 12)]
-    assert sent[1] < sent[0] and rounds[-1]["bytes_down"] < 0.8 * rounds[0]["bytes_down"]
+                if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == rnd) for rnd in (1, 2, 12)]
+    # round 1 sends nothing (the server has heard from nobody yet); round 2 every heard layer
+    assert sent[0] == 0 and rounds[0]["bytes_down"] == 0, (sent, [r["bytes_down"] for r in rounds])
+    assert sent[2] < sent[1] and rounds[-1]["bytes_down"] < 0.8 * rounds[1]["bytes_down"], (sent, [r["bytes_down"] for r in rounds])
     assert summary["cube_delta_mean"] > 0.01 and (run_dir / "cube.png").stat().st_size > 5000

@@ -380,7 +380,7 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
 
 METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     "fedcpmd": (2, {"method": "fedcpmd"}, "method.kp=1"),  # a vote round, a clustered round
-    "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, "method.mu=0.0"),  # mu = 0: round 2 masks layers
+    "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, ""),  # round 2 leaves the layers after Omega out
     # the nodes partition the shared digits themselves (client-id, no data-dir): the server keeps a
     # public hold-out; h_th = 0 with psi = 0.5 would halve the shared prefix at every re-clustering,
     # but two clients are too few for the Hopkins statistic (m < 3: no clustering)
@@ -472,8 +472,12 @@ def test_warm_clientapps_start_without_importing_torch_again(methods):
 
 def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
     summary, rounds = finished_summary(methods, "kapc_bls")
-    assert rounds[0]["masked_layers"] == 0 and rounds[1]["masked_layers"] > 0  # mu = 0: after the first round
-    assert rounds[1]["bytes_down"] < rounds[0]["bytes_down"]
+    # round 1: the server has heard from nobody, so it sends no regularizer (unheard=skip)
+    assert rounds[0]["bytes_down"] == 0 and rounds[0]["unheard_layers"] == METHOD_NODES * 5 and rounds[0]["masked_layers"] == 0
+    # round 2: each client is coached on the layers it uploaded (Omega = L - 1 at a first
+    # participation), never on the classifier after them (Eq. 20), so it gets at most what it sent
+    assert rounds[1]["unheard_layers"] == 0 and rounds[1]["masked_layers"] >= METHOD_NODES
+    assert 0 < rounds[1]["bytes_down"] <= rounds[0]["bytes_up"]
     assert all(3 <= o <= 5 for r in rounds for o in r["omega"].values())  # omega_min = L - 2 = 3
     assert summary["best_mean_acc"] > 0.3 and summary["artifacts"] == ["cube.npy", "cube.png"]
     assert (methods["cluster"].run_dir("kapc_bls") / "cube.png").stat().st_size > 5000

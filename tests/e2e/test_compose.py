@@ -8,7 +8,7 @@ name of its own, with this test's directory for certificates, data and outputs a
 port: SuperLink with TLS and node authentication, the ServerApp SuperExec, the registration
 job and three SuperNodes, each with its own data directory and state volume. `flwr run` from
 the host runs the topology's demo job; SuperNode 1 is restarted (`compose restart`) once it has
-replied in round 2. Everything the project made (containers, networks, volumes) is removed
+replied in round 3. Everything the project made (containers, networks, volumes) is removed
 afterwards; the images stay, as the build cache of the next run, and the pflower images that
 this build superseded are removed (each rebuild after a code change leaves one set behind:
 about 2.2 GB, 53 GB over a day of runs before this was done).
@@ -40,8 +40,8 @@ topology = load_script("topology")
 offline = load_script("docker_offline")
 
 OFFLINE_BASE = offline.DEFAULT_TAG
-ROUNDS = 6
-RESTART_AFTER_ROUND = 2
+ROUNDS = 7
+RESTART_AFTER_ROUND = 3  # a model trained three rounds: its restored layers stand clear of the untrained level
 ROUND_TIMEOUT = 60  # s; a node restarted in the middle of a round is waited for at most this long
 RUN_DEADLINE = 600  # s for `flwr run`
 
@@ -267,7 +267,7 @@ def test_a_restarted_supernode_keeps_its_personalization(demo):
     # the untrained model it started round 1 with, close to where it was before the restart
     untrained = before[1]["test_before"]
     assert first["restored"] > 0, first
-    assert first["test_before"] >= untrained + 0.2, (untrained, first)
+    assert first["test_before"] >= untrained + 0.2, (untrained, first, before)
     assert first["test_before"] >= 0.75 * before[max(before)]["test_after"], (before, first)
     assert any(1 in r["clients"] for r in d.rounds() if r["round"] >= min(later))
 

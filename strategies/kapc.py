@@ -140,10 +140,11 @@ class KAPC(PersonalizedStrategy):
         )
         out: dict[int, dict[str, np.ndarray]] = {c: {} for c in ids}
         sent = mask.copy()  # ALG3's mask (recorded as BLS's saving) and the layers nobody heard can coach
+        received = [set(self.models.keys_of(c)) for c in ids] if self.options.unheard == "skip" else []
         for layer, keys in enumerate(self.layers):
             weights = block[:, layer, :]
             if self.options.unheard == "skip":
-                heard = [all(k in self.models.get(c, {}) for k in keys) for c in ids]
+                heard = [all(k in got for k in keys) for got in received]
                 weights, sendable = heard_mixing(weights, heard)
                 sent[:, layer] &= sendable
             for c, s in zip(ids, mixing_average(models, weights, keys=keys)):

@@ -65,6 +65,12 @@ class ClientStore(MutableMapping[int, dict[str, np.ndarray]]):
         path = self.directory / folder  # type: ignore[operator]
         return {k: np.load(path / f"{i}.npy", mmap_mode="r") for i, k in enumerate(keys)}
 
+    def keys_of(self, client_id: int) -> list[str]:
+        """The keys stored for ``client_id`` (none when absent), without loading any array."""
+        if not self.on_disk:
+            return list(self._memory.get(client_id, ()))
+        return list(self._index[client_id][1]) if client_id in self._index else []
+
     def __setitem__(self, client_id: int, arrays: Arrays) -> None:
         if not self.on_disk:
             self._memory[int(client_id)] = dict(arrays)

@@ -122,7 +122,7 @@ def test_downlink_mask_by_self_weight_and_everything_at_first_contact():
 def test_unheard_co_participants_are_left_out_of_the_mix_by_hand():
     w = np.array([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
     same, sendable = heard_mixing(w, [True, True, True])
-    assert same is w or np.array_equal(same, w) and sendable.all()  # everyone heard: untouched
+    assert (same is w or np.array_equal(same, w)) and sendable.all()  # everyone heard: untouched
     mixed, sendable = heard_mixing(w, [True, False, True])  # client 1 never uploaded this layer
     assert np.allclose(mixed, [[0.5 / 0.7, 0, 0.2 / 0.7], [0.1 / 0.4, 0, 0.3 / 0.4], [0.25, 0, 0.75]]) and sendable.all()
     mixed, sendable = heard_mixing(w, [False, True, False])

@@ -23,6 +23,7 @@ def test_a_store_is_a_mapping_of_client_arrays(tmp_path, on_disk):
     assert list(store) == [1, 3] and len(store) == 2 and store.get(7) is None
     np.testing.assert_array_equal(store[3]["w"], arrays(5.0)["w"])
     assert list(store[1]) == ["w", "b"] and store.nbytes() == 2 * (24 + 8)
+    assert store.keys_of(1) == ["w", "b"] and store.keys_of(7) == []  # without loading an array
     del store[1]
     assert list(store) == [3]
     if on_disk:

@@ -74,8 +74,12 @@ def nothing(strategy: Any, updates: list[Any], rnd: int) -> None:
 
 
 def stored_models(strategy: Any, updates: list[Any], rnd: int) -> None:
-    """Every client's latest model is stored (FedAMP, pFedLA): the steady state."""
-    strategy.models = {u.client_id: u.arrays for u in updates}
+    """Every client's latest model is stored (FedAMP, pFedLA): the steady state. Filled in place, so a
+    strategy whose ``models`` is a :class:`strategies.store.ClientStore` keeps that type (KAPC reads
+    ``keys_of`` from it)."""
+    strategy.models.clear()
+    for u in updates:
+        strategy.models[u.client_id] = u.arrays
 
 
 def pfedla_steady(strategy: Any, updates: list[Any], rnd: int) -> None:
@@ -110,7 +114,7 @@ def fedcmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
 
 def fedfomo_offered(strategy: Any, updates: list[Any], rnd: int) -> None:
     """FedFomo: every client's model stored, each client was offered m of them and weighted them."""
-    strategy.models = {u.client_id: u.arrays for u in updates}
+    stored_models(strategy, updates, rnd)
     strategy.model_round = {u.client_id: rnd - 1 for u in updates}
     ids = [u.client_id for u in updates]
     extra_downlinks(strategy, ids, rnd)  # sets strategy.offered, as configure_train does
@@ -124,7 +128,7 @@ def fedfomo_offered(strategy: Any, updates: list[Any], rnd: int) -> None:
 def fedap_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
     """FedAP after the warm-up: every client's BN statistics and model known."""
     rng = np.random.default_rng(2)
-    strategy.models = {u.client_id: u.arrays for u in updates}
+    stored_models(strategy, updates, rnd)
     strategy.stats = {
         u.client_id: {
             f"bn_{s}/{i}": rng.uniform(0.5, 1.5, c).astype(np.float32)

@@ -13,7 +13,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 
-from .config import ConfigError, conf_dir, resume_config
+from .config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config
 from .progress import Sweep, job_label, parse_sweep
 from .simulate import simulate
 
@@ -137,12 +137,13 @@ def _sim_main(argv: list[str]) -> int:
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
         OmegaConf.resolve(cfg)
+        leave_out_other_methods_options(cfg, HydraConfig.get().overrides.task)
         sweep = _sweep_job(argv, sweeps)
         try:
             if cfg.get("resume"):  # the run's saved config, with the command line's rounds
-                from hydra.core.hydra_config import HydraConfig
-
                 cfg = resume_config(cfg, HydraConfig.get().overrides.task)
             simulate(cfg, sweep)
         except USER_ERRORS as exc:

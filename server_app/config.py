@@ -19,7 +19,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 GROUPS = ("experiment", "method", "dataset", "model", "partition")
 # keys a resumed run may set differently from the run it continues (output_dir is ignored: the
@@ -54,10 +54,68 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
     OmegaConf.resolve(cfg)
+    leave_out_other_methods_options(cfg, overrides)
     if cfg.get("resume"):
         cfg = resume_config(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+def experiment_method(name: str) -> tuple[str | None, set[str]]:
+    """The method file an experiment picks (``override /method: X``) and the ``method.*`` keys it
+    sets, through the experiments it extends (``defaults: [fedtsdp_fmnist]``)."""
+    import yaml
+
+    path = conf_dir() / "experiment" / f"{name}.yaml"
+    if not path.exists():
+        return None, set()
+    raw = yaml.safe_load(path.read_text()) or {}
+    picked, keys = None, set(raw.get("method") or {})
+    for entry in raw.get("defaults") or []:
+        if isinstance(entry, str) and entry != "_self_":
+            parent, parent_keys = experiment_method(entry)
+            picked, keys = picked or parent, keys | parent_keys
+        elif isinstance(entry, dict):
+            for k, v in entry.items():
+                if str(k).split()[-1].strip("/") == "method":
+                    picked = str(v)
+    return picked, keys
+
+
+_SAID: set[str] = set()
+
+
+def leave_out_other_methods_options(cfg: DictConfig, overrides: Iterable[str]) -> None:
+    """``experiment=fedcpmd_fmnist method=fedavg``: the experiment's set-up with another method.
+    The ``method.*`` values the experiment file sets for its own method (FedCPMD's ``kp``) are left
+    out when the method chosen on the command line has no such option, with one log line; an
+    option the command line itself names is kept, so a typo still fails in validation."""
+    overrides = [str(o) for o in overrides]
+    given = {_override_key(o): o.split("=", 1)[-1] for o in overrides if "=" in o}
+    if "experiment" not in given or "method" not in given:
+        return
+    picked, keys = experiment_method(given["experiment"])
+    if picked is None or picked == given["method"]:
+        return
+    from strategies import STRATEGIES
+
+    cls = STRATEGIES.get(str(cfg.method.get("name")))
+    if cls is None:
+        return  # validation names the unknown method
+    foreign = sorted(k for k in keys if k not in cls.options_type.names() and f"method.{k}" not in given and k in cfg.method)
+    if foreign:
+        from logging import INFO
+
+        from flwr.common.logger import log
+
+        line = (f"experiment={given['experiment']} sets {', '.join(f'method.{k}' for k in foreign)} for method "
+                f"{picked}; method={given['method']} has no such option(s), left out")
+        if line not in _SAID:  # pflower sim composes twice (the check before hydra, then hydra's run)
+            _SAID.add(line)
+            log(INFO, "%s", line)
+        with open_dict(cfg):
+            for k in foreign:
+                del cfg.method[k]
 
 
 GROUPS = ("method", "dataset", "model", "partition", "experiment")

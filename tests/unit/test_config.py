@@ -80,3 +80,21 @@ def test_every_experiment_file_composes_and_validates(name: str, tmp_path):
     cfg = compose_config([f"experiment={name}", f"output_dir={tmp_path}"])
     validate(cfg)
     assert cfg.rounds >= 1
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml")))
+def test_every_experiment_runs_a_baseline_on_its_set_up(name: str, tmp_path):
+    """``experiment=X method=fedavg``: the set-up with another method. The experiment's options
+    for its own method (FedCPMD's kp, FedTSDP's h_th) are left out, not an error."""
+    cfg = compose_config([f"experiment={name}", "method=fedavg", f"output_dir={tmp_path}"])
+    assert set(cfg.method) - {"name"} <= {"finetune_epochs"}
+
+
+def test_an_option_the_command_line_names_for_the_wrong_method_still_fails():
+    with pytest.raises(ConfigError, match=r"'ditto' has no option\(s\) \['h_th'\]"):
+        compose_config(["experiment=fedtsdp_fmnist_cnn", "method=ditto", "method.h_th=0.7"])
+
+
+def test_an_experiment_keeps_its_values_for_its_own_method():
+    assert compose_config(["experiment=fedtsdp_fmnist_cnn", "method=fedtsdp"]).method.eps2 == 0.1
+    assert compose_config(["experiment=fedtsdp_fmnist_cnn"]).method.h_th == 0.76

@@ -45,3 +45,17 @@ def test_serial_backend_runs_every_client_in_this_process(tmp_path, monkeypatch)
     assert records[1]["test_before_acc"] > records[0]["test_before_acc"]
     assert json.loads((run / "summary.json").read_text())["final_clients"] == 3
     assert torch.get_num_threads() == threads  # clients ran on one thread, the process's setting is back
+
+
+def test_an_experiment_runs_with_another_method(tmp_path, monkeypatch, capsys):
+    """`pflower sim experiment=fedcpmd_fmnist method=fedavg`: hydra's own composition (not only the
+    check before it) leaves FedCPMD's kp out; the run's saved config has FedAvg's options only."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    args = ["sim", "experiment=fedcpmd_fmnist", "method=fedavg", "dataset=digits", "backend=serial", "num_clients=3",
+            "rounds=1", "local_epochs=1", "fraction=1.0", "partition.min_size=20", "alpha=1.0", f"output_dir={out}"]
+    assert main(args) == 0, capsys.readouterr().err
+    (run,) = out.glob("*/*")
+    assert yaml.safe_load((run / "config.yaml").read_text())["method"] == {"name": "fedavg", "finetune_epochs": 0}

@@ -42,53 +42,135 @@ def sim(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600)
                           timeout=timeout, env=env)
 
 
-def test_a_run_joins_a_two_node_ray_cluster_and_writes_the_local_numbers(tmp_path, monkeypatch):
-    import ray
+@pytest.fixture(scope="module")
+def cluster():
+    """A Ray head and a second node on loopback, one CPU each, with their own port and temp
+    directory; stopped at the end of the module, and every process of it checked gone."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
     # Ray rewrites 127.0.0.1 in an address to this machine's outward IP (to reach a cluster of
     # several machines); with its "no multi-machine clusters" switch it keeps loopback, so the
-    # whole cluster, this process and the pflower run stay on 127.0.0.1
-    monkeypatch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")
-    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-
-    # a short directory: Ray's unix sockets live under it (the path limit is 107 bytes)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="prc", dir="/tmp"))
-    port = free_port()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "gcs_server_port": port, "include_dashboard": False, "temp_dir": str(ray_tmp),
-        "node_ip_address": "127.0.0.1",
-    })
-    pids: list[int] = []
-    try:
-        worker = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        pids = [p.process.pid for node in (cluster.head_node, worker) for ps in node.all_processes.values() for p in ps]
-        address = f"127.0.0.1:{port}"
-        assert cluster.address.endswith(f":{port}")
-        env = {**os.environ, "RAY_ADDRESS": ""}  # only the key may point the run at the cluster
-        joined = sim([*SMALL, "backend=ray", f"ray.address={address}", f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
-        assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
-        local = sim([*SMALL, "backend=serial", f"output_dir={tmp_path / 'local'}"], tmp_path)
-        assert local.returncode == 0, local.stderr[-3000:]
-        assert metrics(tmp_path / "cluster") == metrics(tmp_path / "local")
-
-        # which nodes ran ClientApp actors: the cluster's actor table (GCS; dead actors stay listed)
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # whole cluster, this process and the runs (which inherit the variable) stay on 127.0.0.1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        # a short directory: Ray's unix sockets live under it (the path limit is 107 bytes)
+        ray_tmp = Path(tempfile.mkdtemp(prefix="prc", dir="/tmp"))
+        port = free_port()
+        head = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "gcs_server_port": port, "include_dashboard": False, "temp_dir": str(ray_tmp),
+            "node_ip_address": "127.0.0.1",
+        })
+        pids: list[int] = []
         try:
-            actors = [a for a in ray._private.state.actors().values() if "ClientAppActor" in a["ActorClassName"]]
-            nodes = {a["Address"]["NodeID"] for a in actors}
-            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            worker = head.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+            pids = [p.process.pid for node in (head.head_node, worker) for ps in node.all_processes.values() for p in ps]
+            assert head.address.endswith(f":{port}")
+            yield f"127.0.0.1:{port}"
         finally:
-            ray.shutdown()
-        assert len(alive) == 2 and nodes == alive, (nodes, alive)
-    finally:
-        cluster.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+            head.shutdown()
+            shutil.rmtree(ray_tmp, ignore_errors=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.5)
     assert not [p for p in pids if _alive(p)], "a Ray process of the test's cluster outlived it"
+
+
+def client_actors(address: str) -> dict[str, str]:
+    """The cluster's ClientApp actors, id -> node id (from the GCS actor table: dead actors stay listed)."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        actors = ray._private.state.actors()
+        return {a_id: a["Address"]["NodeID"] for a_id, a in actors.items() if "ClientAppActor" in a["ActorClassName"]}
+    finally:
+        ray.shutdown()
+
+
+def alive_nodes(address: str) -> set[str]:
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    finally:
+        ray.shutdown()
+
+
+def test_a_run_joins_a_two_node_ray_cluster_and_writes_the_local_numbers(cluster, tmp_path):
+    before = client_actors(cluster)
+    env = {**os.environ, "RAY_ADDRESS": ""}  # only the key may point the run at the cluster
+    joined = sim([*SMALL, "backend=ray", f"ray.address={cluster}", f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
+    assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
+    local = sim([*SMALL, "backend=serial", f"output_dir={tmp_path / 'local'}"], tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert metrics(tmp_path / "cluster") == metrics(tmp_path / "local")
+    ran = {node for a, node in client_actors(cluster).items() if a not in before}
+    alive = alive_nodes(cluster)
+    assert len(alive) == 2 and ran == alive, (ran, alive)
+
+
+def test_a_sweep_runs_two_at_a_time_on_the_cluster_with_the_numbers_of_one_by_one(cluster, tmp_path):
+    """`pflower sim -m seed=1,2 --jobs 2 backend=ray ray.address=...`: two drivers share the
+    cluster's two CPUs (the second's actors wait for the first's), and each run's numbers equal
+    the same seed run alone on this machine."""
+    before = client_actors(cluster)
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    sweep = sim(["-m", "seed=1,2", "--jobs", "2", *SMALL, "backend=ray", f"ray.address={cluster}",
+                 f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert "[run 1/2]" in sweep.stdout and "[run 2/2]" in sweep.stdout
+    ran = [node for a, node in client_actors(cluster).items() if a not in before]
+    assert set(ran) == alive_nodes(cluster), ran
+    for seed in (1, 2):
+        local = sim([*SMALL, f"seed={seed}", "backend=serial", f"output_dir={tmp_path / f'local{seed}'}"], tmp_path)
+        assert local.returncode == 0, local.stderr[-3000:]
+    by_seed = {}
+    for run in (tmp_path / "cluster").glob("*/*"):
+        import yaml
+
+        by_seed[yaml.safe_load((run / "config.yaml").read_text())["seed"]] = [
+            without_timings(json.loads(x)) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(by_seed) == [1, 2]
+    for seed in (1, 2):
+        assert by_seed[seed] == metrics(tmp_path / f"local{seed}"), seed
+    assert by_seed[1] != by_seed[2]
+
+
+def test_flwr_run_joins_the_cluster_named_by_ray_address(cluster, tmp_path):
+    """`flwr run .` with a simulation federation: the local SuperLink it starts inherits
+    RAY_ADDRESS, and its simulation runtime's ray.init() joins that cluster; the ClientApp actors
+    run on both nodes and the numbers equal `pflower sim backend=serial`'s."""
+    from integration.test_simulation import ROOT, stop_local_superlink
+
+    before = client_actors(cluster)
+    out = tmp_path / "flwr"
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": cluster,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    # SMALL as run config: its flwr keys, and the rest as hydra overrides
+    run_config = (f"method='fedper' num_clients=4 rounds=2 local_epochs=1 fraction=1.0 output_dir='{out}' "
+                  "overrides='partition.min_size=20 alpha=1.0 progress=false'")
+    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config",
+           "num-supernodes=4 client-resources-num-cpus=1"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    finally:
+        stop_local_superlink(env)
+    local = sim([*SMALL, "backend=serial", f"output_dir={tmp_path / 'local'}"], tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert metrics(out) == metrics(tmp_path / "local")
+    ran = {node for a, node in client_actors(cluster).items() if a not in before}
+    assert ran == alive_nodes(cluster), ran
 
 
 def _alive(pid: int) -> bool:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from integration.test_simulation import without_timings
 
@@ -77,38 +78,35 @@ def cluster():
     assert not [p for p in pids if _alive(p)], "a Ray process of the test's cluster outlived it"
 
 
-def client_actors(address: str) -> dict[str, str]:
-    """The cluster's ClientApp actors, id -> node id (from the GCS actor table: dead actors stay listed)."""
+def cluster_state(address: str) -> tuple[dict[str, str], set[str]]:
+    """The cluster's ClientApp actors (id -> node id, from the GCS actor table: dead actors stay
+    listed) and its live nodes, read over one connection."""
     import ray
 
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         actors = ray._private.state.actors()
-        return {a_id: a["Address"]["NodeID"] for a_id, a in actors.items() if "ClientAppActor" in a["ActorClassName"]}
+        clients = {a_id: a["Address"]["NodeID"] for a_id, a in actors.items() if "ClientAppActor" in a["ActorClassName"]}
+        return clients, {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     finally:
         ray.shutdown()
 
 
-def alive_nodes(address: str) -> set[str]:
-    import ray
-
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    finally:
-        ray.shutdown()
+def new_actor_nodes(address: str, before: dict[str, str]) -> tuple[set[str], set[str]]:
+    """The nodes that ran ClientApp actors not in ``before``, and the cluster's live nodes."""
+    clients, alive = cluster_state(address)
+    return {node for a, node in clients.items() if a not in before}, alive
 
 
 def test_a_run_joins_a_two_node_ray_cluster_and_writes_the_local_numbers(cluster, tmp_path):
-    before = client_actors(cluster)
+    before, _ = cluster_state(cluster)
     env = {**os.environ, "RAY_ADDRESS": ""}  # only the key may point the run at the cluster
     joined = sim([*SMALL, "backend=ray", f"ray.address={cluster}", f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
     assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
     local = sim([*SMALL, "backend=serial", f"output_dir={tmp_path / 'local'}"], tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
     assert metrics(tmp_path / "cluster") == metrics(tmp_path / "local")
-    ran = {node for a, node in client_actors(cluster).items() if a not in before}
-    alive = alive_nodes(cluster)
+    ran, alive = new_actor_nodes(cluster, before)
     assert len(alive) == 2 and ran == alive, (ran, alive)
 
 
@@ -116,21 +114,19 @@ def test_a_sweep_runs_two_at_a_time_on_the_cluster_with_the_numbers_of_one_by_on
     """`pflower sim -m seed=1,2 --jobs 2 backend=ray ray.address=...`: two drivers share the
     cluster's two CPUs (the second's actors wait for the first's), and each run's numbers equal
     the same seed run alone on this machine."""
-    before = client_actors(cluster)
+    before, _ = cluster_state(cluster)
     env = {**os.environ, "RAY_ADDRESS": ""}
     sweep = sim(["-m", "seed=1,2", "--jobs", "2", *SMALL, "backend=ray", f"ray.address={cluster}",
                  f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     assert "[run 1/2]" in sweep.stdout and "[run 2/2]" in sweep.stdout
-    ran = [node for a, node in client_actors(cluster).items() if a not in before]
-    assert set(ran) == alive_nodes(cluster), ran
+    ran, alive = new_actor_nodes(cluster, before)
+    assert ran == alive, (ran, alive)
     for seed in (1, 2):
         local = sim([*SMALL, f"seed={seed}", "backend=serial", f"output_dir={tmp_path / f'local{seed}'}"], tmp_path)
         assert local.returncode == 0, local.stderr[-3000:]
     by_seed = {}
     for run in (tmp_path / "cluster").glob("*/*"):
-        import yaml
-
         by_seed[yaml.safe_load((run / "config.yaml").read_text())["seed"]] = [
             without_timings(json.loads(x)) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted(by_seed) == [1, 2]
@@ -145,7 +141,7 @@ def test_flwr_run_joins_the_cluster_named_by_ray_address(cluster, tmp_path):
     run on both nodes and the numbers equal `pflower sim backend=serial`'s."""
     from integration.test_simulation import ROOT, stop_local_superlink
 
-    before = client_actors(cluster)
+    before, _ = cluster_state(cluster)
     out = tmp_path / "flwr"
     env = {
         **os.environ,
@@ -169,8 +165,8 @@ def test_flwr_run_joins_the_cluster_named_by_ray_address(cluster, tmp_path):
     local = sim([*SMALL, "backend=serial", f"output_dir={tmp_path / 'local'}"], tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
     assert metrics(out) == metrics(tmp_path / "local")
-    ran = {node for a, node in client_actors(cluster).items() if a not in before}
-    assert ran == alive_nodes(cluster), ran
+    ran, alive = new_actor_nodes(cluster, before)
+    assert ran == alive, (ran, alive)
 
 
 def _alive(pid: int) -> bool:

@@ -53,6 +53,7 @@ def options_markdown(name: str) -> str:
         shown = "; ".join(
             f"`{p.key}` ({p.label}"
             + (f", against `{p.threshold}`" if p.threshold else "")
+            + (f" or the logged `{p.threshold_key}`" if p.threshold_key else "")
             + (f", events: `{p.events}`" if p.events else "") + ")"
             for p in cls.diagnostic_panels
         )

@@ -360,7 +360,7 @@ def mechanisms() -> dict[str, tuple[Any, ...]]:
 
 def mechanism_keys() -> frozenset[str]:
     """Every record key a mechanism panel reads (its value and its event key)."""
-    return frozenset(k for panels in mechanisms().values() for p in panels for k in (p.key, p.events) if k)
+    return frozenset(k for panels in mechanisms().values() for p in panels for k in (p.key, p.events, p.threshold_key) if k)
 
 
 @dataclass(frozen=True)
@@ -673,13 +673,18 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
                     fired = dict(pts)
                     xs = [r for r, e in zip(c.rounds, c.diagnostics.get(panel.events, ())) if e and r in fired]
                     ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4)
+                used = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.threshold_key or "", ())) if v is not None]
+                if used:  # the threshold the run compared with, where it logged one
+                    ax.plot([r for r, _ in used], [v for _, v in used], color=color, linestyle="--", linewidth=0.8,
+                            marker="_", markersize=6)
+                    continue
                 limit = method_option(run, panel.threshold) if panel.threshold else None
                 if _is_type(limit, (int, float)) and math.isfinite(limit):
                     ax.axhline(float(limit), color=color, linestyle="--", linewidth=0.8)
             ax.set_ylabel(panel.label, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-        notes = [f"{p.key}: dashed = {p.threshold}" for p in panels if p.threshold]
+        notes = [f"{p.key}: dashed = {p.threshold}" + (f" or {p.threshold_key}" if p.threshold_key else "") for p in panels if p.threshold]
         notes += [f"dots = {p.events} rounds" for p in panels if p.events]
         title = f"{group.title}: {method}'s mechanism" + (f" ({'; '.join(notes)})" if notes else "")
         axes[0].set_title(title, fontsize=9)

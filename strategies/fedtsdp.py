@@ -42,7 +42,7 @@ from .base import PersonalizedStrategy
 from .clusters import Clusters, cluster_fedavg
 from .diagnostics import Panel
 from .fedtsdp_math import (
-    DECAY_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, two_stage,
+    DECAY_MODES, RADIUS_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, stage2_radius, two_stage,
     upper_pairs, weight_distances_from_gram,
 )
 from .model_distance import gram_matrix
@@ -57,6 +57,10 @@ class FedTSDPOptions(MethodOptions):
     h_th: float = option(0.65, "Hopkins threshold (strict >, the paper's); inf: never cluster, exactly FedAvg", low=0)
     eps1: float = option(0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0)
     eps2: float = option(3.5, "stage 2 DBSCAN radius on weight L2 distance (calibrate for small models); inf: one group", above=0)
+    eps2_mode: str = option(
+        "absolute", "absolute: eps2 is a weight distance (the paper's); median: a fraction of each stage-1 group's median pair distance",
+        choices=RADIUS_MODES,
+    )
     min_pts: int = option(2, "DBSCAN min_samples in both stages (the point itself included)", low=1)
     psi: float = option(0.98, "shared-unit counter *= psi at each re-clustering", above=0, high=1)
     decay: str = option("float", "float: the counter kept as a float, S = floor; int: int(counter * psi)", choices=DECAY_MODES)
@@ -81,7 +85,7 @@ class FedTSDP(PersonalizedStrategy):
         Panel("shared_units", "shared prefix (units)"),
         Panel("num_clusters", "clusters"),
         Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
-        Panel("weight_dist_median", "median weight distance in stage-1 groups", threshold="eps2"),
+        Panel("weight_dist_median", "median weight distance in stage-1 groups", threshold="eps2", threshold_key="eps2_radius"),
     )
     client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
     shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
@@ -92,6 +96,7 @@ class FedTSDP(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         o = self.options
         self.h_th, self.eps1, self.eps2, self.min_pts, self.psi, self.decay = o.h_th, o.eps1, o.eps2, o.min_pts, o.psi, o.decay
+        self.eps2_mode = o.eps2_mode
         self.public_batch, self.amend, self.upsilon = o.public_batch, o.amend, o.upsilon
         self.amend_increment, self.m_tilde, self.hopkins_repeats = o.amend_increment, o.m_tilde, o.hopkins_repeats
         self.units = self.schema().keys(buffers=True)  # state-dict order: input to output
@@ -178,15 +183,17 @@ class FedTSDP(PersonalizedStrategy):
         sums = np.array([sum(float(np.sum(u.arrays[k], dtype=np.float64)) for k in keys) for u in ups])
 
         within: list[np.ndarray] = []  # the stage-2 distances, logged so that eps2 can be calibrated
+        radii: list[float] = []  # the stage-2 radius of each group (eps2 itself unless eps2_mode=median)
 
         def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group, from its Gram matrix
             rows = list(rows)
             d = weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
             within.extend(upper_pairs(d))
+            radii.append(stage2_radius(d, self.eps2, self.eps2_mode))
             return d
 
         js = js_matrix(probs)
-        first, second = two_stage(js, distances, self.eps1, self.eps2, self.min_pts)
+        first, second = two_stage(js, distances, self.eps1, self.eps2, self.min_pts, self.eps2_mode)
         members = [[ids[i] for i in g] for g in second]
         models = [cluster_fedavg([ups[i] for i in g]) for g in second]
         new = Clusters(members, models)
@@ -209,6 +216,8 @@ class FedTSDP(PersonalizedStrategy):
         # distances inside the stage-1 groups (eps2); `pflower report` and the docs read them
         spread = {f"js_{k}": v for k, v in pair_spread(upper_pairs(js)).items()}
         spread.update({f"weight_dist_{k}": v for k, v in pair_spread(within).items()})
+        if self.eps2_mode != "absolute" and radii:
+            spread["eps2_radius"] = max(radii)  # the radius it compared with (the largest, over the stage-1 groups)
         return {"stage1_clusters": len(first), **spread}
 
     def _home(self, client_id: int, new: Clusters) -> int:

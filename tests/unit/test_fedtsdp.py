@@ -19,7 +19,7 @@ from method_helpers import trained_states, train_messages
 from server_app.config import ConfigError
 from server_app.inprocess import InProcessGrid
 from strategies.fedtsdp_math import (
-    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, two_stage,
+    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, stage2_radius, two_stage,
     upper_pairs, weight_distances,
 )
 
@@ -67,6 +67,25 @@ def test_dbscan_noise_becomes_singletons_and_two_stages_split_further():
     first, second = two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, 3.5, 1)
     assert first == [[0, 1, 2], [3, 4, 5]] and second == [[0, 1], [2], [3, 4, 5]]
     assert two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, math.inf, 1)[1] == first
+
+
+def test_stage2_radius_by_hand_and_the_median_mode_carries_across_scales():
+    d = np.array([[0.0, 1.0, 4.0, 2.0], [1.0, 0.0, 3.0, 5.0], [4.0, 3.0, 0.0, 6.0], [2.0, 5.0, 6.0, 0.0]])  # pair median 3.5
+    assert stage2_radius(d, 0.5) == 0.5 and stage2_radius(d, 0.5, "absolute") == 0.5
+    assert stage2_radius(d, 0.5, "median") == pytest.approx(1.75)
+    assert stage2_radius(d, math.inf, "median") == math.inf
+    with pytest.raises(ValueError, match="eps2 mode"):
+        stage2_radius(d, 0.5, "quantile")
+    # two pairs, 1 apart inside and 10 across (pair median 10): the same groups at any scale in
+    # the median mode; an absolute 0.5 splits everything at scale 1 and nothing apart at 0.1
+    w = np.full((4, 4), 10.0)
+    w[0, 1] = w[1, 0] = w[2, 3] = w[3, 2] = 1.0
+    np.fill_diagonal(w, 0)
+    js = np.zeros((4, 4))  # stage 1: one group
+    for scale in (1.0, 0.1):
+        assert two_stage(js, lambda rows: scale * w[np.ix_(rows, rows)], 0.15, 0.5, 2, "median")[1] == [[0, 1], [2, 3]]
+    assert two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, 0.5, 2)[1] == [[0], [1], [2], [3]]
+    assert two_stage(js, lambda rows: 0.1 * w[np.ix_(rows, rows)], 0.15, 0.5, 2)[1] == [[0, 1], [2, 3]]
 
 
 def test_pair_spread_of_a_distance_matrix_by_hand():
@@ -222,3 +241,10 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     _, strategy = make(compose, data, *common, f"method.eps2={(within + between) / 2}")
     records = run(strategy, InProcessGrid(6), rounds=1)
     assert records[0]["stage1_clusters"] == 1 and records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]
+    # the same radius given as a fraction of the pair median (eps2_mode=median): same split, and
+    # the round logs the radius it used (pflower report draws it instead of the option)
+    _, relative = make(compose, data, *common, "method.eps2_mode=median", f"method.eps2={(within + between) / 2 / np.median(pairs)}")
+    records = run(relative, InProcessGrid(6), rounds=1)
+    assert records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]
+    assert records[0]["eps2_radius"] == pytest.approx((within + between) / 2)
+    assert "eps2_radius" not in logged  # absolute mode: the radius is the option itself

@@ -347,6 +347,29 @@ def test_a_fedtsdp_run_gets_its_mechanism_figure_with_the_hopkins_trajectory(tmp
         load_curve(run)
 
 
+def test_a_threshold_the_run_logged_is_drawn_instead_of_the_option(tmp_path, monkeypatch):
+    """FedTSDP with eps2_mode=median compares weight distances with eps2 x their median, not with
+    eps2: the figure draws the logged radius (eps2_radius) in its re-clustering rounds, and the
+    option's line only for runs that logged none."""
+    from matplotlib.axes import Axes
+
+    run = real_run(tmp_path / "runs" / "10-00-00-fedtsdp-fmnist", method="fedtsdp", rounds=3)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for rec, extra in zip(lines, [{"weight_dist_median": 1.0, "eps2_radius": 0.7}, {}, {"weight_dist_median": 0.2, "eps2_radius": 0.14}]):
+        rec.update(hopkins=0.7, triggered=int(bool(extra)), **extra)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    (run / "config.yaml").write_text("method:\n  name: fedtsdp\n  h_th: 0.65\n  eps2: 0.7\n  eps2_mode: median\n")
+    assert load_curve(run).diagnostics["eps2_radius"] == (0.7, None, 0.14)
+    dashed, flat = [], []
+    plot, axhline = Axes.plot, Axes.axhline
+    monkeypatch.setattr(Axes, "plot", lambda ax, *a, **k: (dashed.append((list(a[0]), list(a[1]))) if k.get("linestyle") == "--" else None)
+                        or plot(ax, *a, **k))
+    monkeypatch.setattr(Axes, "axhline", lambda ax, y=0, *a, **k: flat.append(y) or axhline(ax, y, *a, **k))
+    write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
+    assert dashed == [([1, 3], [0.7, 0.14])]  # the radius used, in the rounds it was used
+    assert flat == [0.65]  # h_th still from the option; eps2's 0.7 is not drawn as a distance
+
+
 def test_kapc_and_cfl_runs_get_their_mechanism_panels_per_layer_and_per_split(tmp_path):
     """A list value (per layer) is read as one line per entry; CFL's split rounds are its events;
     a value that is neither a number nor a list of numbers is named."""

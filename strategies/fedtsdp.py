@@ -58,7 +58,7 @@ class FedTSDPOptions(MethodOptions):
     eps1: float = option(0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0)
     eps2: float = option(3.5, "stage 2 DBSCAN radius on weight L2 distance (calibrate for small models); inf: one group", above=0)
     eps2_mode: str = option(
-        "absolute", "absolute: eps2 is a weight distance (the paper's); median: a fraction of each stage-1 group's median pair distance",
+        "absolute", "absolute: eps2 is a weight distance (the paper's); median: a fraction of the participants' median pair distance",
         choices=RADIUS_MODES,
     )
     min_pts: int = option(2, "DBSCAN min_samples in both stages (the point itself included)", low=1)
@@ -183,17 +183,21 @@ class FedTSDP(PersonalizedStrategy):
         sums = np.array([sum(float(np.sum(u.arrays[k], dtype=np.float64)) for k in keys) for u in ups])
 
         within: list[np.ndarray] = []  # the stage-2 distances, logged so that eps2 can be calibrated
-        radii: list[float] = []  # the stage-2 radius of each group (eps2 itself unless eps2_mode=median)
 
-        def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group, from its Gram matrix
+        def pair_distances(rows: Sequence[int]) -> np.ndarray:  # from the rows' Gram matrix: no model stacked
             rows = list(rows)
-            d = weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+            return weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+
+        def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group
+            d = pair_distances(rows)
             within.extend(upper_pairs(d))
-            radii.append(stage2_radius(d, self.eps2, self.eps2_mode))
             return d
 
+        radius = self.eps2
+        if self.eps2_mode != "absolute" and not math.isinf(self.eps2):  # relative to all participants' distances
+            radius = stage2_radius(pair_distances(range(len(ups))), self.eps2, self.eps2_mode)
         js = js_matrix(probs)
-        first, second = two_stage(js, distances, self.eps1, self.eps2, self.min_pts, self.eps2_mode)
+        first, second = two_stage(js, distances, self.eps1, radius, self.min_pts)
         members = [[ids[i] for i in g] for g in second]
         models = [cluster_fedavg([ups[i] for i in g]) for g in second]
         new = Clusters(members, models)
@@ -216,8 +220,8 @@ class FedTSDP(PersonalizedStrategy):
         # distances inside the stage-1 groups (eps2); `pflower report` and the docs read them
         spread = {f"js_{k}": v for k, v in pair_spread(upper_pairs(js)).items()}
         spread.update({f"weight_dist_{k}": v for k, v in pair_spread(within).items()})
-        if self.eps2_mode != "absolute" and radii:
-            spread["eps2_radius"] = max(radii)  # the radius it compared with (the largest, over the stage-1 groups)
+        if radius != self.eps2:
+            spread["eps2_radius"] = radius  # the radius stage 2 compared with (eps2_mode=median)
         return {"stage1_clusters": len(first), **spread}
 
     def _home(self, client_id: int, new: Clusters) -> int:

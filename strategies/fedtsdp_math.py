@@ -119,10 +119,12 @@ def weight_distances_from_gram(gram: np.ndarray, sums: np.ndarray, count: int, u
 
 
 def stage2_radius(distances: np.ndarray, eps2: float, mode: str = "absolute") -> float:
-    """The DBSCAN radius stage 2 uses on one group's weight-distance matrix. ``absolute``: eps2
-    itself (the paper's, a distance in the units of the model's weights). ``median``: eps2 times
-    the median pair distance of the group, so one setting carries across rounds and seeds while
-    the distances shrink as training goes on (about tenfold over a 200-round FMNIST run)."""
+    """The DBSCAN radius of stage 2, from the weight distances of all participants of the
+    re-clustering. ``absolute``: eps2 itself (the paper's, a distance in the units of the model's
+    weights). ``median``: eps2 times the median pair distance, so one setting carries across
+    rounds and seeds while the distances shrink as training goes on (about tenfold over a
+    200-round FMNIST run). Over all participants, not per stage-1 group: a tight group stays
+    whole, and a group of three does not set its radius from its own three pairs."""
     if mode not in RADIUS_MODES:
         raise ValueError(f"FedTSDP eps2 mode must be one of {list(RADIUS_MODES)}, got {mode!r}")
     if mode == "absolute" or math.isinf(eps2):
@@ -132,20 +134,18 @@ def stage2_radius(distances: np.ndarray, eps2: float, mode: str = "absolute") ->
 
 
 def two_stage(
-    js: np.ndarray, weight_distance: Callable[[Sequence[int]], np.ndarray], eps1: float, eps2: float, min_pts: int,
-    eps2_mode: str = "absolute",
+    js: np.ndarray, weight_distance: Callable[[Sequence[int]], np.ndarray], eps1: float, eps2: float, min_pts: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Stage 1: DBSCAN on the JS matrix; stage 2: DBSCAN on weight distances inside each
-    stage-1 group of two or more, at :func:`stage2_radius`. Returns (stage-1 groups, flattened
-    stage-2 groups), as row indices. ``weight_distance(rows)`` gives the distance matrix of those rows."""
+    """Stage 1: DBSCAN on the JS matrix; stage 2: DBSCAN at radius ``eps2`` on weight distances
+    inside each stage-1 group of two or more. Returns (stage-1 groups, flattened stage-2 groups),
+    as row indices. ``weight_distance(rows)`` gives the distance matrix of those rows."""
     first = dbscan_groups(js, eps1, min_pts)
     second: list[list[int]] = []
     for group in first:
         if len(group) == 1 or math.isinf(eps2):
             second.append(group)
             continue
-        d = weight_distance(group)
-        for sub in dbscan_groups(d, stage2_radius(d, eps2, eps2_mode), min_pts):
+        for sub in dbscan_groups(weight_distance(group), eps2, min_pts):
             second.append([group[i] for i in sub])
     return first, sorted(second, key=lambda g: g[0])
 

@@ -76,14 +76,16 @@ def test_stage2_radius_by_hand_and_the_median_mode_carries_across_scales():
     assert stage2_radius(d, math.inf, "median") == math.inf
     with pytest.raises(ValueError, match="eps2 mode"):
         stage2_radius(d, 0.5, "quantile")
-    # two pairs, 1 apart inside and 10 across (pair median 10): the same groups at any scale in
-    # the median mode; an absolute 0.5 splits everything at scale 1 and nothing apart at 0.1
+    # two pairs, 1 apart inside and 10 across (pair median 10): the same groups at any scale at a
+    # radius from the median mode; an absolute 0.5 splits everything at scale 1 and nothing apart at 0.1
     w = np.full((4, 4), 10.0)
     w[0, 1] = w[1, 0] = w[2, 3] = w[3, 2] = 1.0
     np.fill_diagonal(w, 0)
     js = np.zeros((4, 4))  # stage 1: one group
     for scale in (1.0, 0.1):
-        assert two_stage(js, lambda rows: scale * w[np.ix_(rows, rows)], 0.15, 0.5, 2, "median")[1] == [[0, 1], [2, 3]]
+        radius = stage2_radius(scale * w, 0.5, "median")
+        assert radius == pytest.approx(scale * 5.0)
+        assert two_stage(js, lambda rows: scale * w[np.ix_(rows, rows)], 0.15, radius, 2)[1] == [[0, 1], [2, 3]]
     assert two_stage(js, lambda rows: w[np.ix_(rows, rows)], 0.15, 0.5, 2)[1] == [[0], [1], [2], [3]]
     assert two_stage(js, lambda rows: 0.1 * w[np.ix_(rows, rows)], 0.15, 0.5, 2)[1] == [[0, 1], [2, 3]]
 
@@ -241,8 +243,9 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     _, strategy = make(compose, data, *common, f"method.eps2={(within + between) / 2}")
     records = run(strategy, InProcessGrid(6), rounds=1)
     assert records[0]["stage1_clusters"] == 1 and records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]
-    # the same radius given as a fraction of the pair median (eps2_mode=median): same split, and
-    # the round logs the radius it used (pflower report draws it instead of the option)
+    # the same radius given as a fraction of the participants' pair median (eps2_mode=median; one
+    # stage-1 group here, so the logged distances are all pairs): same split, and the round logs
+    # the radius it used (pflower report draws it instead of the option)
     _, relative = make(compose, data, *common, "method.eps2_mode=median", f"method.eps2={(within + between) / 2 / np.median(pairs)}")
     records = run(relative, InProcessGrid(6), rounds=1)
     assert records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]

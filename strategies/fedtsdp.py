@@ -83,7 +83,7 @@ class FedTSDP(PersonalizedStrategy):
     diagnostic_panels = (
         Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
         Panel("shared_units", "shared prefix (units)"),
-        Panel("num_clusters", "clusters"),
+        Panel("num_clusters", "clusters", events="partition_changed"),
         Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
         Panel("weight_dist_median", "median weight distance in stage-1 groups", threshold="eps2", threshold_key="eps2_radius"),
     )
@@ -203,6 +203,8 @@ class FedTSDP(PersonalizedStrategy):
         new = Clusters(members, models)
         for cid in sorted(set().union(*self.clusters.members) - set(ids)):
             new.add(cid, self._home(cid, new))
+        # a trigger re-clusters from scratch but may find the clusters it had: count the ones that moved a client
+        changed = {frozenset(m) for m in new.members} != {frozenset(m) for m in self.clusters.members}
         self.clusters = new
         increment = len(self.public_weights) / len(batch) if self.amend == "literal" else (
             self.amend_increment if self.amend_increment is not None else 1.0 / len(self.public_weights)
@@ -211,7 +213,7 @@ class FedTSDP(PersonalizedStrategy):
         self.shared_counter = decay_shared(self.shared_counter, self.psi, self.decay)
         event = {
             "round": server_round, "hopkins": h, "stage1_clusters": len(first), "num_clusters": len(second),
-            "shared_units": self.shared_units,
+            "partition_changed": int(changed), "shared_units": self.shared_units,
         }
         self.events.append(event)
         log(INFO, "FedTSDP round %d: H %.3f > %.2f: %d stage-1 groups, %d clusters %s; shared units now %d of %d",
@@ -222,7 +224,7 @@ class FedTSDP(PersonalizedStrategy):
         spread.update({f"weight_dist_{k}": v for k, v in pair_spread(within).items()})
         if radius != self.eps2:
             spread["eps2_radius"] = radius  # the radius stage 2 compared with (eps2_mode=median)
-        return {"stage1_clusters": len(first), **spread}
+        return {"stage1_clusters": len(first), "partition_changed": int(changed), **spread}
 
     def _home(self, client_id: int, new: Clusters) -> int:
         """The new cluster holding most of ``client_id``'s former cluster-mates (ties and
@@ -255,4 +257,5 @@ class FedTSDP(PersonalizedStrategy):
             "shared_units": self.shared_units,
             "units": len(self.units),
             "reclusterings": self.events,
+            "partition_changes": sum(int(e.get("partition_changed", 0)) for e in self.events),  # triggers that moved a client
         }

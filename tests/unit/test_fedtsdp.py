@@ -185,6 +185,9 @@ def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(c
     assert not np.array_equal(states[0][last], states[1][last])
     summary = strategy.run_summary()
     assert summary["reclusterings"][0]["round"] == 1 and summary["units"] == units
+    # round 2 triggers again (h_th = 0) and finds the same two groups: a trigger, not a change
+    assert [r["triggered"] for r in records] == [1, 1] and [r["partition_changed"] for r in records] == [1, 0]
+    assert summary["partition_changes"] == 1 and len(summary["reclusterings"]) == 2
     json.dumps(summary)
 
 

@@ -547,13 +547,21 @@ def group_runs(runs: Sequence[Path]) -> list[Group]:
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2]))]
 
 
+def seed_notes(group: Group) -> list[str]:
+    """``, seed 43`` for each run where the group's runs differ in their seed, else empty."""
+    seeds = [run_seed(run) for run, _ in group.runs]
+    return [f", seed {seed}" for seed in seeds] if len(set(map(str, seeds))) > 1 else ["" for _ in seeds]
+
+
 def legend_labels(group: Group) -> list[str]:
     """One label per run: its :func:`run_label`, its model where the group's runs differ in it,
-    and the run directory's name where two runs would otherwise share a label."""
+    its seed where they differ in that, and the run directory's name where two runs would
+    otherwise share a label."""
     labels = [run_label(s) for _, s in group.runs]
     models = [(s.get("setup") or {}).get("model") for _, s in group.runs]
     if len(set(models)) > 1:
         labels = [f"{lab}, {model}" for lab, model in zip(labels, models)]
+    labels = [lab + note for lab, note in zip(labels, seed_notes(group))]
     return [f"{lab} [{run.name}]" if labels.count(lab) > 1 else lab for lab, (run, _) in zip(labels, group.runs)]
 
 
@@ -624,16 +632,27 @@ def finish_figure(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, path:
     return path
 
 
-def method_option(run: str | Path, key: str) -> Any:
-    """``method.<key>`` from the run's config.yaml (None where the run has none)."""
+def run_config(run: str | Path) -> dict[str, Any]:
+    """The run's config.yaml as a dict (empty where the run has none)."""
     config = Path(run) / "config.yaml"
     if not config.exists():
-        return None
+        return {}
     try:
-        method = (yaml.safe_load(config.read_text()) or {}).get("method") or {}
+        loaded = yaml.safe_load(config.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ReportError(f"{config}: not valid YAML ({exc})") from exc
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def method_option(run: str | Path, key: str) -> Any:
+    """``method.<key>`` from the run's config.yaml (None where the run has none)."""
+    method = run_config(run).get("method") or {}
     return method.get(key) if isinstance(method, dict) else None
+
+
+def run_seed(run: str | Path) -> Any:
+    """The run's ``seed`` from its config.yaml (None where it has none)."""
+    return run_config(run).get("seed")
 
 
 def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Path) -> Path | None:
@@ -702,9 +721,11 @@ def _posix_rel(path: Path, start: Path) -> str:
 
 
 def _commit_note(run: Path) -> str:
-    """`` (commit abc1234)`` from the run's provenance.json; empty for runs made before pflower recorded it."""
-    commit = short_commit(run)
-    return f" (commit {commit})" if commit else ""
+    """`` (seed 42, commit abc1234)`` from the run's config.yaml and provenance.json; each part
+    left out for runs made before pflower recorded it."""
+    seed, commit = run_seed(run), short_commit(run)
+    parts = ([f"seed {seed}"] if seed is not None else []) + ([f"commit {commit}"] if commit else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list[Path]:
@@ -732,7 +753,10 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
     ]
     written: list[Path] = []
     for group in groups:
-        lines += ["", f"## {group.title}", "", markdown([_row(s, tables) for _, s in group.runs]), ""]
+        rows = [_row(s, tables) for _, s in group.runs]
+        for row, note in zip(rows, seed_notes(group)):  # the seed, where the group's runs differ in it
+            row["method"] += note
+        lines += ["", f"## {group.title}", "", markdown(rows), ""]
         for x, suffix in FIGURES:
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)

@@ -347,6 +347,26 @@ def test_a_fedtsdp_run_gets_its_mechanism_figure_with_the_hopkins_trajectory(tmp
         load_curve(run)
 
 
+def test_runs_of_one_group_that_differ_in_seed_are_named_by_it(tmp_path):
+    """Three seeds of one set-up are three rows: each names its seed (from config.yaml) in the
+    table and the legend; the runs list names every run's seed and commit; a group of one seed
+    keeps its plain labels."""
+    for name, seed in (("10-00-00-fedper-fmnist", 42), ("10-01-00-fedper-fmnist", 43), ("10-02-00-fedavg-fmnist", 44)):
+        run = real_run(tmp_path / "runs" / name, method=name.split("-")[3])
+        (run / "config.yaml").write_text(f"seed: {seed}\nmethod:\n  name: {name.split('-')[3]}\n")
+    (group,) = group_runs(find_runs([tmp_path / "runs"]))
+    assert legend_labels(group) == ["fedper, seed 42", "fedper, seed 43", "fedavg, seed 44"]
+    write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| fed")] == [
+        "fedper, seed 42", "fedper, seed 43", "fedavg, seed 44"]
+    assert "- fedper, seed 43 (seed 43): `" in text
+    (tmp_path / "runs" / "10-01-00-fedper-fmnist" / "config.yaml").write_text("seed: 42\nmethod:\n  name: fedper\n")
+    (tmp_path / "runs" / "10-02-00-fedavg-fmnist" / "config.yaml").write_text("seed: 42\nmethod:\n  name: fedavg\n")
+    (group,) = group_runs(find_runs([tmp_path / "runs"]))
+    assert legend_labels(group) == ["fedper [10-00-00-fedper-fmnist]", "fedper [10-01-00-fedper-fmnist]", "fedavg"]
+
+
 def test_a_threshold_the_run_logged_is_drawn_instead_of_the_option(tmp_path, monkeypatch):
     """FedTSDP with eps2_mode=median compares weight distances with eps2 x their median, not with
     eps2: the figure draws the logged radius (eps2_radius) in its re-clustering rounds, and the

@@ -58,7 +58,8 @@ def test_report_lists_each_runs_commit(compose, tiny_overrides, monkeypatch, tmp
     (old / "provenance.json.tmp").write_text("")  # stray temp file is ignored too
     md = (write_report([run, old], tmp_path / "rep")[0]).read_text()
     listed = [line for line in md.splitlines() if line.startswith("- ")]
-    assert len(listed) == 2 and sum("(commit ccccccc+dirty): `" in line for line in listed) == 1
+    assert len(listed) == 2 and sum(", commit ccccccc+dirty): `" in line for line in listed) == 1
+    assert all("(seed " in line for line in listed)  # both have a config.yaml; only one a provenance.json
 
 
 def test_flower_run_fab_is_recorded():

@@ -193,9 +193,8 @@ class FedTSDP(PersonalizedStrategy):
             within.extend(upper_pairs(d))
             return d
 
-        radius = self.eps2
-        if self.eps2_mode != "absolute" and not math.isinf(self.eps2):  # relative to all participants' distances
-            radius = stage2_radius(pair_distances(range(len(ups))), self.eps2, self.eps2_mode)
+        relative = self.eps2_mode != "absolute" and not math.isinf(self.eps2)
+        radius = stage2_radius(pair_distances(range(len(ups))), self.eps2, self.eps2_mode) if relative else self.eps2
         js = js_matrix(probs)
         first, second = two_stage(js, distances, self.eps1, radius, self.min_pts)
         members = [[ids[i] for i in g] for g in second]
@@ -222,7 +221,7 @@ class FedTSDP(PersonalizedStrategy):
         # distances inside the stage-1 groups (eps2); `pflower report` and the docs read them
         spread = {f"js_{k}": v for k, v in pair_spread(upper_pairs(js)).items()}
         spread.update({f"weight_dist_{k}": v for k, v in pair_spread(within).items()})
-        if radius != self.eps2:
+        if relative:
             spread["eps2_radius"] = radius  # the radius stage 2 compared with (eps2_mode=median)
         return {"stage1_clusters": len(first), "partition_changed": int(changed), **spread}
 

@@ -184,9 +184,15 @@ class FedTSDP(PersonalizedStrategy):
 
         within: list[np.ndarray] = []  # the stage-2 distances, logged so that eps2 can be calibrated
 
+        computed: dict[tuple[int, ...], np.ndarray] = {}  # the relative radius's all-participant matrix is
+        # often stage 1's one group too: one Gram for both (the same rows in the same order, so the same bits)
+
         def pair_distances(rows: Sequence[int]) -> np.ndarray:  # from the rows' Gram matrix: no model stacked
-            rows = list(rows)
-            return weight_distances_from_gram(gram_matrix([ups[i].arrays for i in rows], keys), sums[rows], count, self.upsilon)
+            rows = tuple(rows)
+            if rows not in computed:
+                gram = gram_matrix([ups[i].arrays for i in rows], keys)
+                computed[rows] = weight_distances_from_gram(gram, sums[list(rows)], count, self.upsilon)
+            return computed[rows]
 
         def distances(rows: Sequence[int]) -> np.ndarray:  # only inside a stage-1 group
             d = pair_distances(rows)

@@ -250,7 +250,9 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     # stage-1 group here, so the logged distances are all pairs): same split, and the round logs
     # the radius it used (pflower report draws it instead of the option)
     _, relative = make(compose, data, *common, "method.eps2_mode=median", f"method.eps2={(within + between) / 2 / np.median(pairs)}")
+    computed = len(seen)
     records = run(relative, InProcessGrid(6), rounds=1)
+    assert len(seen) == computed + 1  # one stage-1 group of all six: the radius's matrix serves stage 2 too
     assert records[0]["clusters"] == [[0, 1, 2], [3, 4, 5]]
     assert records[0]["eps2_radius"] == pytest.approx((within + between) / 2)
     assert "eps2_radius" not in logged  # absolute mode: the radius is the option itself

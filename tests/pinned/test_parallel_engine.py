@@ -99,3 +99,35 @@ def test_workers_started_from_a_fork_server_write_the_pinned_numbers():
 
     diff = first_difference(PINNED["ditto"], run_case("ditto", grid, extra=("client_state_dir=null",)))
     assert diff is None, f"ditto on fork-server workers differs at {diff}"
+
+
+@pytest.mark.parametrize("cuda_ready, expected", [(False, "fork"), (True, "forkserver")])
+def test_the_start_follows_whether_cuda_is_initialised_here(monkeypatch, cuda_ready, expected):
+    """The GPU case without a GPU: once the ServerApp's process holds a CUDA context its workers
+    must not be forked from it (a forked CUDA context is unusable), so they come from a fork
+    server; on CPU they are forked (shared pages). The choice is made when the pool starts."""
+    import multiprocessing
+
+    from server_app import parallel as parallel_module
+
+    started: list[str] = []
+
+    class FakePool:
+        def close(self) -> None: ...
+
+        def join(self) -> None: ...
+
+    class FakeContext:
+        def __init__(self, method: str) -> None:
+            self.method = method
+
+        def Pool(self, workers, initializer=None, initargs=()):  # noqa: N802 - multiprocessing's name
+            started.append(self.method)
+            return FakePool()
+
+    monkeypatch.setattr(parallel_module, "_cuda_initialized", lambda: cuda_ready)
+    monkeypatch.setattr(multiprocessing, "get_context", FakeContext)
+    grid = ParallelGrid(2, workers=2, client_threads=1, preload=lambda msg, ctx: 1)
+    grid._start(None)
+    grid.close()  # and gc.unfreeze() after the fork path's gc.freeze()
+    assert started == [expected]

@@ -257,11 +257,15 @@ class FedCPMDArgs(RoleArgs):
         check_min("FedCPMD", "sigma_floor", self.sigma_floor, 0)
 
 
+KAPC_MASKED_REGS = ("start", "none")  # what a layer the server did not send is pulled toward
+
+
 @dataclass(frozen=True)
 class KAPCArgs(RoleArgs):
     """KAPC (KAPC paper, algorithm): train the own model on CE + lam * sum_l ||w^l - target^l||^2, the
-    target being the server's s_i^l where ``mask[l]`` is 1 (all layers when empty) and the client's
-    own round-start layer elsewhere. ``bls``: choose the upload prefix Omega by the generalization-bound
+    target being the server's s_i^l where ``mask[l]`` is 1 (all layers when empty). A layer not sent
+    (``mask[l]`` 0) is pulled toward the client's own round-start layer (``masked_reg`` "start") or
+    trains on CE alone ("none"). ``bls``: choose the upload prefix Omega by the generalization-bound
     rule (ALG4), at least ``omega_min`` layers; ``first``: the client's first participation."""
 
     role: ClassVar[str] = "kapc"
@@ -270,10 +274,12 @@ class KAPCArgs(RoleArgs):
     bls: bool = False
     omega_min: int = 1
     first: bool = False
+    masked_reg: str = "start"
 
     def __post_init__(self) -> None:
         check_min("KAPC", "lam", self.lam, 0)
         check_min("KAPC", "omega_min", self.omega_min, 1)
+        check_choice("KAPC", "masked_reg", self.masked_reg, KAPC_MASKED_REGS)
         if any(m not in (0, 1) for m in self.mask):
             raise RoleArgsError(f"KAPC mask must hold 0/1 per layer, got {self.mask}")
 

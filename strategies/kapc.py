@@ -14,7 +14,8 @@ layers, Omega from the generalization-bound rule (ALG4, :mod:`client_app.roles.k
 ``omega_min`` (default L - 2, a calibrated guard the paper leaves open; ``omega_min=1`` is the literal rule).
 The layers after a client's last Omega are not sent either: Eq. 20's partial regularizer coaches
 them toward the client's own weights (the server never received them, so its s_i for them would be
-the initial model's: a pull toward w^0).
+the initial model's: a pull toward w^0). ``masked_reg=none`` drops that pull: a layer not sent
+trains on CE alone.
 
 Co-participants the server has not heard from (``unheard``): with client sampling (Scenario B,
 10 of 100 a round) most of a round's participants are new in the early rounds, and the server's
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
+from protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
 
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
@@ -58,6 +59,11 @@ class KAPCOptions(MethodOptions):
     bls: bool = option(False, "bidirectional layer selection (method kapc_bls turns it on)")
     mu: float = option(0.7, "BLS downlink: skip layer l for client i when R[i,l,i] > mu", low=0, high=1)
     omega_min: int | None = option(None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1)
+    masked_reg: str = option(
+        "start", "what a layer the server does not send (BLS mask, unheard, after Omega) is pulled toward: start (the "
+        "client's own round-start layer, a proximal term with weight lambda) or none (no pull: it trains on CE alone)",
+        choices=KAPC_MASKED_REGS,
+    )
     unheard: str = option(
         "skip", "co-participants the server has no upload of a layer from: skip (left out of s_i; a layer with none is "
         "not sent) or initial (the initial model stands in, the literal reading)", choices=("skip", "initial"),
@@ -114,7 +120,7 @@ class KAPC(PersonalizedStrategy):
     def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
         return KAPCArgs(
             lam=self.lam, mask=self._sent.get(client_id, []), bls=self.bls, omega_min=self.omega_min,
-            first=bool(self.q[client_id] == 0),
+            first=bool(self.q[client_id] == 0), masked_reg=self.options.masked_reg,
         )
 
     def stored(self, client_id: int) -> dict[str, np.ndarray]:

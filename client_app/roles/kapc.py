@@ -2,8 +2,9 @@
 
 The client trains its own model (kept across rounds) on CE + lambda * sum_l ||w^l - target^l||^2:
 the target of layer l is the server's regularizer s_i^l (extra arrays ``s/<key>``, never loaded
-into the model) when the server sent it, else the client's own round-start layer. That is
-the proximal term with mu = 2 lambda (the proximal term carries a 1/2, the paper's does not).
+into the model) when the server sent it, else the client's own round-start layer (``masked_reg``
+"start"; "none" leaves a layer not sent out of the sum). That is the proximal term with mu = 2
+lambda (the proximal term carries a 1/2, the paper's does not).
 With BLS the client then picks how many leading layers to upload, Omega, by the
 generalization-bound rule of ALG4 in log space (KAPC paper): plain functions of the layers' norms,
 distances and shapes, unit-tested by hand.
@@ -98,7 +99,12 @@ class KAPCRole(Role):
                 if sent and REGULARIZER_PREFIX + k not in ctx.received_extra:
                     raise ValueError(f"KAPC: the server sent no regularizer for {k}")
                 targets[k] = ctx.received_extra[REGULARIZER_PREFIX + k].to(ctx.device) if sent else start[k]
-        loss_fn = proximal_loss(targets, 2.0 * self.args.lam)  # lambda ||w - s||^2 = (2 lambda)/2 ||w - s||^2
+        # lambda ||w - s||^2 = (2 lambda)/2 ||w - s||^2; with masked_reg "none" the layers not sent train on CE
+        # alone (their round-start target still stands in for s in the bound's tau, Eq. 20's convention)
+        pulled = targets if self.args.masked_reg == "start" else {
+            k: targets[k] for sent, keys in zip(mask, layers) if sent for k in keys
+        }
+        loss_fn = proximal_loss(pulled, 2.0 * self.args.lam)
         loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
         metrics = {"train_loss": loss, "omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
         if self.args.bls:

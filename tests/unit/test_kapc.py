@@ -259,6 +259,22 @@ def test_lambda_zero_is_local_training_bit_for_bit(compose, tiny_overrides):
     assert histories[0] == histories[1]
 
 
+def test_masked_reg_none_leaves_a_layer_not_sent_to_cross_entropy(compose, tiny_overrides):
+    """Round 1 sends no regularizer (the server has heard from nobody). With ``masked_reg=start``
+    every layer is still pulled toward its round-start weights (here w^0) with weight lambda, so
+    the round differs from Local's; with ``none`` the unsent layers train on CE alone: Local's round,
+    bit for bit. From round 2 the coached layers make KAPC differ again."""
+    def first_round(*method: str):
+        _, strategy = make(compose, tiny_overrides, *method, "model=cnn_kapc", "fraction=1.0")
+        return [(r["test_after_acc"], r["train_loss"]) for r in run(strategy, InProcessGrid(4), 2)]
+
+    local = first_round("method=local")
+    free = first_round("method=kapc", "method.masked_reg=none")
+    pulled = first_round("method=kapc")
+    assert free[0] == local[0] and pulled[0] != local[0]
+    assert free[1] != local[1]  # round 2 coaches toward the heard co-participants
+
+
 def test_the_cube_moves_into_the_groups_at_the_default_settings_and_bls_saves_downlink(compose, tmp_path):
     """Clients 0-3 and 4-7 learn the same images with labels y and 9 - y; KAPC+BLS with every
     option at its default. The cube must move every round (it stood still with the paper's fixed

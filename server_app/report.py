@@ -547,21 +547,33 @@ def group_runs(runs: Sequence[Path]) -> list[Group]:
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2]))]
 
 
-def seed_notes(group: Group) -> list[str]:
-    """``, seed 43`` for each run where the group's runs differ in their seed, else empty."""
-    seeds = [run_seed(run) for run, _ in group.runs]
-    return [f", seed {seed}" for seed in seeds] if len(set(map(str, seeds))) > 1 else ["" for _ in seeds]
+# top-level config keys a group's runs may differ in that change what a run trains, beyond its
+# method options (in the label already) and the table's own columns (model, rounds, alpha)
+TRAINING_KEYS = ("seed", "batch_size", "lr", "local_epochs", "local_steps", "momentum", "weight_decay", "optimizer",
+              "num_clients", "fraction", "test_fraction")
+
+
+def setup_notes(group: Group) -> list[str]:
+    """``, seed 43, batch_size 256`` for each run: every :data:`TRAINING_KEYS` entry (from config.yaml)
+    in which the group's runs differ, so two rows of one method never look like one set-up."""
+    configs = [run_config(run) for run, _ in group.runs]
+    notes = ["" for _ in configs]
+    for key in TRAINING_KEYS:
+        values = [c.get(key) for c in configs]
+        if len(set(map(str, values))) > 1:
+            notes = [f"{note}, {key} {value}" for note, value in zip(notes, values)]
+    return notes
 
 
 def legend_labels(group: Group) -> list[str]:
     """One label per run: its :func:`run_label`, its model where the group's runs differ in it,
-    its seed where they differ in that, and the run directory's name where two runs would
+    its seed and training set-up where they differ in those, and the run directory's name where two runs would
     otherwise share a label."""
     labels = [run_label(s) for _, s in group.runs]
     models = [(s.get("setup") or {}).get("model") for _, s in group.runs]
     if len(set(models)) > 1:
         labels = [f"{lab}, {model}" for lab, model in zip(labels, models)]
-    labels = [lab + note for lab, note in zip(labels, seed_notes(group))]
+    labels = [lab + note for lab, note in zip(labels, setup_notes(group))]
     return [f"{lab} [{run.name}]" if labels.count(lab) > 1 else lab for lab, (run, _) in zip(labels, group.runs)]
 
 
@@ -754,7 +766,7 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
     written: list[Path] = []
     for group in groups:
         rows = [_row(s, tables) for _, s in group.runs]
-        for row, note in zip(rows, seed_notes(group)):  # the seed, where the group's runs differ in it
+        for row, note in zip(rows, setup_notes(group)):  # the seed and set-up keys the group's runs differ in
             row["method"] += note
         lines += ["", f"## {group.title}", "", markdown(rows), ""]
         for x, suffix in FIGURES:

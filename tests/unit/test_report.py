@@ -367,6 +367,20 @@ def test_runs_of_one_group_that_differ_in_seed_are_named_by_it(tmp_path):
     assert legend_labels(group) == ["fedper [10-00-00-fedper-fmnist]", "fedper [10-01-00-fedper-fmnist]", "fedavg"]
 
 
+def test_runs_of_one_group_that_differ_in_their_training_set_up_are_named_by_it(tmp_path):
+    """A batch-256 Local beside a batch-64 Local of the same seed: the rows and the legend say the
+    batch size (and only what differs), instead of two rows that read as one set-up."""
+    for name, batch in (("10-00-00-local-fmnist", 64), ("10-01-00-local-fmnist", 256)):
+        run = real_run(tmp_path / "runs" / name, method="local")
+        (run / "config.yaml").write_text(f"seed: 42\nbatch_size: {batch}\nlr: 0.01\nmethod:\n  name: local\n")
+    (group,) = group_runs(find_runs([tmp_path / "runs"]))
+    assert legend_labels(group) == ["local, batch_size 64", "local, batch_size 256"]
+    write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| local")] == [
+        "local, batch_size 64", "local, batch_size 256"]
+
+
 def test_a_threshold_the_run_logged_is_drawn_instead_of_the_option(tmp_path, monkeypatch):
     """FedTSDP with eps2_mode=median compares weight distances with eps2 x their median, not with
     eps2: the figure draws the logged radius (eps2_radius) in its re-clustering rounds, and the

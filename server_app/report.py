@@ -555,10 +555,14 @@ TRAINING_KEYS = ("seed", "batch_size", "lr", "local_epochs", "local_steps", "mom
 
 def setup_notes(group: Group) -> list[str]:
     """``, seed 43, batch_size 256`` for each run: every :data:`TRAINING_KEYS` entry (from config.yaml)
-    in which the group's runs differ, so two rows of one method never look like one set-up."""
+    in which the group's runs differ, so two rows of one method never look like one set-up. A key
+    some runs' configs predate (an older run has no ``optimizer``) is not a difference; the seed is
+    always compared."""
     configs = [run_config(run) for run, _ in group.runs]
     notes = ["" for _ in configs]
     for key in TRAINING_KEYS:
+        if key != "seed" and not all(key in c for c in configs):
+            continue
         values = [c.get(key) for c in configs]
         if len(set(map(str, values))) > 1:
             notes = [f"{note}, {key} {value}" for note, value in zip(notes, values)]

@@ -549,8 +549,10 @@ def group_runs(runs: Sequence[Path]) -> list[Group]:
 
 # top-level config keys a group's runs may differ in that change what a run trains, beyond its
 # method options (in the label already) and the table's own columns (model, rounds, alpha)
-TRAINING_KEYS = ("seed", "batch_size", "lr", "local_epochs", "local_steps", "momentum", "weight_decay", "optimizer",
-              "num_clients", "fraction", "test_fraction")
+TRAINING_KEYS = (
+    "seed", "batch_size", "lr", "local_epochs", "local_steps", "momentum", "weight_decay", "optimizer",
+    "num_clients", "fraction", "test_fraction",
+)
 
 
 def setup_notes(group: Group) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from benchmarks import gpu
 from benchmarks.common import markdown_table, publish, run_header
 from benchmarks.memory import PeakMemory
 
@@ -66,14 +68,22 @@ def run_one(engine: str, rounds: int, flbench: Path | None, flbench_python: str,
         log = out / "log.txt"
         with log.open("wb") as sink:
             proc = subprocess.Popen(cmd, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
-            with PeakMemory(root=proc.pid, interval=0.5) as peak:
+            with PeakMemory(root=proc.pid, interval=0.5) as peak, gpu.GpuPeak() as on_gpu:
                 proc.wait()
         wall = time.perf_counter() - t0
         if proc.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
         row = {"engine": engine, "wall_s": wall, "pss_gib": peak.peak_pss / GIB, "rss_gib": peak.peak_rss / GIB}
+        if on_gpu.utilisation:  # an NVIDIA GPU here: what the run held of it
+            row.update({
+                "gpu_peak_mib": on_gpu.peak_used_mib, "gpu_processes": on_gpu.peak_processes,
+                "gpu_process_mib": on_gpu.peak_process_mib, "gpu_util_pct": on_gpu.mean_utilisation,
+            })
         if engine != "fl-bench":
             row.update(pflower_numbers(out))
+            started = re.search(r"parallel engine: \d+ worker processes \((\w+)\)", log.read_text(errors="replace"))
+            if started:  # fork, or forkserver once the ServerApp's process holds CUDA
+                row["workers_start"] = started.group(1)
         return row
 
 
@@ -98,6 +108,14 @@ def summarize(rows: list[dict[str, Any]], reference: str) -> list[dict[str, Any]
             "peak tree RSS GiB": f"{median(r['rss_gib'] for r in mine):.2f}",
             "headline acc": ", ".join(f"{r['headline']:.4f}" for r in mine if r.get("headline") is not None) or "-",
         })
+        on_gpu = [r for r in mine if "gpu_peak_mib" in r]
+        if on_gpu:
+            table[-1].update({
+                "GPU peak MiB": f"{median(r['gpu_peak_mib'] for r in on_gpu):.0f}",
+                "CUDA processes": f"{max(r['gpu_processes'] for r in on_gpu)}",
+                "MiB per process (max)": f"{median(r['gpu_process_mib'] for r in on_gpu):.0f}",
+                "GPU util % (mean)": f"{median(r['gpu_util_pct'] for r in on_gpu):.0f}",
+            })
     return table
 
 
@@ -133,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         "Each run is a whole command; wall is the command's, memory the peak over the run of the summed PSS/RSS of "
         f"its whole process tree (sampled every 0.5 s). Runs alternated; medians of {args.repeats}. "
         f"Cores usable: {len(os.sched_getaffinity(0))}.",
-        markdown_table(summary, list(summary[0])),
+        markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
         "Every run:",
-        markdown_table(detail, list(detail[0])),
+        markdown_table(detail, list(dict.fromkeys(k for row in detail for k in row))),
         f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
     ])
     publish(text, args.out)

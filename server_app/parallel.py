@@ -27,9 +27,11 @@ import gc
 import multiprocessing
 import time
 from collections.abc import Callable
+from logging import INFO
 from typing import Any
 
 from flwr.app import Context, Message
+from flwr.common import log
 
 from .inprocess import InProcessGrid, handle_safely
 
@@ -95,6 +97,7 @@ class ParallelGrid(InProcessGrid):
         self.worker_setup = worker_setup
         self.size: dict[int, int] = {}  # node -> scheduling weight (train samples)
         self.busy_s: list[float] = []  # seconds of handler time per task (the benchmark's utilisation)
+        self.started_with: str | None = None  # the start method the workers came from
         self._pool: Any = None
 
     def handle_all(self, tasks: list[tuple[Message, int]]) -> list[Message]:
@@ -127,6 +130,8 @@ class ParallelGrid(InProcessGrid):
         self._pool = multiprocessing.get_context(method).Pool(
             self.workers, initializer=_worker_init, initargs=(self.client_threads or 1, self.worker_setup)
         )
+        self.started_with = method
+        log(INFO, "parallel engine: %d worker processes (%s)", self.workers, method)
         return self._pool
 
     def close(self) -> None:

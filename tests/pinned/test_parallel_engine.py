@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from grid_faults import Crash, CrashingGrid
 from pinned.cases import CASES, first_difference, fingerprint, load_pinned, overrides, run_case
@@ -131,3 +132,29 @@ def test_the_start_follows_whether_cuda_is_initialised_here(monkeypatch, cuda_re
     grid._start(None)
     grid.close()  # and gc.unfreeze() after the fork path's gc.freeze()
     assert started == [expected]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none): run it on a GPU machine")
+@pytest.mark.parametrize("start", ["auto", "forkserver"])
+@pytest.mark.parametrize("case", ["fedavg", "ditto", "fedcmd"])
+def test_workers_sharing_one_gpu_write_the_serial_engines_numbers(case, start):
+    """Three workers training on one GPU, each with its own CUDA context, under deterministic
+    kernels, write what the serial engine writes on that GPU. ``auto`` runs first, while this
+    process may hold no CUDA context yet (the workers are then forked); the serial run after it
+    computes here on the GPU. Ditto keeps a personal model per client, FedCMD its layer scores."""
+    extra = ("device=cuda", "deterministic=true", "client_state_dir=null")
+    made: list[ParallelGrid] = []
+
+    def on_gpu(n: int) -> ParallelGrid:
+        made.append(ParallelGrid(n, workers=3, client_threads=1, start_method=None if start == "auto" else start))
+        return made[-1]
+
+    try:
+        got = run_case(case, on_gpu, extra=extra)
+        expected = run_case(case, extra=extra)
+    finally:
+        torch.use_deterministic_algorithms(False)  # deterministic=true set it in this process
+    print(f"{case}: workers started by {made[0].started_with}")
+    assert made[0].started_with in ("fork", "forkserver")
+    diff = first_difference(expected, got, rel=0.0)
+    assert diff is None, f"{case}: workers on one GPU differ from the serial engine on it at {diff}"

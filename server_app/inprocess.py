@@ -137,7 +137,7 @@ class InProcessGrid(Grid):
 
 def error_reply(msg: Message, exc: BaseException) -> Message:
     """A ClientApp exception as the error reply Flower sends for it."""
-    return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
 
 
 def handle_safely(msg: Message, ctx: Context, threads: int | None) -> Message:

@@ -1,7 +1,12 @@
 """Reading a batch's replies: each one matched to the client that was asked (the round ledger),
 checked against what that client may send (``validation.validate_reply``), and the rest named as
 dropped: client errors, invalid replies (their bytes still counted), and clients that never
-answered. The result never depends on the order the replies arrived in."""
+answered. The result never depends on the order the replies arrived in.
+
+A batch in which every asked client's ClientApp failed (raised, crashed or could not load) stops
+the run (:class:`ClientsFailed`): no client can make progress, and a run that went on would
+write rounds of an untrained model as if they were results. A node that is unreachable or too
+slow is dropped as before: that is the network's, and the next round may reach it."""
 
 from __future__ import annotations
 
@@ -11,13 +16,23 @@ from typing import Any
 
 from flwr.app import Message
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 
 from models.schema import Template
 from protocol.wire import WIRE_EXTRA_PREFIX
 
-from .client_directory import ClientInfo
+from .client_directory import ClientInfo, FederationError
 from .round_ledger import RoundLedger
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
+
+
+# the error codes of a ClientApp that ran (or was to run) and failed, as Flower's engines set them
+CLIENT_APP_FAILED = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRASHED)
+
+
+class ClientsFailed(FederationError):
+    """Every client asked in a batch answered with a ClientApp failure: the run stops, as one
+    line naming the round and the first client's error (each client's is logged above it)."""
 
 
 def collect_replies(
@@ -30,6 +45,7 @@ def collect_replies(
     updates: list[ClientUpdate] = []
     dropped: list[dict[str, Any]] = []
     answered: set[int] = set()
+    failed: list[tuple[int | None, str]] = []  # ClientApp failures, in arrival order
     for msg in replies:
         node = msg.metadata.src_node_id
         cid = ledger.client_of(msg)
@@ -37,6 +53,8 @@ def collect_replies(
             answered.add(cid)
         if msg.has_error():
             dropped.append({"client": cid, "reason": f"client error: {msg.error.reason}"})
+            if msg.error.code in CLIENT_APP_FAILED:
+                failed.append((cid, msg.error.reason))
             continue
         if cid is None:
             dropped.append({"client": None, "reason": f"reply from unexpected node {node}"})
@@ -67,4 +85,12 @@ def collect_replies(
     dropped.sort(key=lambda d: (d["client"] is None, d["client"] if d["client"] is not None else 0))
     for d in dropped:
         log(WARNING, "round %d: dropped reply of client %s: %s", server_round, d["client"], d["reason"])
+    asked = ledger.asked()
+    if asked and not updates and len({cid for cid, _ in failed}) == len(asked):
+        cid, reason = min(failed, key=lambda f: (f[0] is None, f[0] or 0))
+        raise ClientsFailed(
+            f"round {server_round}: the ClientApp of every client asked to {task} failed ({len(asked)} of "
+            f"{len(asked)}; each error is logged above), e.g. client {cid}: {reason[:400]}. Fix the cause; an "
+            f"interrupted run continues from its last checkpoint with resume=<its run directory>"
+        )
     return updates, dropped

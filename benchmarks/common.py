@@ -23,7 +23,12 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
 
 
 def commit() -> str:
-    """Short commit of the code measured, marked when the tree has uncommitted changes."""
+    """Short commit of the code measured, marked when the tree has uncommitted changes. A copy
+    without its git history (a machine the tree was copied to) names it in ``PFLOWER_COMMIT``."""
+    import os
+
+    if os.environ.get("PFLOWER_COMMIT"):
+        return f"{os.environ['PFLOWER_COMMIT']} (as given by PFLOWER_COMMIT)"
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()

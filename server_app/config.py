@@ -356,10 +356,18 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve_workers(value: Any) -> int:
-    """``workers``: ``auto`` (the usable cores) or a positive integer."""
+# ``workers=auto`` when the clients compute on CUDA. Each worker is then a fresh process with its
+# own data, torch and CUDA context (about 0.9 GiB of host memory and 850 MiB of GPU memory for
+# LeNet-5), and on an H100 (FMNIST LeNet-5, 10 clients a round) a round took 1.20 s on one
+# worker, 0.65 on 2, 0.44 on 4, 0.39 on 8, 0.37 on 16: past 4 the memory doubles for 10 %.
+CUDA_AUTO_WORKERS = 4
+
+
+def resolve_workers(value: Any, on_cuda: bool = False) -> int:
+    """``workers``: ``auto`` (the usable cores; at most :data:`CUDA_AUTO_WORKERS` on CUDA) or a
+    positive integer."""
     if value is None or str(value).strip().lower() == "auto":
-        return default_workers()
+        return min(default_workers(), CUDA_AUTO_WORKERS) if on_cuda else default_workers()
     try:
         n = int(value)
     except (TypeError, ValueError):

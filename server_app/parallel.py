@@ -15,9 +15,11 @@ task, so any worker can serve any node in any round. The replies are returned in
 messages were sent (client-id order), so the strategy aggregates them in the same order and the
 numbers equal the serial engine's (and Ray's) bit for bit.
 
-CUDA: a process that has touched CUDA cannot be forked usefully, so when the parent has
-initialised CUDA the workers start from a fork server instead (each loads its own data; they
-share the device, each with its own CUDA context). CPU runs always fork.
+CUDA: a child forked from a process that has touched CUDA cannot use CUDA, and asking whether
+a GPU is present (``torch.cuda.is_available()``) is already a touch (measured on an H100: every
+forked worker's client failed at its first CUDA call). So when the workers will compute on CUDA,
+or the parent holds a CUDA context, they start from a fork server instead (each loads its own
+data; they share the device, each with its own CUDA context). CPU runs fork.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class ParallelGrid(InProcessGrid):
     ``preload(msg, node)``: called in the parent for every node before the workers start, so the
     workers inherit what it loads (the runtime's per-process caches of data and initial model);
     returns the node's size for scheduling (larger first). ``start_method``: ``None`` picks
-    ``fork`` (``forkserver`` once CUDA is initialised here). ``worker_setup``: a module-level
+    ``fork``, or ``forkserver`` when the clients compute on CUDA or CUDA is initialised here. ``worker_setup``: a module-level
     function each worker calls once when it starts (a fork-server worker is a fresh interpreter:
     process-wide torch settings made here do not reach it)."""
 
@@ -116,7 +118,7 @@ class ParallelGrid(InProcessGrid):
     def _start(self, first: Message) -> Any:
         if self._pool is not None:
             return self._pool
-        method = self.start_method or ("forkserver" if _cuda_initialized() else "fork")
+        method = self.start_method or ("forkserver" if _cuda_initialized() or self._on_cuda(first) else "fork")
         # every client's data and the model, loaded here: forked workers inherit them (shared
         # pages); a fork server's workers load their own, and the sizes still order the tasks
         for node, ctx in self.contexts.items():
@@ -133,6 +135,25 @@ class ParallelGrid(InProcessGrid):
         self.started_with = method
         log(INFO, "parallel engine: %d worker processes (%s)", self.workers, method)
         return self._pool
+
+    def _on_cuda(self, first: Message) -> bool:
+        """Whether any node's client will compute on CUDA (the run's ``device``, or a node's own)."""
+        from client_app.node import node_device
+        from client_app.runtime import parse_spec
+        from client_app.training import pick_device
+
+        try:
+            spec = parse_spec(first)
+        except Exception:  # noqa: BLE001 - not a pflower message: its handler reports that
+            return False
+
+        def on_cuda(ctx: Context) -> bool:
+            try:
+                return pick_device(node_device(ctx.node_config, spec.device)).type == "cuda"
+            except (ValueError, RuntimeError):  # a device this machine lacks: the handler says so
+                return False
+
+        return any(on_cuda(ctx) for ctx in self.contexts.values())
 
     def close(self) -> None:
         if self._pool is not None:

@@ -34,7 +34,10 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
         if cfg.backend == "serial":
             grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
         else:
-            grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto")), client_threads=1)
+            from client_app.training import pick_device
+
+            on_cuda = pick_device(str(cfg.get("device", "auto"))).type == "cuda"
+            grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1)
         try:
             return run_experiment(grid, cfg, sweep=sweep)
         finally:

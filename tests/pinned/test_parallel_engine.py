@@ -84,7 +84,11 @@ def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
 def test_bad_worker_counts_are_refused():
     from server_app.config import resolve_workers
 
-    assert resolve_workers("auto") >= 1 and resolve_workers(3) == 3 and resolve_workers("2") == 2
+    from server_app.config import CUDA_AUTO_WORKERS, default_workers
+
+    assert resolve_workers("auto") == default_workers() and resolve_workers(3) == 3 and resolve_workers("2") == 2
+    assert resolve_workers("auto", on_cuda=True) == min(default_workers(), CUDA_AUTO_WORKERS)
+    assert resolve_workers(12, on_cuda=True) == 12  # a count given is a count kept
     for bad in (0, -1, "two", 1.5, "1.5"):
         with pytest.raises(ValueError, match="workers must be 'auto' or a positive integer"):
             resolve_workers(bad)
@@ -102,14 +106,28 @@ def test_workers_started_from_a_fork_server_write_the_pinned_numbers():
     assert diff is None, f"ditto on fork-server workers differs at {diff}"
 
 
-@pytest.mark.parametrize("cuda_ready, expected", [(False, "fork"), (True, "forkserver")])
-def test_the_start_follows_whether_cuda_is_initialised_here(monkeypatch, cuda_ready, expected):
-    """The GPU case without a GPU: once the ServerApp's process holds a CUDA context its workers
-    must not be forked from it (a forked CUDA context is unusable), so they come from a fork
-    server; on CPU they are forked (shared pages). The choice is made when the pool starts."""
+@pytest.mark.parametrize(
+    "cuda_ready, run_device, node_devices, expected",
+    [(False, "cpu", (None, None), "fork"), (True, "cpu", (None, None), "forkserver"),
+     (False, "cuda", (None, None), "forkserver"), (False, "cpu", ("cuda", None), "forkserver"),
+     (False, "cuda", ("cpu", "cpu"), "fork")],
+)
+def test_the_start_follows_whether_the_clients_use_cuda(monkeypatch, cuda_ready, run_device, node_devices, expected):
+    """The GPU case without a GPU: workers that will compute on CUDA (the run's device, or a
+    node's own ``device``), or whose parent already holds a CUDA context, must not be forked
+    (a child forked after the parent touched CUDA cannot use it: on an H100 every forked
+    worker's client failed), so they come from a fork server; CPU clients are forked (shared
+    pages). The choice is made when the pool starts."""
     import multiprocessing
+    from types import SimpleNamespace
 
+    import client_app.node
+    import client_app.runtime
     from server_app import parallel as parallel_module
+
+    monkeypatch.setattr(client_app.runtime, "parse_spec", lambda msg: SimpleNamespace(device=run_device))
+    # node_device checks a named CUDA device against this machine's: none here
+    monkeypatch.setattr(client_app.node.torch.cuda, "device_count", lambda: 1)
 
     started: list[str] = []
 
@@ -129,6 +147,9 @@ def test_the_start_follows_whether_cuda_is_initialised_here(monkeypatch, cuda_re
     monkeypatch.setattr(parallel_module, "_cuda_initialized", lambda: cuda_ready)
     monkeypatch.setattr(multiprocessing, "get_context", FakeContext)
     grid = ParallelGrid(2, workers=2, client_threads=1, preload=lambda msg, ctx: 1)
+    for ctx, device in zip(grid.contexts.values(), node_devices):
+        if device is not None:  # a node pinned to its own device (node config)
+            ctx.node_config["device"] = device
     grid._start(None)
     grid.close()  # and gc.unfreeze() after the fork path's gc.freeze()
     assert started == [expected]

@@ -9,7 +9,16 @@ in the last bits from one machine to the next, and a few rounds later in a clust
 machine, FedTSDP's round-2 clusters among them). Here every library is held to one path that
 every x86-64 CPU with AVX2 runs, so the numbers are a property of the code, not of the machine
 (checked on one machine by holding MKL to AVX2 and to SSE4.2 and oneDNN to AVX2: all 26 cases
-unchanged; a second real CPU type is the next check).
+unchanged). On a second real CPU, an Intel Xeon with AVX-512 and AMX (a GPU machine's host, with
+its own torch 2.11 and numpy/scipy against the torch 2.14.1 the numbers were pinned with), 22 of
+the 26 cases were equal; FedTSDP's round-1 Hopkins statistic moved by 2.4e-9 (relative) and
+Felo, Velo and FedHe (the cases that train with Adam) in round 1. With the library versions
+different too, that run cannot say whether the CPU or the versions moved them
+(benchmarks/results/engines_gpu/h100_host_pinned_numbers.log).
+
+A pytest plugin that imports numpy before ``tests/conftest.py`` runs makes :func:`apply` refuse
+(seen on a machine image with many plugins): set the variables in the environment first, e.g.
+``env $(python -m tests.pinned.numerics) pytest``.
 
 The variables are read when the libraries load, so :func:`apply` must run before numpy or
 torch is imported (tests/conftest.py does it first; ``python -m tests.pinned.cases`` too);
@@ -25,8 +34,9 @@ PORTABLE = {
     "ATEN_CPU_CAPABILITY": "default",  # ATen's kernels as compiled for baseline x86-64
     "MKL_CBWR": "COMPATIBLE",  # MKL: the same code path on every CPU (conditional bitwise reproducibility)
     "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: the AVX2 kernels everywhere
-    # numpy's own loops: no AVX-512 variants (machines without it use the AVX2 ones)
-    "NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+    # numpy's own loops: no AVX-512 variants (machines without it use the AVX2 ones); X86_V4 is
+    # numpy 2.4's name for its AVX-512 group (the older names alone left it on), earlier numpy ignores it
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512F,AVX512CD,AVX512_SKX,AVX512_CLX,AVX512_CNL,AVX512_ICL,AVX512_SPR",
 }
 
 
@@ -35,7 +45,11 @@ def apply() -> None:
     loaded = [m for m in ("numpy", "torch") if m in sys.modules]
     wrong = {k: os.environ.get(k) for k, v in PORTABLE.items() if os.environ.get(k) != v}
     if loaded and wrong:
-        raise RuntimeError(f"portable numerics must be set before {' and '.join(loaded)} is imported (unset: {sorted(wrong)})")
+        raise RuntimeError(
+            f"portable numerics must be set before {' and '.join(loaded)} is imported (unset: {sorted(wrong)}); "
+            "a pytest plugin may have imported it first: set them in the environment, "
+            "`env $(python -m tests.pinned.numerics) pytest`"
+        )
     os.environ.update(PORTABLE)
 
 
@@ -44,3 +58,7 @@ def disable_mkldnn() -> None:
     import torch
 
     torch.backends.mkldnn.enabled = False
+
+
+if __name__ == "__main__":  # the variables as KEY=VALUE words, for `env $(python -m tests.pinned.numerics) ...`
+    print(" ".join(f"{k}={v}" for k, v in PORTABLE.items()))

@@ -40,3 +40,23 @@ def test_a_moved_number_is_named():
     other = {"rounds": [{"round": 1, "test_before_acc": 0.5, "clients": [0, 3]}], "summary": {"final_acc": 0.75}}
     assert first_difference(pinned, other) == "rounds[0].clients[1]: 2 -> 3"
     assert first_difference({"x": 1.0}, {"x": 1.0 + 1e-13}) is None  # a last-bit difference of another CPU's kernels
+
+
+def test_the_numerics_can_be_set_from_the_shell(monkeypatch):
+    """`env $(python -m tests.pinned.numerics) pytest` (for an image whose pytest plugins import
+    numpy first) sets exactly what apply() checks: one word per variable, no spaces."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pinned import numerics
+
+    root = Path(__file__).resolve().parents[2]
+    words = subprocess.run([sys.executable, "-m", "tests.pinned.numerics"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    assert dict(w.split("=", 1) for w in words) == numerics.PORTABLE
+    for key, value in numerics.PORTABLE.items():
+        monkeypatch.setenv(key, value)
+    numerics.apply()  # numpy and torch are loaded here: set in the environment, it is not refused
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    with pytest.raises(RuntimeError, match=r"env \$\(python -m tests.pinned.numerics\) pytest"):
+        numerics.apply()

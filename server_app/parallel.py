@@ -122,9 +122,10 @@ class ParallelGrid(InProcessGrid):
     ``preload(msg, node)``: called in the parent for every node before the workers start, so the
     workers inherit what it loads (the runtime's per-process caches of data and initial model);
     returns the node's size for scheduling (larger first). ``start_method``: ``None`` picks
-    ``fork``, or ``forkserver`` when the clients compute on CUDA or CUDA is initialised here. ``worker_setup``: a module-level
-    function each worker calls once when it starts (a fork-server worker is a fresh interpreter:
-    process-wide torch settings made here do not reach it)."""
+    ``fork``, or ``forkserver`` when the clients compute on CUDA or CUDA is initialised here.
+    ``worker_setup``: a module-level function each worker calls once when it starts (a
+    fork-server worker is a fresh interpreter: process-wide torch settings made here do not
+    reach it)."""
 
     def __init__(
         self, num_nodes: int, workers: int, node_config: dict | None = None, record: bool = False,

@@ -59,6 +59,17 @@ def parse_spec(message: Message) -> TaskSpec:
     return TaskSpec.from_json(str(config[wire.SPEC_KEY]))
 
 
+def computes_on_cuda(run_device: str, node_config: dict[str, Any] | None = None) -> bool:
+    """Whether a node's client computes on CUDA: the node config's ``device`` when set, else the
+    run's (``auto``: CUDA when present). A device this machine lacks counts as not CUDA here: the
+    handler refuses it with the fix. (Asks torch about the GPU: a process that forks workers
+    after asking must not give them CUDA work, see ``server_app/parallel.py``.)"""
+    try:
+        return pick_device(node_device(node_config or {}, run_device)).type == "cuda"
+    except (ValueError, RuntimeError):
+        return False
+
+
 def client_data(spec: TaskSpec | dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
     """The client's tensors: its partition, or with ``dataset=local`` its node's ``data-dir``.
     A deployed node keeps its partition in its disk cache (``federated_data.node_cache``)."""

@@ -36,9 +36,10 @@ def lenet5(in_shape: tuple[int, int, int], num_classes: int, fc_layers: int = 3,
     if feature_dim is not None and (fc_layers == 1 or int(feature_dim) < 1):
         raise ValueError(f"lenet5 feature_dim needs fc_layers >= 2 (a hidden layer to set) and a positive width, got {feature_dim}")
     c, h, w = in_shape
-    flat = 16 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
-    if flat <= 0:
+    side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2  # after conv1, pool, conv2, pool
+    if side_h < 1 or side_w < 1:  # each side on its own: two negative sides multiply to a positive size
         raise ValueError(f"lenet5 needs inputs of at least 16x16 pixels, got {h}x{w}")
+    flat = 16 * side_h * side_w
     groups: OrderedDict[str, nn.Module] = OrderedDict(
         conv1=_conv_block(c, 6, flatten=False), conv2=_conv_block(6, 16, flatten=True)
     )

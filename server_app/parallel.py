@@ -180,22 +180,13 @@ class ParallelGrid(InProcessGrid):
 
     def _on_cuda(self, first: Message) -> bool:
         """Whether any node's client will compute on CUDA (the run's ``device``, or a node's own)."""
-        from client_app.node import node_device
-        from client_app.runtime import parse_spec
-        from client_app.training import pick_device
+        from client_app.runtime import computes_on_cuda, parse_spec
 
         try:
             spec = parse_spec(first)
         except Exception:  # noqa: BLE001 - not a pflower message: its handler reports that
             return False
-
-        def on_cuda(ctx: Context) -> bool:
-            try:
-                return pick_device(node_device(ctx.node_config, spec.device)).type == "cuda"
-            except (ValueError, RuntimeError):  # a device this machine lacks: the handler says so
-                return False
-
-        return any(on_cuda(ctx) for ctx in self.contexts.values())
+        return any(computes_on_cuda(spec.device, dict(ctx.node_config)) for ctx in self.contexts.values())
 
     def close(self) -> None:
         if self._pool is not None:

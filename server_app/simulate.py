@@ -34,9 +34,9 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
         if cfg.backend == "serial":
             grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
         else:
-            from client_app.training import pick_device
+            from client_app.runtime import computes_on_cuda
 
-            on_cuda = pick_device(str(cfg.get("device", "auto"))).type == "cuda"
+            on_cuda = computes_on_cuda(str(cfg.get("device", "auto")))
             grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1)
         try:
             return run_experiment(grid, cfg, sweep=sweep)

@@ -20,6 +20,7 @@ from strategies import STRATEGIES
 from strategies.fedavg import FedAvg
 from strategies.fedcmd import FedCMD
 from strategies.fedper import FedPer
+from strategies.replies import ClientsFailed
 
 
 def specs(grid: InProcessGrid, message_type: str = "train") -> list[dict]:
@@ -186,8 +187,9 @@ def test_a_role_cannot_upload_what_the_server_did_not_ask_for(compose, tiny_over
         role = "greedy"
 
     cfg, base = make(compose, tiny_overrides, "method=fedper", "fraction=1.0")
-    records = run(AskGreedy(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42), InProcessGrid(4), rounds=1)
-    assert records[0]["clients"] == [] and all("did not ask for" in d["reason"] for d in records[0]["dropped"])
+    # every client's ClientApp refuses: the run stops on that round, naming the refusal
+    with pytest.raises(ClientsFailed, match="round 1: .*did not ask for"):
+        run(AskGreedy(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42), InProcessGrid(4), rounds=1)
 
 
 # ----------------------------------------------------------------------------- BN statistics

@@ -134,8 +134,8 @@ def test_nodes_with_their_own_data_record_no_partition(tmp_path, compose):
 
     grid = InProcessGrid(0)
     for cid in range(2):
-        write_local_dir(tmp_path / f"n{cid}", *(2 * [(np.zeros((8, 1, 8, 8), np.uint8) + cid, np.arange(8) % 2)]), name="mine", num_classes=10)
+        write_local_dir(tmp_path / f"n{cid}", *(2 * [(np.zeros((8, 1, 16, 16), np.uint8) + cid, np.arange(8) % 2)]), name="mine", num_classes=10)
         grid.add_node(cid, 1000 + cid, {"client-id": cid, "data-dir": str(tmp_path / f"n{cid}")})
-    cfg = compose("dataset=local", "dataset.options.image_size=8", "num_clients=2", "rounds=1", "method=fedavg", "local_epochs=1")
+    cfg = compose("dataset=local", "dataset.options.image_size=16", "num_clients=2", "rounds=1", "method=fedavg", "local_epochs=1")
     summary = run_experiment(grid, cfg, check_partition=False)
     assert (summary["partition"], summary["alpha"], summary["node_dataset"]) == ("node-local", None, "mine")

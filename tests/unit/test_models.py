@@ -247,3 +247,18 @@ def test_bad_options_raise(name: str, kwargs: dict[str, Any]) -> None:
 def test_too_small_input_raises() -> None:
     with pytest.raises(ValueError):
         build_model("cnn_kapc", (1, 8, 8), NUM_CLASSES)
+
+
+@pytest.mark.parametrize("side", [8, 9, 15])
+def test_lenet5_refuses_inputs_too_small_for_its_two_convolutions(side: int) -> None:
+    """8x8: conv1 leaves 4, pooled 2, conv2 would need 5. Each side is checked on its own (the
+    old product check let 8x8 through: two negative sides multiply to a positive size)."""
+    with pytest.raises(ValueError, match="at least 16x16"):
+        build_model("lenet5", (1, side, side), NUM_CLASSES)
+
+
+def test_lenet5_takes_16x16_with_one_pixel_left() -> None:
+    import torch
+
+    model = build_model("lenet5", (1, 16, 16), NUM_CLASSES)  # 16 -> 12 -> 6 -> 2 -> 1
+    assert model(torch.zeros(2, 1, 16, 16)).shape == (2, NUM_CLASSES)

@@ -348,12 +348,20 @@ def _positive(value: Any, zero: bool = False) -> bool:
     return number and (value >= 0 if zero else value > 0)
 
 
+# the cores one run may use, when fewer than the process's: `pflower sim -m --jobs N` gives each
+# of its runs its share this way, so that `workers=auto` still applies its own rules (the CUDA cap)
+CORES_ENV = "PFLOWER_CORES"
+
+
 def default_workers() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    """The CPU cores this process may run on (its affinity mask, not the machine's count), or
+    ``PFLOWER_CORES`` of them when that is set and smaller."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    share = os.environ.get(CORES_ENV, "").strip()
+    return min(cores, int(share)) if share.isdigit() and int(share) >= 1 else cores
 
 
 # ``workers=auto`` when the clients compute on CUDA. Each worker is then a fresh process with its

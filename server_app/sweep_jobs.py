@@ -4,8 +4,9 @@ Every run of a sweep is independent (its own config, seed, run directory, checkp
 provenance), so running several at once changes nothing in any of them: each is the command
 ``pflower sim <its overrides>`` that the sequential sweep would have run in its place. Their
 output reaches this terminal line by line, prefixed with the run's place in the sweep. The
-cores are split between the runs: a run whose command line does not set ``workers`` gets
-``workers = cores // N`` (at least 1) for the parallel engine.
+cores are split between the runs: each run may use ``cores // N`` of them (at least 1; the
+``PFLOWER_CORES`` variable of its process), which its ``workers=auto`` takes (at most 4 when its
+clients compute on CUDA); a run whose command line sets ``workers`` keeps that count.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def pflower_bin() -> str:
 def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | None = None) -> int:
     """Run each combination as ``pflower sim <overrides>``, ``jobs`` at a time; returns 0 when
     every run succeeded, else the first failing run's exit status (after all have ended)."""
-    from .config import default_workers
+    import os
+
+    from .config import CORES_ENV, default_workers
 
     total = len(combos)
     share = max(1, default_workers() // jobs)
@@ -59,13 +62,11 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
 
     def one(k: int) -> None:
         overrides = list(combos[k])
-        if not any(o.split("=", 1)[0].lstrip("+~") == "workers" for o in overrides):
-            overrides.append(f"workers={share}")
         label = f"[run {k + 1}/{total}]"
         with lock:
-            print(f"{label} pflower sim {' '.join(overrides)}", flush=True)
+            print(f"{label} pflower sim {' '.join(overrides)} ({CORES_ENV}={share})", flush=True)
         proc = subprocess.Popen([pflower_bin(), "sim", *overrides], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, env={**os.environ, CORES_ENV: str(share)})
         assert proc.stdout is not None
         for line in proc.stdout:
             with lock:

@@ -27,3 +27,49 @@ def test_jobs_refusals_are_one_line(args, message, tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweeps_share_of_the_cores_reaches_workers_auto(monkeypatch):
+    """`--jobs N` gives each run `cores // N` through PFLOWER_CORES; `workers=auto` takes it, and on
+    CUDA still caps it at CUDA_AUTO_WORKERS; a count on the command line is kept."""
+    import os
+
+    from server_app.config import CORES_ENV, CUDA_AUTO_WORKERS, default_workers, resolve_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv(CORES_ENV, raising=False)
+    assert default_workers() == 16
+    monkeypatch.setenv(CORES_ENV, "8")  # --jobs 2 on 16 cores
+    assert resolve_workers("auto") == 8 and resolve_workers("auto", on_cuda=True) == CUDA_AUTO_WORKERS == 4
+    assert resolve_workers(6) == 6
+    monkeypatch.setenv(CORES_ENV, "32")  # never more than the process may use
+    assert default_workers() == 16
+    for ignored in ("0", "x", ""):
+        monkeypatch.setenv(CORES_ENV, ignored)
+        assert default_workers() == 16
+
+
+def test_each_run_of_a_jobs_sweep_gets_its_share_in_its_environment(monkeypatch, capsys):
+    """The runs are started with PFLOWER_CORES = cores // jobs (a stand-in `pflower` prints it)."""
+    import subprocess
+
+    from server_app import sweep_jobs
+    from server_app.config import CORES_ENV, default_workers
+
+    monkeypatch.delenv(CORES_ENV, raising=False)
+    started = []
+
+    class FakePopen:
+        def __init__(self, cmd, env=None, **kwargs):
+            started.append((cmd, env))
+            self.stdout = iter([f"cores {env[CORES_ENV]}\n"])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    assert sweep_jobs.run_concurrently([["seed=1"], ["seed=2"]], jobs=2) == 0
+    share = str(max(1, default_workers() // 2))
+    assert sorted(cmd[2:] for cmd, _ in started) == [["seed=1"], ["seed=2"]]  # no workers= added
+    assert all(env[CORES_ENV] == share for _, env in started)
+    assert f"(PFLOWER_CORES={share})" in capsys.readouterr().out

@@ -82,7 +82,7 @@ def run_one(engine: str, rounds: int, flbench: Path | None, flbench_python: str,
         if engine != "fl-bench":
             row.update(pflower_numbers(out))
             started = re.search(r"parallel engine: \d+ worker processes \((\w+)\)", log.read_text(errors="replace"))
-            if started:  # fork, or forkserver once the ServerApp's process holds CUDA
+            if started:  # fork; forkserver when the clients compute on CUDA (or the ServerApp's process holds it)
                 row["workers_start"] = started.group(1)
         return row
 

@@ -367,7 +367,7 @@ def default_workers() -> int:
 # ``workers=auto`` when the clients compute on CUDA. Each worker is then a fresh process with its
 # own data, torch and CUDA context (about 0.9 GiB of host memory and 850 MiB of GPU memory for
 # LeNet-5), and on an H100 (FMNIST LeNet-5, 10 clients a round) a round took 1.20 s on one
-# worker, 0.65 on 2, 0.44 on 4, 0.39 on 8, 0.37 on 16: past 4 the memory doubles for 10 %.
+# worker, 0.65 on 2, 0.44 on 4, 0.39 on 8, 0.37 on 16: past 4 each doubling of the memory buys 5-14 %.
 CUDA_AUTO_WORKERS = 4
 
 

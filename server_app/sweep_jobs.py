@@ -11,6 +11,7 @@ clients compute on CUDA); a run whose command line sets ``workers`` keeps that c
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -50,8 +51,6 @@ def pflower_bin() -> str:
 def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | None = None) -> int:
     """Run each combination as ``pflower sim <overrides>``, ``jobs`` at a time; returns 0 when
     every run succeeded, else the first failing run's exit status (after all have ended)."""
-    import os
-
     from .config import CORES_ENV, default_workers
 
     total = len(combos)

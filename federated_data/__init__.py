@@ -1,6 +1,6 @@
 """Datasets, partitioners and per-client tensors (cached once per process)."""
 
-from .client_data import DataSpec, load_client_data, load_public_data, partition_sizes
+from .client_data import DataSpec, data_origin, load_client_data, load_public_data, partition_sizes
 from .catalog import DATASETS, DatasetInfo, DatasetNotFoundError, dataset_info
 from .tensors import ClientData
 
@@ -10,6 +10,7 @@ __all__ = [
     "DataSpec",
     "DatasetInfo",
     "DatasetNotFoundError",
+    "data_origin",
     "dataset_info",
     "load_client_data",
     "load_public_data",

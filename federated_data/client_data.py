@@ -6,6 +6,7 @@ frozen :class:`DataSpec`), so a simulated client costs no decoding after its fir
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from .catalog import DatasetInfo, dataset_info
 from .local import load_local_data
 from .partition import PartitionError, partition, train_test_split
+from .sources import Splits, recording
 from .tensors import ClientData, normalize, to_unit
 
 PUBLIC_MODES = ("none", "test", "holdout")
@@ -71,6 +73,23 @@ class _Pool:
     public_labels: np.ndarray | None
     mean: np.ndarray
     std: np.ndarray
+    source: str  # the directories (or the built-in source) the reader actually read
+    sha256: str  # of every split the reader returned, before pooling: the same files give the same hash
+
+
+BUILT_IN = {"digits": "scikit-learn's bundled load_digits()", "synthetic": "generated in memory (dataset.options)"}
+
+
+def fingerprint(splits: Splits) -> str:
+    """sha256 over every split's name, arrays' dtype, shape and bytes, in split-name order: two runs
+    with the same value read the same data."""
+    digest = hashlib.sha256()
+    for name in sorted(splits):
+        for array in splits[name]:
+            array = np.ascontiguousarray(array)
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+            digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 def _validate(spec: DataSpec) -> None:
@@ -87,7 +106,10 @@ def _pool(spec_key: DataSpec) -> _Pool:
     spec = spec_key
     _validate(spec)
     info = spec.info
-    splits = info.reader(spec.root, **dict(spec.options))
+    with recording() as read_from:
+        splits = info.reader(spec.root, **dict(spec.options))
+    source = "; ".join(read_from) or BUILT_IN.get(spec.dataset, spec.dataset)
+    sha256 = fingerprint(splits)
     public = public_labels = None
     if spec.public == "test":
         if "test" not in splits:
@@ -117,7 +139,7 @@ def _pool(spec_key: DataSpec) -> _Pool:
         as_float = to_unit(images)
         mean = as_float.mean(axis=(0, 2, 3)).astype(np.float32)
         std = (as_float.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
-    return _Pool(images, labels, public, public_labels, mean, std)
+    return _Pool(images, labels, public, public_labels, mean, std, source, sha256)
 
 
 @lru_cache(maxsize=4)
@@ -186,6 +208,16 @@ def load_public_data(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return _normalize(pool.public_images, pool), torch.from_numpy(pool.public_labels)
 
 
+def data_origin(spec: DataSpec) -> dict[str, str]:
+    """Where the run's pooled data came from, for its record: ``data_dir`` (what the reader read:
+    the directory that held the files, not the root it was given) and ``data_sha256`` (of the
+    arrays read, :func:`fingerprint`). Empty for node-held data (each node reads its own)."""
+    if spec.info.node_local:
+        return {}
+    pool = _pool(spec)
+    return {"data_dir": pool.source, "data_sha256": pool.sha256}
+
+
 def partition_sizes(spec: DataSpec) -> list[int]:
     """Samples per client (train+test); builds the partition, so it also validates the spec.
 
@@ -202,6 +234,8 @@ __all__ = [
     "DataSpec",
     "PartitionError",
     "client_indices",
+    "data_origin",
+    "fingerprint",
     "load_client_data",
     "load_public_data",
     "partition_sizes",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .sources import DatasetInfo, DatasetNotFoundError, Splits, register
+from .sources import DatasetInfo, DatasetNotFoundError, Splits, note_source, register
 
 HOW_TO_GET = (
     "Set dataset.options.path to a Hugging Face hub id (fetched once when online, then read from "
@@ -43,6 +43,7 @@ def read_hf(
         loaded = datasets.load_dataset(path, config, cache_dir=root)
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as exc:
         raise DatasetNotFoundError(f"dataset.options.path={path!r} could not be loaded ({exc}). {HOW_TO_GET}") from exc
+    note_source(f"hf:{path}" + (f" ({config})" if config else "") + (f" cache {root}" if root else ""))
     if not isinstance(loaded, datasets.DatasetDict):
         loaded = datasets.DatasetDict({"train": loaded})
     out: Splits = {}

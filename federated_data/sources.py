@@ -8,8 +8,10 @@ looked and how to get the files.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,14 +45,42 @@ class DatasetInfo:
 
 
 def data_roots(root: str | None, defaults: Sequence[str] = ()) -> list[Path]:
-    """Directories to search, in order: the configured root, $PFLOWER_DATA, the defaults."""
+    """Directories to search: the configured root alone where one is set (a root the user named
+    that lacks the files is an error, never a silent fall-back to another copy); otherwise
+    $PFLOWER_DATA, then the defaults."""
+    if root:
+        return [Path(root).expanduser()]
     out: list[Path] = []
-    for candidate in (root, os.environ.get("PFLOWER_DATA"), *defaults, "~/.cache/pflower/data"):
+    for candidate in (os.environ.get("PFLOWER_DATA"), *defaults, "~/.cache/pflower/data"):
         if candidate:
             path = Path(candidate).expanduser()
             if path not in out:
                 out.append(path)
     return out
+
+
+# the directories the readers of the current :func:`recording` resolved (one per find_files call)
+_READ_FROM: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("pflower_read_from", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """Collect where the readers called inside the block read from: each directory that
+    :func:`find_files` resolved, and each source a reader notes itself (:func:`note_source`), so
+    a run records the files it actually read, not the root it was given."""
+    read: list[str] = []
+    token = _READ_FROM.set(read)
+    try:
+        yield read
+    finally:
+        _READ_FROM.reset(token)
+
+
+def note_source(where: str) -> None:
+    """Record ``where`` (a directory, a hub name) for the surrounding :func:`recording`."""
+    read = _READ_FROM.get()
+    if read is not None and where not in read:
+        read.append(where)
 
 
 def find_files(
@@ -59,16 +89,27 @@ def find_files(
     required: Sequence[Sequence[str]],
     subdirs: Sequence[str] = ("",),
     how_to_get: str = "",
+    user_root: str | None = None,
 ) -> Path:
-    """First ``root/subdir`` holding one name of every alternative group in ``required``."""
+    """First ``root/subdir`` holding one name of every alternative group in ``required``.
+
+    ``user_root``: the ``dataset.root`` the user set (``roots`` is then that directory alone),
+    so the error names it as the thing to fix."""
     tried = []
     for root in roots:
         for sub in subdirs:
             base = root / sub if sub else root
             tried.append(str(base))
             if all(any((base / alt).exists() for alt in group) for group in required):
+                note_source(str(base.resolve()))
                 return base
     need = ", ".join(" or ".join(group) for group in required)
+    if user_root:
+        raise DatasetNotFoundError(
+            f"dataset {name!r}: dataset.root={user_root!r} does not hold its files (looked for [{need}] "
+            f"in {tried}). Point dataset.root at the directory that holds them, or leave it unset to "
+            f"search the default places. {how_to_get}".rstrip()
+        )
     raise DatasetNotFoundError(
         f"dataset {name!r} not found: looked for [{need}] in {tried}. {how_to_get} "
         "Point pflower at the files with `dataset.root=/path` (or the PFLOWER_DATA "
@@ -137,6 +178,7 @@ def read_fmnist(root: str | None = None) -> Splits:
         required,
         subdirs=("", "fashion-mnist", "FashionMNIST/raw", "fmnist"),
         how_to_get=_FMNIST_HOW,
+        user_root=root,
     )
     out: Splits = {}
     for split, (img, lab) in _FMNIST_FILES.items():

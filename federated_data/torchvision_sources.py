@@ -30,6 +30,7 @@ def _locate(
         required,
         subdirs=subdirs,
         how_to_get=info.how_to_get,
+        user_root=root,
     )
 
 

@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -126,8 +126,42 @@ def group_choices(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def config_keys() -> list[str]:
-    """Every settable key of conf/config.yaml, dotted (``lr``, ``lr_schedule.kind``...)."""
+OPTION_GROUPS = ("method", "dataset", "model", "partition")  # groups whose chosen file brings its own keys
+
+
+def _defaults_choices(path: Path) -> dict[str, str]:
+    """``{group: choice}`` of a config file's defaults list (``- method: fedcmd``, ``- override /method: x``)."""
+    import yaml
+
+    out: dict[str, str] = {}
+    for item in (yaml.safe_load(path.read_text()) or {}).get("defaults") or []:
+        if isinstance(item, dict):
+            for key, value in item.items():
+                group = str(key).replace("override", "").strip().lstrip("/")
+                if group in OPTION_GROUPS and isinstance(value, str):
+                    out[group] = value
+    return out
+
+
+def chosen_files(overrides: Iterable[str]) -> dict[str, str]:
+    """The file each option group resolves to for these command-line overrides: config.yaml's
+    defaults, then the experiment's, then ``group=choice`` on the command line."""
+    overrides = list(overrides)
+    chosen = _defaults_choices(conf_dir() / "config.yaml")
+    experiment = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == "experiment"), None)
+    if experiment and (conf_dir() / "experiment" / f"{experiment}.yaml").exists():
+        chosen.update(_defaults_choices(conf_dir() / "experiment" / f"{experiment}.yaml"))
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if eq and key.lstrip("+~") in OPTION_GROUPS and (conf_dir() / key.lstrip("+~") / f"{value}.yaml").exists():
+            chosen[key.lstrip("+~")] = value
+    return chosen
+
+
+def config_keys(chosen: Mapping[str, str] | None = None) -> list[str]:
+    """Every settable key of conf/config.yaml, dotted (``lr``, ``lr_schedule.kind``...), and the
+    options of the group files: only the chosen file's where ``chosen`` names one (so a suggestion
+    never offers another method's option), every file's otherwise."""
     import yaml
 
     raw = yaml.safe_load((conf_dir() / "config.yaml").read_text()) or {}
@@ -138,8 +172,11 @@ def config_keys() -> list[str]:
         return []
 
     keys = walk(raw, "")
-    for group in ("method", "dataset", "model", "partition"):  # the options of every file of a group
-        for path in sorted((conf_dir() / group).glob("*.yaml")):
+    for group in OPTION_GROUPS:
+        files = sorted((conf_dir() / group).glob("*.yaml"))
+        if chosen and group in chosen:
+            files = [p for p in files if p.stem == chosen[group]]
+        for path in files:
             keys += [k for k in walk(yaml.safe_load(path.read_text()) or {}, group + ".") if k not in keys]
     return keys
 
@@ -205,10 +242,15 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         full = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name)
         group, _, leaf = full.rpartition(".")
         alias = KEY_ALIASES.get(leaf)
-        close = [f"{group}.{alias}" if group else alias] if alias else difflib.get_close_matches(full, [*config_keys(), *GROUPS], n=1)
+        if alias:
+            close = [f"{group}.{alias}" if group else alias]
+        elif full in config_keys():
+            close = [full]  # another file of its group has it: said below
+        else:  # among the keys of the files this command chose (another method's option would fail next)
+            close = difflib.get_close_matches(full, [*config_keys(chosen_files(overrides)), *GROUPS], n=1)
         if close and close[0] == full and "." in full:  # another method/dataset/model/partition file has it
             group = full.split(".", 1)[0]
-            chosen = next((o.split("=", 1)[1] for o in reversed(list(overrides)) if o.split("=", 1)[0] == group), None)
+            chosen = chosen_files(overrides).get(group)
             which = f"{group} {chosen!r}" if chosen else f"the chosen {group}"
             path = f"conf/{group}/{chosen}.yaml" if chosen else f"conf/{group}/<name>.yaml"
             return (f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "

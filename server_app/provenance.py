@@ -100,10 +100,15 @@ def flwr_run(grid: Any) -> dict[str, Any] | None:
     return {f: getattr(run, f) for f in fields}
 
 
-def write_provenance(run_dir: Path, grid: Any = None, resumed_after_round: int | None = None) -> dict[str, Any]:
-    """Write (or, for a resume, extend) ``run_dir/provenance.json``; returns what the file holds."""
+def write_provenance(
+    run_dir: Path, grid: Any = None, resumed_after_round: int | None = None, data: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write (or, for a resume, extend) ``run_dir/provenance.json``; returns what the file holds.
+
+    ``data``: where the run's data was read (``federated_data.data_origin``), recorded when it
+    starts so a run that stops early still names its data."""
     path = Path(run_dir) / "provenance.json"
-    record = {**provenance(), "flwr_run": flwr_run(grid)}
+    record = {**provenance(), "flwr_run": flwr_run(grid), **({"data": data} if data else {})}
     if resumed_after_round is None:
         data = {**record, "resumes": []}
     else:

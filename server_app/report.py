@@ -501,13 +501,25 @@ def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
     return [_row(load_summary(run), tables) for run in runs]
 
 
+PAPER_COLUMNS = ("paper", "diff", "paper set-up")
+NO_PAPER = ("No paper's table in conf/paper_results/ has numbers for these runs' dataset, split and methods, "
+            "so the paper columns are left out.")
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a Markdown table. Where no row has a paper's number or a set-up note, the paper
+    columns are left out and a line under the table says why (rather than blank cells)."""
     columns = list(COLUMNS)
     extra = [c for c in GLOBAL_COLUMNS if any(r.get(c) for r in rows)]
     at = columns.index("final (all clients)") + 1
     columns[at:at] = extra
+    no_paper = not any(r.get(c) for r in rows for c in PAPER_COLUMNS)
+    if no_paper:
+        columns = [c for c in columns if c not in PAPER_COLUMNS]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    if no_paper:
+        lines += ["", NO_PAPER]
     return "\n".join(lines)
 
 
@@ -516,35 +528,55 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 @dataclass
 class Group:
-    """Runs of one dataset and α (or one non-Dirichlet partition): one table, two figures."""
+    """Runs of one dataset and α (or one non-Dirichlet partition) read from the same data (the
+    fingerprint the run recorded): one table, two figures."""
 
     dataset: str
     alpha: float | None
     partition: str
     runs: list[tuple[Path, dict[str, Any]]]
+    data_sha256: str | None = None  # None: runs from before pflower recorded their data
+    name_data: bool = False  # another group has the same dataset and α but other data: say which
+
+    @property
+    def data_tag(self) -> str:
+        return (self.data_sha256 or "unrecorded")[:8]
 
     @property
     def stem(self) -> str:
-        """File name stem: ``fmnist_a0.1``; ``digits_iid`` for a partition without α."""
+        """File name stem: ``fmnist_a0.1``; ``digits_iid`` for a partition without α (plus the data's
+        fingerprint where two groups would share it)."""
         tag = f"a{self.alpha:g}" if self.alpha is not None else self.partition
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.dataset}_{tag}")
+        data = f"_data-{self.data_tag}" if self.name_data else ""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.dataset}_{tag}{data}")
 
     @property
     def title(self) -> str:
-        return f"{self.dataset}, α = {self.alpha:g}" if self.alpha is not None else f"{self.dataset}, {self.partition} partition"
+        base = f"{self.dataset}, α = {self.alpha:g}" if self.alpha is not None else f"{self.dataset}, {self.partition} partition"
+        return base + (f", data {self.data_tag}" if self.name_data else "")
 
 
 def group_runs(runs: Sequence[Path]) -> list[Group]:
-    """Runs grouped by (dataset, α), groups sorted by dataset then α, runs by path (the order
-    they are given in does not change the report)."""
-    groups: dict[tuple[str, float | None, str], Group] = {}
+    """Runs grouped by (dataset, α, data fingerprint), groups sorted by dataset then α, runs by
+    path (the order they are given in does not change the report). Runs of one dataset name that
+    read different files (another ``dataset.root``, another release) never share a table; runs
+    from before pflower recorded the fingerprint join their dataset's one fingerprinted group."""
+    groups: dict[tuple[str, float | None, str, str], Group] = {}
     for run in sorted(set(map(Path, runs))):
         s = load_summary(run)
         alpha = float(s["alpha"]) if s.get("alpha") is not None else None
         partition = "" if alpha is not None else str(s.get("partition") or "unknown")
-        key = (s["dataset"], alpha, partition)
-        groups.setdefault(key, Group(s["dataset"], alpha, partition, [])).runs.append((run, s))
-    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2]))]
+        sha = s.get("data_sha256") if isinstance(s.get("data_sha256"), str) else None
+        key = (s["dataset"], alpha, partition, sha or "")
+        groups.setdefault(key, Group(s["dataset"], alpha, partition, [], sha)).runs.append((run, s))
+    for key in [k for k in groups if not k[3]]:  # runs that recorded no fingerprint join the one group that did
+        recorded = [k for k in groups if k[:3] == key[:3] and k[3]]
+        if len(recorded) == 1:
+            groups[recorded[0]].runs = sorted(groups[recorded[0]].runs + groups.pop(key).runs, key=lambda r: r[0])
+    ordered = [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2], k[3]))]
+    for group in ordered:
+        group.name_data = sum((g.dataset, g.alpha, g.partition) == (group.dataset, group.alpha, group.partition) for g in ordered) > 1
+    return ordered
 
 
 # top-level config keys a group's runs may differ in that change what a run trains, beyond its
@@ -774,7 +806,11 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
         rows = [_row(s, tables) for _, s in group.runs]
         for row, note in zip(rows, setup_notes(group)):  # the seed and set-up keys the group's runs differ in
             row["method"] += note
-        lines += ["", f"## {group.title}", "", markdown(rows), ""]
+        lines += ["", f"## {group.title}", ""]
+        if group.data_sha256:  # runs that recorded what they read (older runs did not)
+            dirs = sorted({str(s.get("data_dir")) for _, s in group.runs if s.get("data_dir")})
+            lines += [f"Data: {', '.join(f'`{d}`' for d in dirs) or 'not named'} (sha256 `{group.data_sha256[:16]}`).", ""]
+        lines += [markdown(rows), ""]
         for x, suffix in FIGURES:
             png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
             written.append(png)

@@ -17,7 +17,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from federated_data import load_public_data, partition_sizes
+from federated_data import data_origin, load_public_data, partition_sizes
 from federated_data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
@@ -145,9 +145,12 @@ def _run_in(
     cfg = plan.cfg
     strategy = build(plan, run_token, run_dir)
     writer = RunWriter(run_dir)
+    origin = data_origin(plan.data)
+    if origin:
+        log(INFO, "pflower data: %s read from %s (sha256 %s)", cfg.dataset.name, origin["data_dir"], origin["data_sha256"][:16])
     if checkpoint is None:
         writer.write_config(cfg)
-        write_provenance(run_dir, grid)
+        write_provenance(run_dir, grid, data=origin)
         log(INFO, "pflower run directory: %s", run_dir)  # absolute: see also the summary's run_dir
     else:
         try:
@@ -156,7 +159,7 @@ def _run_in(
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
         writer.rounds = restore_metrics(run_dir, strategy.history)
         atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
-        write_provenance(run_dir, grid, resumed_after_round=checkpoint.round)
+        write_provenance(run_dir, grid, resumed_after_round=checkpoint.round, data=origin)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
     every = int(cfg.get("checkpoint_every", 1))
     if every > 0:
@@ -205,7 +208,7 @@ def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> di
     partition the directories were exported from, if they all agree)."""
     plan = RunPlan.of(cfg)
     if not plan.data.info.node_local:
-        return {"partition": plan.cfg.partition.name, "alpha": plan.cfg.partition.get("alpha")}
+        return {"partition": plan.cfg.partition.name, "alpha": plan.cfg.partition.get("alpha"), **data_origin(plan.data)}
     origins = {cid: info.origin for cid, info in sorted(strategy.clients.items())}
     exported = [o.get("exported_from") if isinstance(o, dict) else None for o in origins.values()]
     names = sorted({str(o.get("name")) for o in origins.values() if isinstance(o, dict) and o.get("name")})

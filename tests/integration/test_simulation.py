@@ -29,6 +29,7 @@ def check_run_dir(run: Path, rounds: int) -> list[dict]:
     assert [x["round"] for x in lines] == list(range(1, rounds + 1))
     summary = json.loads((run / "summary.json").read_text())
     assert 0.0 <= summary["headline_test_before_acc"] <= 1.0 and summary["final_clients"] > 0
+    assert len(summary["data_sha256"]) == 64 and summary["data_dir"]  # the data it read, recorded
     assert (run / "config.yaml").exists() and (run / "accuracy.png").stat().st_size > 1000
     return lines
 

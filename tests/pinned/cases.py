@@ -22,8 +22,8 @@ import json
 import math
 import sys
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import numerics
@@ -33,15 +33,29 @@ PINNED_FILE = Path(__file__).with_name("pinned_numbers.json")
 # digits, 6 clients (3 a round), 3 rounds of 1 epoch: a few seconds a method. On the CPU also
 # where a GPU is present: the pinned numbers are the CPU's (a GPU's kernels sum in other orders)
 BASE = [
-    "dataset=digits", "num_clients=6", "fraction=0.5", "rounds=3", "local_epochs=1", "alpha=0.5",
-    "partition.min_size=20", "seed=7", "progress=false", "backend=serial", "device=cpu",
+    "dataset=digits",
+    "num_clients=6",
+    "fraction=0.5",
+    "rounds=3",
+    "local_epochs=1",
+    "alpha=0.5",
+    "partition.min_size=20",
+    "seed=7",
+    "progress=false",
+    "backend=serial",
+    "device=cpu",
 ]
 # three LeNet-5 depths with one feature width (Felo/Velo/FedHe share class features)
 HETERO = [
-    "model=mixed", "~model.archs",
-    "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 32}, l3: {name: lenet5, fc_layers: 3, feature_dim: 32},"
+    "model=mixed",
+    "~model.archs",
+    "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 32}, l3: {name: lenet5, fc_layers: 3, feature_dim: "
+    "32},"
     " l4: {name: lenet5, fc_layers: 4, feature_dim: 32}}",
-    "optimizer=adam", "lr=0.003", "local_steps=6", "fraction=1.0",
+    "optimizer=adam",
+    "lr=0.003",
+    "local_steps=6",
+    "fraction=1.0",
 ]
 
 # method -> its overrides: options that make its mechanism act within 3 rounds
@@ -70,8 +84,14 @@ CASES: dict[str, list[str]] = {
     "kapc": ["model=cnn_kapc"],
     "kapc_bls": ["model=cnn_kapc"],
     "felo": [*HETERO, "method.warmup=0.34"],
-    "velo": [*HETERO, "method.warmup=0.34", "method.cvae_hidden=32", "method.cvae_latent=8",
-             "method.cvae_label_dim=8", "method.cvae_epochs=2"],
+    "velo": [
+        *HETERO,
+        "method.warmup=0.34",
+        "method.cvae_hidden=32",
+        "method.cvae_latent=8",
+        "method.cvae_label_dim=8",
+        "method.cvae_epochs=2",
+    ],
     "fedhe": [*HETERO, "method.warmup=0.34"],
 }
 
@@ -87,7 +107,10 @@ def overrides(case: str) -> list[str]:
 
 
 # measured, not computed: durations, their shares, where the run was written
-UNPINNED = ("client_eval_share", "run_dir", "artifacts")
+# not numbers of the method: a time share, paths, and where the data came from (data_sha256 hashes
+# the reader's output, which a library release may change bit-wise; tests/unit/test_data_sources.py
+# checks the fingerprint itself)
+UNPINNED = ("client_eval_share", "run_dir", "artifacts", "data_dir", "data_sha256")
 
 
 def _is_time(key: str) -> bool:
@@ -182,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         moved += diff is not None
         pinned[case] = got
     if args.update:
-        PINNED_FILE.write_text(json.dumps({k: pinned[k] for k in CASES if k in pinned}, indent=1, sort_keys=True) + "\n")
+        PINNED_FILE.write_text(
+            json.dumps({k: pinned[k] for k in CASES if k in pinned}, indent=1, sort_keys=True) + "\n"
+        )
         print(f"wrote {PINNED_FILE}")
     return 0 if args.update or not moved else 1
 

@@ -21,7 +21,8 @@ CASES = [
     (["rouns=5"], ["unknown key 'rouns'", "did you mean rounds?"]),
     (["method.kpp=3"], ["unknown key 'method.kpp'", "did you mean method.kp?"]),
     (["method=fedavg", "method.warmup=0.5"], ["method 'fedavg' has no option 'warmup'", "conf/method/fedavg.yaml"]),
-    (["method.feature_upload=samples"], ["the chosen method has no option 'feature_upload'"]),
+    (["method.feature_upload=samples"], ["method 'fedcmd' has no option 'feature_upload'", "conf/method/fedcmd.yaml"]),
+    (["method=fedcpmd", "method.ablaton=x"], ["unknown key 'method.ablaton'", "did you mean method.ablation?"]),
     (["method=felo", "method.feature_upload=all"], ["feature_upload must be one of ['class_mean', 'samples']", "'all'"]),
     (["method=nosuch"], ["unknown method 'nosuch'", "fedavg", "kapc"]),
     (["experiment=fedcmd_fmnist", "model=resnet18"], ["model 'resnet18' has no option 'fc_layers'", "~model.fc_layers"]),
@@ -45,6 +46,30 @@ def test_a_bad_setting_is_one_line_with_the_fix_and_exit_2(args, expected, tmp_p
     for text in expected:
         assert text in err, err
     assert not out.exists()  # nothing half-made
+
+
+def test_a_suggestion_comes_from_the_chosen_method_only(tmp_path, capsys):
+    """FedCMD (the default method) has no option close to 'not_an_option'; FedCPMD's 'ablation' is
+    close, but suggesting it would only fail next (issue 43)."""
+    out = tmp_path / "outputs"
+    assert main(["sim", "method.not_an_option=1", f"output_dir={out}", "dataset=digits"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown key 'method.not_an_option'" in err and "ablation" not in err, err
+    from server_app.config import chosen_files, config_keys
+
+    assert chosen_files(["experiment=fedcpmd_fmnist"])["method"] == "fedcpmd"  # an experiment's method counts
+    assert "method.ablation" in config_keys({"method": "fedcpmd"}) and "method.ablation" not in config_keys({"method": "fedcmd"})
+
+
+def test_a_dataset_root_without_the_files_is_refused_before_anything_is_written(tmp_path, capsys):
+    """An explicit dataset.root that lacks the files never falls back to another copy (a run would read
+    the default directory while its config.yaml records the root it was given)."""
+    out = tmp_path / "outputs"
+    missing = tmp_path / "nonexistent"
+    assert main(["sim", "dataset=fmnist", f"dataset.root={missing}", f"output_dir={out}", "num_clients=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"dataset.root='{missing}' does not hold its files" in err, err
+    assert "leave it unset" in err and not out.exists()
 
 
 # run-config as `flwr run . --run-config "..."` passes it (typed by pyproject's defaults)

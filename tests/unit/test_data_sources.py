@@ -59,12 +59,15 @@ def test_registered_with_stats_and_instructions(name: str) -> None:
 @pytest.mark.parametrize("name", TORCHVISION_NAMES)
 def test_missing_root_names_searched_dirs_and_how_to_get(name: str, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
-    with pytest.raises(DatasetNotFoundError) as err:
+    with pytest.raises(DatasetNotFoundError) as err:  # the user's dataset.root: only it is searched
         _read(name, missing)
     message = str(err.value)
-    assert str(missing) in message
-    assert str(Path.home() / ".cache/pflower/data") in message
+    assert f"dataset.root={str(missing)!r} does not hold its files" in message
+    assert str(Path.home() / ".cache/pflower/data") not in message
     assert DATASETS[name].how_to_get in message
+    with pytest.raises(DatasetNotFoundError) as err:  # no root: the default places, named
+        DATASETS[name].reader(None)
+    assert str(Path.home() / ".cache/pflower/data") in str(err.value) and "dataset.root=/path" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- IDX
@@ -126,6 +129,46 @@ def test_fmnist_reads_idx_files_in_any_dir(tmp_path: Path) -> None:
     np.testing.assert_array_equal(splits["train"][0][:, 0], train)
     np.testing.assert_array_equal(splits["test"][0][:, 0], test)
     np.testing.assert_array_equal(splits["test"][1], [1, 2, 3, 4])
+
+
+def _write_fmnist(folder: Path, seed: int = 3, n: int = 6) -> None:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_idx(folder / "train-images-idx3-ubyte", _random_images(rng, (n, 28, 28)))
+    write_idx(folder / "train-labels-idx1-ubyte", np.arange(n) % 10)
+    write_idx(folder / "t10k-images-idx3-ubyte", _random_images(rng, (4, 28, 28)))
+    write_idx(folder / "t10k-labels-idx1-ubyte", np.array([1, 2, 3, 4]))
+
+
+def test_an_explicit_root_is_the_only_place_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dataset.root names the data: a root without the files is an error even where another copy
+    ($PFLOWER_DATA, the Debian package) would be found without it."""
+    _write_fmnist(tmp_path / "elsewhere")
+    monkeypatch.setenv("PFLOWER_DATA", str(tmp_path / "elsewhere"))
+    with pytest.raises(DatasetNotFoundError, match="does not hold its files"):
+        DATASETS["fmnist"].reader(str(tmp_path / "empty"))
+    assert len(DATASETS["fmnist"].reader(None)["train"][1]) == 6  # no root: $PFLOWER_DATA is searched
+
+
+def test_the_data_read_is_recorded_with_a_fingerprint(tmp_path: Path) -> None:
+    """data_origin names the directory that held the files (a sub-folder found under the root) and a
+    sha256 of the arrays read: the same files elsewhere give the same one, one changed label another."""
+    from federated_data import DataSpec, data_origin
+    from federated_data.client_data import fingerprint
+
+    _write_fmnist(tmp_path / "a" / "fashion-mnist")
+    _write_fmnist(tmp_path / "b")
+    _write_fmnist(tmp_path / "c", n=7)
+    origin = data_origin(DataSpec(dataset="fmnist", root=str(tmp_path / "a"), num_clients=2))
+    assert origin["data_dir"] == str((tmp_path / "a" / "fashion-mnist").resolve())
+    splits = DATASETS["fmnist"].reader(str(tmp_path / "a"))
+    assert origin["data_sha256"] == fingerprint(splits) and len(origin["data_sha256"]) == 64
+    same = data_origin(DataSpec(dataset="fmnist", root=str(tmp_path / "b"), num_clients=2))
+    assert same["data_sha256"] == origin["data_sha256"] and same["data_dir"] == str((tmp_path / "b").resolve())
+    other = data_origin(DataSpec(dataset="fmnist", root=str(tmp_path / "c"), num_clients=2))
+    assert other["data_sha256"] != origin["data_sha256"]
+    digits = data_origin(DataSpec(dataset="digits"))
+    assert digits["data_dir"] == "scikit-learn's bundled load_digits()" and len(digits["data_sha256"]) == 64
 
 
 @pytest.mark.skipif(not FMNIST_DEBIAN.is_dir(), reason="dataset-fashion-mnist is not installed")
@@ -320,7 +363,9 @@ def test_medmnist_npz_pools_val_into_train(tmp_path: Path, name: str, subdir: st
 
 def test_medmnist_is_found_in_the_medmnist_package_cache(tmp_path: Path) -> None:
     _write_medmnist(Path.home() / ".medmnist" / "organamnist.npz", np.random.default_rng(9))
-    assert len(_read("organamnist", tmp_path / "elsewhere")["test"][1]) == 3
+    assert len(DATASETS["organamnist"].reader(None)["test"][1]) == 3  # no dataset.root: the default places
+    with pytest.raises(DatasetNotFoundError, match="does not hold its files"):  # a root that lacks it: never another copy
+        _read("organamnist", tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize(

@@ -172,6 +172,32 @@ def test_runs_are_grouped_by_dataset_and_alpha(tmp_path):
     assert legend_labels(groups[1]) == ["fedcmd (l*=fc2)", "fedavg"]
 
 
+def test_runs_that_read_different_data_never_share_a_table(tmp_path):
+    """Two fmnist runs whose recorded fingerprints differ (another dataset.root) get a group each, named
+    by the fingerprint; a run from before fingerprints were recorded joins the one recorded group."""
+    real_run(tmp_path / "10-00-00-fedavg-fmnist", data_sha256="a" * 64, data_dir="/data/one")
+    real_run(tmp_path / "10-01-00-fedper-fmnist", method="fedper", data_sha256="b" * 64, data_dir="/data/two")
+    groups = group_runs(find_runs([tmp_path]))
+    assert [(g.title, g.stem, len(g.runs)) for g in groups] == [
+        ("fmnist, α = 0.1, data aaaaaaaa", "fmnist_a0.1_data-aaaaaaaa", 1),
+        ("fmnist, α = 0.1, data bbbbbbbb", "fmnist_a0.1_data-bbbbbbbb", 1),
+    ]
+    text = (write_report(find_runs([tmp_path]), tmp_path / "out")[0]).read_text()
+    assert "Data: `/data/one` (sha256 `aaaaaaaaaaaaaaaa`)." in text
+    old = tmp_path / "only"
+    real_run(old / "10-00-00-fedavg-fmnist", data_sha256="a" * 64)
+    real_run(old / "09-00-00-local-fmnist", method="local")  # no fingerprint: an older run
+    (group,) = group_runs(find_runs([old]))
+    assert len(group.runs) == 2 and group.title == "fmnist, α = 0.1"
+
+
+def test_a_group_without_paper_numbers_says_so_instead_of_blank_columns(tmp_path):
+    real_run(tmp_path / "10-00-00-fedavg-fmnist", dataset="synthetic")
+    table = markdown(report_rows(find_runs([tmp_path])))
+    assert "| paper |" not in table and "paper set-up" not in table.splitlines()[0]
+    assert "No paper's table in conf/paper_results/ has numbers" in table
+
+
 def test_same_method_twice_in_a_group_gets_the_run_name(tmp_path):
     real_run(tmp_path / "10-00-00-fedavg-fmnist")
     real_run(tmp_path / "10-01-00-fedavg-fmnist")

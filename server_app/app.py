@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from logging import INFO
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from protocol.logs import quiet_flower_logs
 from .config import compose_config, overrides_from_run_config
 from .failures import one_line_errors
 from .runner import check_strategy, run_experiment
+from .superlink import check_superlink_checkout
+
+APP_DIR = Path(__file__).resolve().parents[1]  # under `flwr run`: the unpacked FAB
 
 quiet_flower_logs()
 app = ServerApp()
@@ -28,6 +32,8 @@ def main(grid: Grid, context: Context) -> None:
     and the run ends as failed, with no run directory left behind.
     """
     with one_line_errors():
+        if Path(sys.argv[0]).name == "flwr-simulation":  # a local SuperLink's run: is it this checkout's?
+            check_superlink_checkout(APP_DIR, Path.cwd())
         cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
         check_strategy(cfg)
         if not Path(str(cfg.output_dir)).expanduser().is_absolute():

@@ -25,7 +25,10 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
                                   (every method on the shared protocols of conf/leaderboard.yaml,
                                    several seeds: run what is missing, write docs/leaderboard.md)
        pflower methods [NAME ...]       (the methods; a method's options: type, default, allowed, doc)
-       pflower superlink status|stop     (the local SuperLink `flwr run .` uses from this shell:
+       pflower run [flwr run options]   (`flwr run . --stream` through this checkout's own local
+                                   SuperLink; exits with the run's status)
+       pflower superlink status|stop [--all]
+                                  (the local SuperLink `flwr run .` uses from this shell:
                                    its ports and working directory; stop only that one)
 
   pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
@@ -193,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         from .superlink import main as superlink_main
 
         return superlink_main(rest)
+    if command == "run":
+        from .superlink import run_main
+
+        return run_main(rest)
     if command == "report":
         from .report import main as report_main
 

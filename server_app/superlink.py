@@ -10,8 +10,14 @@ other clones' SuperLinks are never touched (unlike ``pkill -f flower-superlink``
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,18 +111,19 @@ def describe(s: LocalSuperLink) -> str:
     )
 
 
-USAGE = """usage: pflower superlink status|stop
-  status  the local SuperLink `flwr run .` uses from this shell (this FLWR_HOME and
-          FLWR_LOCAL_CONTROL_API_PORT), with its working directory; and your others
-  stop    stop that one only (the next `flwr run .` starts a fresh one from here)"""
+USAGE = """usage: pflower superlink status|stop [--all]
+  status        the local SuperLink `flwr run .` uses from this shell (this FLWR_HOME and
+                FLWR_LOCAL_CONTROL_API_PORT), with its working directory; and your others
+  stop          stop that one only (the next `flwr run .` starts a fresh one from here)
+  stop --all    stop every local SuperLink of yours (`pflower run`'s per-checkout ones too)"""
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("status", "stop"):
+    if argv not in (["status"], ["stop"], ["stop", "--all"]):
         print(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     every = local_superlinks()
-    ours = mine(every)
+    ours = every if argv == ["stop", "--all"] else mine(every)
     where = f"FLWR_HOME {flwr_home()}, Control API port {control_port()}"
     if argv[0] == "status":
         if not ours:
@@ -136,3 +143,154 @@ def main(argv: list[str]) -> int:
     for s in ours:
         print(f"{'could not stop' if s in failed else 'stopped'} the local SuperLink {describe(s)}")
     return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------- one checkout, one SuperLink
+
+# the folders and files whose contents decide what a run computes (provenance.CODE_PATHS plus the data code)
+CODE_DIRS = ("server_app", "client_app", "strategies", "models", "protocol", "federated_data", "conf")
+
+
+def code_files(root: Path) -> dict[str, bytes]:
+    """``{relative path: contents}`` of the .py and .yaml files of :data:`CODE_DIRS` under ``root``."""
+    out: dict[str, bytes] = {}
+    for folder in CODE_DIRS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
+                out[path.relative_to(root).as_posix()] = path.read_bytes()
+    return out
+
+
+def is_checkout(path: Path) -> bool:
+    """A pflower source tree: its pyproject names the project and it has the code folders."""
+    try:
+        text = (path / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return 'name = "pflower"' in text and all((path / d).is_dir() for d in ("server_app", "strategies"))
+
+
+def differing_code(app_dir: Path, other: Path) -> list[str]:
+    """The code files in which the app that runs (``app_dir``, the unpacked FAB) and the
+    checkout ``other`` differ, either way; empty when they hold the same code."""
+    mine, theirs = code_files(app_dir), code_files(other)
+    return sorted(p for p in set(mine) | set(theirs) if mine.get(p) != theirs.get(p))
+
+
+def check_superlink_checkout(app_dir: Path, superlink_cwd: Path) -> None:
+    """Refuse a run whose code is not the code of the checkout the local SuperLink was started in.
+
+    `flwr run .` reuses the detached SuperLink that a first `flwr run .` started, with that
+    checkout's Python environment and working directory: a second checkout's run then imports the
+    packages installed for the first (torch, flwr and, under an editable install, whatever the
+    first checkout's environment resolves) and writes a relative output_dir into the first. The
+    unpacked FAB and the SuperLink's working directory tell: where both are pflower trees and
+    their code differs, the run stops with the fix."""
+    if not is_checkout(superlink_cwd) or app_dir.resolve() == superlink_cwd.resolve():
+        return
+    differ = differing_code(app_dir, superlink_cwd)
+    if differ:
+        from .config import ConfigError
+
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        raise ConfigError(
+            f"this local SuperLink was started from another checkout ({superlink_cwd}, its Python {sys.executable}), "
+            f"whose code differs from the app you ran ({shown}); it would run your code with that checkout's "
+            "environment and working directory. Stop it with `pflower superlink stop` and run again, or use "
+            "`pflower run`, which gives each checkout a SuperLink of its own"
+        )
+
+
+def checkout_home(checkout: Path) -> Path:
+    """The FLWR_HOME `pflower run` gives a checkout: ~/.cache/pflower/superlinks/<sha of its path>."""
+    digest = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (cache / "pflower" / "superlinks" / digest).resolve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment `pflower run` runs `flwr run` in: this checkout's FLWR_HOME and ports (kept in
+    ``<home>/ports.json`` and reused while its SuperLink runs; two free ports otherwise)."""
+    env = dict(os.environ if base is None else base)
+    home = checkout_home(checkout)
+    home.mkdir(parents=True, exist_ok=True)
+    ports_file = home / "ports.json"
+    try:
+        ports = json.loads(ports_file.read_text())
+        http, control = str(int(ports["http"])), str(int(ports["control"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        http = control = ""
+    running = [s for s in local_superlinks() if s.flwr_home is not None and s.flwr_home.resolve() == home]
+    if not (running and running[0].control_port == control):
+        http, control = str(_free_port()), str(_free_port())
+        while control == http:
+            control = str(_free_port())
+        ports_file.write_text(json.dumps({"http": int(http), "control": int(control), "checkout": str(checkout.resolve())}))
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": http,
+        "FLWR_LOCAL_CONTROL_API_PORT": control,
+    })
+    env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    return env
+
+
+STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def run_status(run_id: str, env: dict[str, str], cwd: Path) -> str:
+    """The run's status as `flwr ls` reports it (``finished:completed``, ``finished:failed``...)."""
+    listed = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    try:
+        runs = json.loads(listed.stdout).get("runs") or []
+        return str(runs[0]["status"])
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return f"unknown (flwr ls: {(listed.stdout + listed.stderr).strip()[:200]})"
+
+
+RUN_USAGE = """usage: pflower run [flwr run options ...]
+  `flwr run . --stream` from this checkout, through a local SuperLink of its own (its FLWR_HOME under
+  ~/.cache/pflower/superlinks/, its own ports), exiting with the run's status: 0 when the run
+  completed, 1 when it failed or was stopped (`flwr run --stream` exits 0 either way).
+  The SuperLink stays up for the next run; `pflower superlink stop --all` stops it.
+  e.g. pflower run --run-config "method='fedper' rounds=5" --federation-config "num-supernodes=20" """
+
+
+def run_main(argv: list[str], checkout: Path | None = None) -> int:
+    """``pflower run``: see :data:`RUN_USAGE`."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(RUN_USAGE)
+        return 0
+    checkout = (checkout or Path.cwd()).resolve()
+    if not (checkout / "pyproject.toml").exists():
+        print(f"pflower run: {checkout} has no pyproject.toml: run it in the Flower app's folder (the pflower checkout)", file=sys.stderr)
+        return 2
+    env = checkout_env(checkout)
+    argv = list(argv)
+    if "--stream" not in argv:
+        argv.append("--stream")
+    run_id = None
+    with subprocess.Popen(["flwr", "run", ".", *argv], cwd=checkout, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            found = STARTED.search(line)
+            if found and run_id is None:
+                run_id = found.group(1)
+        code = proc.wait()
+    if run_id is None:
+        print(f"pflower run: `flwr run` started no run (exit status {code})", file=sys.stderr)
+        return code or 1
+    status = run_status(run_id, env, checkout)
+    ok = status == "finished:completed"
+    print(f"pflower run: run {run_id} {status}; this checkout's SuperLink stays up (`pflower superlink stop --all` stops it)",
+          file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1

@@ -147,6 +147,67 @@ def test_flwr_run_dot(tmp_path):
         stop_local_superlink(env)
 
 
+def copy_checkout(dest: Path) -> Path:
+    """A second checkout: this one's tracked files (the committed runs left out, one placeholder kept
+    for the FAB's exclude pattern)."""
+    import shutil
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if rel.startswith("docs/results/") or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    (dest / "docs" / "results").mkdir(parents=True, exist_ok=True)
+    (dest / "docs" / "results" / "README.md").write_text("runs\n")
+    return dest
+
+
+def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_gives_it_its_own(tmp_path):
+    """Issue 43, items 2 and 3. A local SuperLink started from this checkout; `flwr run .` from a second
+    checkout whose code differs is refused with the fix (the run marked failed, `flwr run` still exits
+    0); `pflower run` there runs through a SuperLink of its own and exits with the run's status."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout (git ls-files)")
+    from server_app.superlink import local_superlinks
+
+    out = tmp_path / "outputs"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    second = copy_checkout(tmp_path / "second")
+    with (second / "strategies" / "fedper.py").open("a") as f:
+        f.write("# the second checkout's branch\n")
+    quick = ["--run-config", f"method='nosuch' output_dir='{out}'", "--federation-config", "num-supernodes=4"]
+    try:
+        first = subprocess.run(["flwr", "run", ".", "--stream", *quick], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert "pflower: unknown method 'nosuch'" in first.stdout + first.stderr  # the SuperLink now runs from ROOT
+        proc = subprocess.run(["flwr", "run", ".", "--stream", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-3000:]  # Flower's status says nothing of the run
+        assert f"this local SuperLink was started from another checkout ({ROOT}" in log and "strategies/fedper.py" in log, log[-3000:]
+        assert "unknown method" not in log  # refused before the config is read
+        run_config = " ".join(["method='fedavg'", "num_clients=4", "rounds=1", "local_epochs=1", f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"])
+        ok = subprocess.run([str(BIN / "pflower"), "run", "--run-config", run_config, "--federation-config",
+                             "num-supernodes=4 client-resources-num-cpus=1"], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        assert ok.returncode == 0 and "finished:completed" in ok.stdout, (ok.stdout + ok.stderr)[-3000:]
+        bad = subprocess.run([str(BIN / "pflower"), "run", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        assert bad.returncode == 1 and "finished:failed" in bad.stderr, (bad.stdout + bad.stderr)[-3000:]
+    finally:
+        stop_local_superlink(env)
+        from server_app.superlink import stop
+
+        for s in local_superlinks():  # the second checkout's own, under this test's cache
+            if s.flwr_home is not None and s.flwr_home.resolve().is_relative_to((tmp_path / "cache").resolve()):
+                stop(s)
+
+
 def stop_local_superlink(env: dict[str, str]) -> None:
     """The local SuperLink outlives `flwr run`: stop the one this test started (its FLWR_HOME and port)."""
     from server_app.superlink import local_superlinks, mine, stop

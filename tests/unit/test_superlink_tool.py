@@ -69,3 +69,78 @@ def test_sim_help_lists_keys_groups_and_examples(capsys):
         assert f"\n  {key} " in out, key
     assert "kapc_bls" in out and "fmnist" in out and "paper_results" not in out
     assert "seed                   42         model init" in out and out.count("pflower sim ") >= 3
+
+
+# ----------------------------------------------------------------------------- one checkout, one SuperLink
+
+ROOT = superlink.Path(__file__).resolve().parents[2]
+
+
+def code_tree(dest, change: str | None = None):
+    """A pflower tree with this checkout's code (what the FAB of `flwr run .` holds), one file changed
+    where ``change`` names it."""
+    import shutil
+
+    for folder in superlink.CODE_DIRS:
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    if change:
+        with (dest / change).open("a") as f:
+            f.write("# another branch\n")
+    return dest
+
+
+def test_a_run_from_another_checkout_is_refused_with_the_fix(tmp_path):
+    """The ServerApp's check (issue 43, item 2): the app's code against the checkout the local
+    SuperLink was started in; the same code, or a SuperLink started outside any checkout, passes."""
+    from server_app.config import ConfigError
+
+    app = code_tree(tmp_path / "fab")
+    superlink.check_superlink_checkout(app, code_tree(tmp_path / "same"))
+    superlink.check_superlink_checkout(app, tmp_path)  # not a pflower tree: nothing to compare
+    other = code_tree(tmp_path / "other", change="strategies/fedper.py")
+    assert superlink.differing_code(app, other) == ["strategies/fedper.py"]
+    with pytest.raises(ConfigError) as err:
+        superlink.check_superlink_checkout(app, other)
+    text = str(err.value)
+    assert str(other) in text and "strategies/fedper.py" in text
+    assert "pflower superlink stop" in text and "pflower run" in text
+
+
+def fake_flwr(tmp_path, status: str, started: bool = True):
+    """A stand-in `flwr` on PATH: `run` prints Flower's start line, `ls` the run's status as JSON."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "flwr"
+    run_line = "echo 'Successfully started run 4242'" if started else "echo 'no SuperLink'; exit 1"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = run ]; then echo "FLWR_HOME=$FLWR_HOME"; {run_line}; exit 0; fi\n'
+        f"""if [ "$1" = ls ]; then echo '{{"runs": [{{"run-id": "4242", "status": "{status}"}}]}}'; fi\n"""
+    )
+    script.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("status, code", [("finished:completed", 0), ("finished:failed", 1), ("finished:stopped", 1)])
+def test_pflower_run_exits_with_the_run_s_status(tmp_path, monkeypatch, capsys, status, code):
+    """`flwr run --stream` exits 0 for a failed run; `pflower run` asks `flwr ls` and exits with the run's
+    status, through a SuperLink home of this checkout's own."""
+    monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, status)}:{superlink.os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    checkout = code_tree(tmp_path / "checkout")
+    assert superlink.run_main(["--run-config", "rounds=1"], checkout=checkout) == code
+    out = capsys.readouterr()
+    home = superlink.checkout_home(checkout)
+    assert f"FLWR_HOME={home}" in out.out and home.is_relative_to(tmp_path / "cache" / "pflower" / "superlinks")
+    assert f"run 4242 {status}" in (out.out if code == 0 else out.err)
+    ports = superlink.json.loads((home / "ports.json").read_text())
+    assert ports["checkout"] == str(checkout.resolve()) and ports["http"] != ports["control"]
+    assert superlink.checkout_home(code_tree(tmp_path / "second")) != home  # a second checkout, a second SuperLink
+
+
+def test_pflower_run_without_a_started_run_fails(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'x', started=False)}:{superlink.os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert superlink.run_main([], checkout=code_tree(tmp_path / "checkout")) == 1
+    assert "started no run" in capsys.readouterr().err

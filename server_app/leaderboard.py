@@ -209,11 +209,11 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
     """The protocol's table; ``second``: the header of a second metric's column (mean ± std over
     the seeds that wrote it, '-' for an entry that does not measure it)."""
     extra = [second] if second else []
-    head = ["entry", "seeds", "headline (mean ± std)", *extra, "final, all clients", "clients trained / round", "local work",
-            "MiB up / round", "MiB down / round", "CPU time"]
+    head = ["entry", "seeds", "headline (mean ± std)", *extra, "final (all clients)", "clients / round", "local work",
+            "MiB up / down a round", "CPU time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
-        mark = " (best)" if r.get("best", i == 0) else (" (tie with best)" if r["tie"] else "")
+        mark = " (best)" if r.get("best", i == 0) else (" (tie)" if r["tie"] else "")
         seeds = f"{r['seeds']}" + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "") + (" (one seed)" if r["planned"] == 1 else "")
         final = "" if r["final"] is None else f"{r['final']:.2f}"
         cells = []
@@ -221,7 +221,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
             got = r.get("second")
             cells = ["-" if got is None else f"{got[0]:.2f} ± {got[1]:.2f}" + (f" ({got[2]} seeds)" if got[2] != r["seeds"] else "")]
         lines.append(" | ".join([f"| {r['entry']}{mark}", seeds, f"{r['mean']:.2f} ± {r['std']:.2f}", *cells, final,
-                                 f"{r['clients']:.1f}", r["local"], f"{r['mib_up']:.2f}", f"{r['mib_down']:.2f}",
+                                 f"{r['clients']:.1f}", r["local"], f"{r['mib_up']:.2f} / {r['mib_down']:.2f}",
                                  f"{r['wall']:.0f} min |"]))
     return "\n".join(lines)
 
@@ -259,40 +259,128 @@ def budget_line(spent: float, left: float | None, unfinished: int) -> str:
     return text
 
 
-def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    """accuracy-vs-round with a band of ± one std over seeds, and headline-vs-MiB points."""
+SMOOTH = 5  # the curves: a trailing mean over this many rounds (the raw per-round values swing by 10-30 points)
+REFERENCES = 2  # the best baselines drawn beside the seed methods
+ONE_PANEL = 8  # up to this many entries share one panel
+
+
+def panel_layout(plan: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The accuracy-vs-round figure's panels: ``(title, entries)``: one panel for up to
+    :data:`ONE_PANEL` entries; otherwise one per family of the plan's
+    ``families`` that has finished entries (entries it does not name go to "other"). The first
+    family (the seed methods) gets the :data:`REFERENCES` best entries of the other families
+    beside it, so the methods under study meet the strongest baselines in one panel."""
+    done = [r["entry"] for r in rows]  # best first
+    if len(done) <= ONE_PANEL:
+        return [("every entry", done)] if done else []
+    panels = panels_by_family(plan, rows)
+    if len(panels) > 1 and plan.get("families"):
+        first, first_entries = panels[0]
+        best_others = [e for e in done if e not in first_entries][:REFERENCES]
+        panels[0] = (f"{first} and the {len(best_others)} best others", first_entries + best_others)
+    return panels
+
+
+def line_styles(count: int) -> list[tuple[str, str]]:
+    """``count`` (colour, line style) pairs, none repeated: the ten tab10 colours, then the same
+    colours dashed, so a panel never shows two curves alike."""
+    colours = [f"C{i}" for i in range(10)]
+    styles = ["-", "--", "-.", ":"]
+    return [(colours[i % 10], styles[(i // 10) % len(styles)]) for i in range(count)]
+
+
+def seed_curve(row: dict[str, Any]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Rounds every seed has, and the mean and std over the seeds of test_before accuracy (%)."""
+    curves = [dict(r["curve"]) for r in row["runs"]]
+    rounds = sorted(set.intersection(*(set(c) for c in curves)))
+    acc = np.array([[100 * (c[k] or 0.0) for k in rounds] for c in curves])
+    return rounds, acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(acc) > 1 else np.zeros(len(rounds))
+
+
+def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path, plan: dict[str, Any] | None = None) -> list[Path]:
+    """Accuracy by round as small multiples (one panel per family, :func:`panel_layout`), each curve
+    the mean over seeds smoothed over :data:`SMOOTH` rounds with a ± one std band; and the
+    headline against the run's total communication, each point named."""
+    import math
+
     import matplotlib
+    import matplotlib.patches
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .report import finish_figure
+    from .report import rolling_mean
 
+    by_entry = {r["entry"]: r for r in rows}
+    panels = panel_layout(plan or {}, rows)
     paths = []
     with matplotlib.style.context("default"):
-        fig = Figure(figsize=(8, 4.5))
+        ncols = 2 if len(panels) > 1 else 1
+        nrows = math.ceil(len(panels) / ncols)
+        fig = Figure(figsize=(6.6 * ncols, 3.9 * nrows))
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        for row in rows:
-            curves = [dict(r["curve"]) for r in row["runs"]]
-            rounds = sorted(set.intersection(*(set(c) for c in curves)))
-            acc = np.array([[100 * (c[k] or 0.0) for k in rounds] for c in curves])
-            mean, std = acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(acc) > 1 else np.zeros(len(rounds))
-            line, = ax.plot(rounds, mean, label=row["entry"], linewidth=1.0)
-            ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
-        paths.append(finish_figure(fig, ax, f"{name}: test_before accuracy by round (mean over seeds, band ± 1 std)", "round",
-                                   "test_before accuracy (%)", out / f"{name}_accuracy_vs_round.png", whole_rounds=True, legend_size=7))
+        axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
+        for ax, (title, entries) in zip(axes, panels):
+            for entry, (colour, style) in zip(entries, line_styles(len(entries))):
+                row = by_entry[entry]
+                rounds, mean, std = seed_curve(row)
+                mean, std = np.asarray(rolling_mean(list(mean), SMOOTH)), np.asarray(rolling_mean(list(std), SMOOTH))
+                label = f"{entry} {row['mean']:.1f}" + (" (1 seed)" if row["seeds"] < 2 else "")
+                ax.plot(rounds, mean, color=colour, linestyle=style, linewidth=1.4, label=label)
+                ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.12, linewidth=0)
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=7, frameon=True, framealpha=0.85, title="entry, headline", title_fontsize=7)
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[: len(panels)]:
+            ax.set_xlabel("round")
+            ax.set_ylabel("test_before accuracy (%)")
+            ax.label_outer()
+        fig.suptitle(f"{name}: test_before accuracy by round (mean over seeds, {SMOOTH}-round trailing mean, band ± 1 std)",
+                     fontsize=11)
+        fig.tight_layout()
+        path = out / f"{name}_accuracy_vs_round.png"
+        fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
+        paths.append(path)
 
-        fig = Figure(figsize=(8, 4.5))
+        # the headline and the communication side by side, one line per entry (best at the top): the
+        # entries that send the same model every round share a MiB value, so a scatter piles them up
+        family = {e: i for i, (_, entries) in enumerate(panels_by_family(plan or {}, rows)) for e in entries}
+        titles = [t for t, _ in panels_by_family(plan or {}, rows)]
+        order = list(reversed(rows))  # matplotlib's y grows upward: the best row last, at the top
+        fig = Figure(figsize=(10, 1.2 + 0.28 * len(order)))
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        for row in rows:
-            mib = float(np.mean([r["cum_mib"] for r in row["runs"]]))
-            ax.errorbar([mib], [row["mean"]], yerr=[row["std"]], fmt="o", capsize=3, label=row["entry"])
-        paths.append(finish_figure(fig, ax, f"{name}: headline accuracy against the run's total communication (mean ± std over seeds)",
-                                   "total communication, down + up (MiB)", "headline accuracy (%)", out / f"{name}_accuracy_vs_mib.png",
-                                   legend_size=7))
+        acc_ax, mib_ax = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+        ys = np.arange(len(order))
+        for y, row in zip(ys, order):
+            colour = f"C{family[row['entry']]}"
+            acc_ax.errorbar([row["mean"]], [y], xerr=[row["std"]], fmt="o", color=colour, capsize=3)
+            mib_ax.barh([y], [float(np.mean([r["cum_mib"] for r in row["runs"]]))], color=colour, height=0.6)
+        acc_ax.set_yticks(ys, [r["entry"] + (" (1 seed)" if r["seeds"] < 2 else "") for r in order], fontsize=8)
+        acc_ax.set_xlabel("headline accuracy (%), mean ± std over seeds")
+        mib_ax.set_xlabel("total communication of a run, down + up (MiB)")
+        for ax in (acc_ax, mib_ax):
+            ax.grid(alpha=0.3, axis="x")
+        handles = [matplotlib.patches.Patch(color=f"C{i}", label=t) for i, t in enumerate(titles)]
+        mib_ax.legend(handles=handles, loc="lower right", fontsize=7, title="family", title_fontsize=7)
+        fig.suptitle(f"{name}: headline and communication per entry", fontsize=11)
+        fig.tight_layout()
+        path = out / f"{name}_accuracy_vs_mib.png"
+        fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
+        paths.append(path)
     return paths
+
+
+def panels_by_family(plan: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Each finished entry under its family of the plan's ``families`` (in the plan's order, best
+    first within; "other" for entries it does not name), families without finished entries left out."""
+    families = {str(k): {str(e) for e in v} for k, v in (plan.get("families") or {}).items()}
+    done = [r["entry"] for r in rows]
+    out = [(title, [e for e in done if e in members]) for title, members in families.items()]
+    named = set().union(*families.values()) if families else set()
+    out.append(("other", [e for e in done if e not in named]))
+    return [(t, e) for t, e in out if e]
 
 
 def second_verdict(rows: Sequence[dict[str, Any]], label: str) -> str:
@@ -318,9 +406,10 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         f"`{root.as_posix()}/runs/` (the plan: `conf/leaderboard.yaml`; run what is missing with "
         "`pflower leaderboard run`). Metric, the same for every row: "
         f"`{metric}` (the mean test_before accuracy of the sampled clients over the last 10 rounds), "
-        "mean ± sample std over seeds. A row marked *tie with best* is within the two entries' seed spreads "
-        "of the best one. Budget columns: clients trained a round (measured from the runs), the local work per "
-        "round (config), MiB a round (the messages' arrays), CPU time summed over the seeds (a run's wall time "
+        "mean ± sample std over seeds. A row marked *tie* is within the two entries' seed spreads "
+        "of the best one. Figures: accuracy by round in one panel per family of methods (the first also draws the two "
+        "best entries of the others), and the headline beside the run's communication. Budget columns: clients trained a round (measured from the runs), the local work per "
+        "round (config), MiB up and down a round (the messages' arrays), CPU time summed over the seeds (a run's wall time "
         "on one core: one torch thread, the in-process engine).",
         *(["", str(plan["intro"]).strip()] if plan.get("intro") else []),
     ]
@@ -344,7 +433,7 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
                   budget_line(spent, left, len(jobs) - done), ""]
         if rows:
             parts.append(table(rows, second.get("label")))
-            for path in plot_protocol(name, rows, root):
+            for path in plot_protocol(name, rows, root, plan):
                 parts += ["", f"![{path.stem}]({os.path.relpath(path, page.parent)})"]
             commits = sorted({c for r in rows for run in r["runs"] if (c := _commit(run["run"]))})
             parts += ["", "Commits of these runs: " + ", ".join(f"`{c}`" for c in commits) + "."]

@@ -107,7 +107,7 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
             (j.run_dir() / "summary.json").write_text(json.dumps({**summary, "final_global_acc": 0.5 + 0.1 * j.seed}))
     plan["protocols"]["tiny"]["second_metric"] = {"key": "final_global_acc", "label": "global test, final"}
     text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
-    assert "| entry | seeds | headline (mean ± std) | global test, final | final, all clients |" in text
+    assert "| entry | seeds | headline (mean ± std) | global test, final | final (all clients) |" in text
     mean = 100 * (0.5 + 0.1 * 1.5)
     std = 100 * 0.1 / 2**0.5
     assert f"| {mean:.2f} ± {std:.2f} |" in text
@@ -135,3 +135,24 @@ def test_a_malformed_second_metric_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(plan))
     with pytest.raises(ConfigError, match="second_metric must be"):
         load_plan(path)
+
+
+def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
+    """One panel per family (best first, unnamed entries under 'other'); the first family's panel
+    also draws the two best entries of the others; a small protocol is one panel; no two curves of
+    a panel share colour and line style."""
+    from server_app.leaderboard import ONE_PANEL, line_styles, panel_layout
+
+    plan = {"families": {"seed methods": ["fedcmd", "kapc"], "personal layers": ["fedper", "fedrep"], "global": ["fedavg"]}}
+    entries = ["fedper", "fedcmd", "ditto", "fedrep", "kapc", "fedavg", "moon", "local", "feddyn"]  # best first
+    rows = [{"entry": e} for e in entries]
+    assert len(rows) > ONE_PANEL
+    assert panel_layout(plan, rows) == [
+        ("seed methods and the 2 best others", ["fedcmd", "kapc", "fedper", "ditto"]),
+        ("personal layers", ["fedper", "fedrep"]),
+        ("global", ["fedavg"]),
+        ("other", ["ditto", "moon", "local", "feddyn"]),
+    ]
+    assert panel_layout(plan, rows[:3]) == [("every entry", ["fedper", "fedcmd", "ditto"])]
+    styles = line_styles(23)
+    assert len(set(styles)) == 23 and styles[10] == ("C0", "--")

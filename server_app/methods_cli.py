@@ -5,15 +5,85 @@ method's options dataclass, the one place they are declared."""
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+STRATEGIES_DIR = Path(__file__).resolve().parents[1] / "strategies"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A method as its source declares it: name, client role, option names (in field order)."""
+
+    name: str
+    role: str
+    options: tuple[str, ...]
+
+
+def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
+    """Every method of ``strategies/*.py`` read from the source, without importing it (importing the
+    registry loads torch: ~2 s before the list could print). A class declares a method with its own
+    ``name``; ``role`` and ``options_type`` are inherited through the folder's classes as Python
+    would (MethodHooks' defaults at the root), and an options class's fields through its bases.
+    ``tests/unit/test_method_declarations.py`` checks this equals the imported registry."""
+    classes: dict[str, tuple[list[str], dict[str, ast.expr], list[str]]] = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            attrs: dict[str, ast.expr] = {}
+            fields: list[str] = []
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    target, value = stmt.targets[0], stmt.value
+                    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+                        attrs.update({t.id: v for t, v in zip(target.elts, value.elts) if isinstance(t, ast.Name)})
+                    elif isinstance(target, ast.Name):
+                        attrs[target.id] = value
+                elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    fields.append(stmt.target.id)
+                    if stmt.value is not None:
+                        attrs[stmt.target.id] = stmt.value
+            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+            classes[node.name] = (bases, attrs, fields)
+
+    def lookup(cls: str, attr: str) -> ast.expr | None:
+        if cls not in classes:
+            return None
+        bases, attrs, _ = classes[cls]
+        if attr in attrs:
+            return attrs[attr]
+        return next((found for b in bases if (found := lookup(b, attr)) is not None), None)
+
+    def option_fields(cls: str) -> list[str]:
+        if cls not in classes or cls == "MethodOptions":
+            return []
+        bases, _, fields = classes[cls]
+        inherited = [f for b in bases for f in option_fields(b)]
+        return inherited + [f for f in fields if f not in inherited]
+
+    out: dict[str, Declared] = {}
+    for cls, (_, attrs, _) in classes.items():
+        name = attrs.get("name")
+        if cls == "MethodHooks" or not (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value):
+            continue
+        role = lookup(cls, "role")
+        options = lookup(cls, "options_type")
+        out[name.value] = Declared(
+            name.value,
+            role.value if isinstance(role, ast.Constant) else "?",
+            tuple(option_fields(options.id)) if isinstance(options, ast.Name) else (),
+        )
+    return out
 
 
 def options_table(name: str) -> str:
     from strategies import STRATEGIES
 
     cls = STRATEGIES[name]
-    lines = [f"{name}: client role {cls.role}, defaults in conf/method/{name}.yaml, docs/methods/", ""]
+    lines = [f"{name}: client role {cls.role}, defaults in conf/method/{name}.yaml, docs/{page_of(name)}", ""]
     rows = cls.options_type.describe()
     if not rows:
         return "\n".join([*lines, "no options"])
@@ -87,13 +157,17 @@ def write_docs(docs: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    from strategies import STRATEGIES
-
     parser = argparse.ArgumentParser(prog="pflower methods", description=__doc__)
     parser.add_argument("names", nargs="*", help="methods to show (none: the list)")
     parser.add_argument("--write-docs", metavar="DOCS", nargs="?", const="docs",
                         help="fill the options tables of the method pages under DOCS (default docs/)")
     args = parser.parse_args(argv)
+    if not args.names and not args.write_docs:  # the list, read from the source: no torch import
+        for name, method in declared_methods().items():
+            print(f"{name:<10} role {method.role:<9} options: {', '.join(method.options) or '-'}")
+        return 0
+    from strategies import STRATEGIES
+
     if args.write_docs:
         for path in write_docs(Path(args.write_docs)):
             print(f"wrote {path}")
@@ -102,9 +176,5 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"pflower methods: unknown method(s) {unknown}; the methods: {', '.join(STRATEGIES)}", file=sys.stderr)
         return 2
-    if not args.names:
-        for name, cls in STRATEGIES.items():
-            print(f"{name:<10} role {cls.role:<9} options: {', '.join(cls.options_type.names()) or '-'}")
-        return 0
     print("\n\n".join(options_table(n) for n in args.names))
     return 0

@@ -106,7 +106,7 @@ class FedCMDOptions(MethodOptions):
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     weighted_aggregation: bool = option(True, "phase 2 weighs the personal layers by Eq. 8's similarities (false: the clients' own)")
     force_layer: str | None = option(None, "skip the vote and personalize this group (a candidate)")
-    candidates: list[str] | None = option(None, "groups that may become the personal layer (null: every group but the first)")
+    candidates: list[str] | None = option(None, "groups that may become the personal layer (null: the FC groups, from the first fc* or classifier group on; LeNet-5: fc1, fc2, classifier)")
     score_mode: str = option("paper", "layer score: paper (Eq. 5/6) or code (the authors' code)", choices=SCORE_MODES)
     w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
     selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)

@@ -83,7 +83,7 @@ class FedCPMDOptions(MethodOptions):
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     k_extra: int = option(20, "phase 1 goes on until every client voted, for at most this many more rounds", low=0)
-    candidates: list[str] | None = option(None, "groups that may become a client's personal layer (null: every group but the first)")
+    candidates: list[str] | None = option(None, "groups that may become a client's personal layer (null: the FC groups, from the first fc* or classifier group on; LeNet-5: fc1, fc2, classifier)")
     distance: str = option("js", "distance between two 1-D Gaussians", choices=DISTANCES)
     selector: str = option("eq7", "the layer score", choices=SELECTORS)
     label_fit: str = option("scaled", "z^y: y / (C - 1) (scaled) or per-batch min-max", choices=LABEL_FITS)

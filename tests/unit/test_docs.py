@@ -35,3 +35,20 @@ def test_the_readme_is_short_and_its_links_resolve():
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in (ROOT / "docs").glob("*.md"):  # every top-level page is reachable from the site's navigation
         assert page.name in nav, page.name
+
+
+# a reproduction page docs/results/<prefix>_*.md belongs to the method page of its prefix
+REPRODUCTION_PAGES = {"fedcmd": "fedcmd", "fedcpmd": "fedcpmd", "fedtsdp": "fedtsdp", "felo": "felo_velo",
+                      "kapc": "kapc", "baselines": "baselines"}
+
+
+def test_every_reproduction_page_is_linked_from_its_method_page():
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    pages = sorted((docs / "results").glob("*.md"))
+    assert pages
+    for page in pages:
+        prefix = page.stem.split("_", 1)[0]
+        if prefix not in REPRODUCTION_PAGES:
+            continue
+        method_page = docs / "methods" / f"{REPRODUCTION_PAGES[prefix]}.md"
+        assert f"../results/{page.name}" in method_page.read_text(), f"{method_page.name} does not link {page.name}"

@@ -148,12 +148,25 @@ def test_options_coerce_numbers_and_keep_the_declared_types():
         KAPCOptions.build("kapc", {"lamda": 1.0})
 
 
+def test_the_method_list_read_from_the_source_equals_the_registry():
+    """`pflower methods` lists the methods without importing them (no torch): what it reads from
+    strategies/*.py must be what the registry holds, role and options included."""
+    from server_app.methods_cli import declared_methods
+
+    declared = declared_methods()
+    assert set(declared) == set(STRATEGIES)
+    for name, cls in STRATEGIES.items():
+        assert (declared[name].role, list(declared[name].options)) == (cls.role, cls.options_type.names()), name
+
+
 def test_methods_and_roles_register_by_subclassing():
     """Every strategy module's method is registered with no list to edit, every strategy's role
     exists on the client side with the same arguments class, and a name cannot be taken twice."""
     from client_app.roles import ROLES
 
-    assert len(STRATEGIES) == 25 and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
+    from server_app.methods_cli import declared_methods
+
+    assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
     assert all(cls.name == name for name, cls in STRATEGIES.items())
     assert {cls.role for cls in STRATEGIES.values()} <= set(ROLES)
     assert set(ROLES) == set(ROLE_ARGS) and all(ROLES[n].args_type is ROLE_ARGS[n] for n in ROLES)

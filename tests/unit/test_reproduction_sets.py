@@ -18,7 +18,15 @@ def test_fedcmd_fmnist_groups_sweep_every_method_of_the_table(alpha: str) -> Non
     assert sorted(swept) == sorted(m for m in paper if m in STRATEGIES)
     cfg = compose_config([f"experiment=repro_fedcmd_fmnist_a{alpha}", f"method={swept[-1]}"])
     assert (cfg.alpha, cfg.num_clients, cfg.rounds, cfg.dataset.name) == (float(alpha), 100, 200, "fmnist")
-    assert cfg.output_dir == f"docs/results/fedcmd_fmnist_a{alpha}"
+    assert cfg.output_dir == "outputs"  # a user's re-run never lands among the committed runs
+
+
+def test_no_experiment_file_writes_into_the_committed_results():
+    """A reproduction's maintainers name docs/results/... on their command line; the files leave
+    output_dir at its default, so a user's run goes to outputs/ and `pflower report` over a
+    committed folder never picks it up."""
+    for path in sorted((conf_dir() / "experiment").glob("*.yaml")):
+        assert (yaml.safe_load(path.read_text()) or {}).get("output_dir") is None, path.name
 
 
 def composed_setup(cfg) -> dict:

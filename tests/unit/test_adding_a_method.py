@@ -1,0 +1,96 @@
+"""docs/adding-a-method.md, followed as a user would: a throwaway method added in a copy of the
+repository with exactly the files the page's checklist names, then the suite's method checks run
+there. A check that counts methods, or a step the page leaves out, fails here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "adding-a-method.md"
+
+# the page's FedProx example, renamed (step 1)
+STRATEGY = '''"""A throwaway method: FedProx under another name, written as docs/adding-a-method.md shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.roles import ProximalArgs
+
+from .base import PersonalizedStrategy
+from .options import MethodOptions, option
+
+
+@dataclass(frozen=True)
+class FedThrowOptions(MethodOptions):
+    mu: float = option(0.5, "proximal weight", low=0)
+
+
+class FedThrow(PersonalizedStrategy):
+    name, role, options_type = "fedthrow", "proximal", FedThrowOptions
+
+    def role_config(self, client_id, server_round):
+        return ProximalArgs(mu=self.options.mu)
+'''
+YAML = "name: fedthrow\nmu: 0.5   # proximal weight\n"  # step 2
+OWN_TEST = '''from strategies import STRATEGIES
+
+
+def test_fedthrow_is_registered_with_its_option():
+    assert STRATEGIES["fedthrow"].options_type().mu == 0.5
+'''  # step 3
+
+
+def copy_repository(dest: Path) -> Path:
+    """The tracked tree without the committed results (the checks below do not read them)."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if rel.startswith("docs/results/") or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
+@pytest.mark.slow
+def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout (git ls-files)")
+    page = PAGE.read_text()
+    for step in ("strategies/<name>.py", "conf/method/<name>.yaml", "tests/unit/test_<name>.py",
+                 "tests/pinned/cases.py", "python -m tests.pinned.cases --update <name>", "pflower methods --write-docs"):
+        assert step in page, f"the page's checklist lost {step!r}"
+    assert "self.mu" not in page, "FedProx has no attribute mu: the page must use self.options.mu"
+    repo = copy_repository(tmp_path / "repo")
+    (repo / "strategies" / "fedthrow.py").write_text(STRATEGY)
+    (repo / "conf" / "method" / "fedthrow.yaml").write_text(YAML)
+    (repo / "tests" / "unit" / "test_fedthrow.py").write_text(OWN_TEST)
+    cases = repo / "tests" / "pinned" / "cases.py"  # step 4: one line in CASES, then --update
+    text = cases.read_text()
+    anchor = '    "fedprox": [],\n'
+    assert anchor in text
+    cases.write_text(text.replace(anchor, anchor + '    "fedthrow": [],\n', 1))
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+    updated = run("-m", "tests.pinned.cases", "--update", "fedthrow")
+    assert updated.returncode == 0, updated.stdout[-2000:] + updated.stderr[-2000:]
+    docs = run("-m", "server_app.cli", "methods", "--write-docs")  # step 5
+    assert docs.returncode == 0, docs.stdout[-2000:] + docs.stderr[-2000:]
+    checks = run(
+        "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o", "addopts=",
+        "tests/unit/test_fedthrow.py", "tests/unit/test_method_declarations.py", "tests/unit/test_protocol.py",
+        "tests/pinned/test_pinned_numbers.py", "-k", "not test_numbers_equal_the_pinned_ones or fedthrow",
+    )
+    assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
+    assert " passed" in checks.stdout and "failed" not in checks.stdout.splitlines()[-1]
+    assert "fedthrow" in run("-m", "server_app.cli", "methods").stdout

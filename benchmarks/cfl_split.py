@@ -32,8 +32,18 @@ PAIRS = ((0, 1), (2, 3), (4, 5))
 PER_GROUP = 4
 CLIENTS = len(PAIRS) * PER_GROUP
 MARGIN = 1.25  # eps2 = MARGIN x the largest update of the one-distribution federation
-SETUP = ["dataset=local", f"num_clients={CLIENTS}", "fraction=1.0", "rounds=15", "local_epochs=2",
-         "batch_size=16", "lr=0.05", "progress=false", "method=cfl", "method.start_round=5"]
+SETUP = [
+    "dataset=local",
+    f"num_clients={CLIENTS}",
+    "fraction=1.0",
+    "rounds=15",
+    "local_epochs=2",
+    "batch_size=16",
+    "lr=0.05",
+    "progress=false",
+    "method=cfl",
+    "method.start_round=5",
+]
 
 
 def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
@@ -43,7 +53,9 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
     from federated_data import DataSpec, load_client_data
     from federated_data.local import write_local_dir
 
-    data = load_client_data(DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0)
+    data = load_client_data(
+        DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0
+    )
     x, y = data.x_train.numpy(), data.y_train.numpy()
     unit = ((x - x.min()) / (x.max() - x.min())).astype(np.float32)
     rng = np.random.default_rng(0)
@@ -53,8 +65,13 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
         classes = PAIRS[group] if groups else tuple(c for pair in PAIRS for c in pair)
         pool = np.flatnonzero(np.isin(y, classes))
         idx = rng.choice(pool, size=80, replace=False)
-        write_local_dir(root / f"c{cid}", (unit[idx[:60]], y[idx[:60]]), (unit[idx[60:]], y[idx[60:]]),
-                        name="digits", num_classes=10)
+        write_local_dir(
+            root / f"c{cid}",
+            (unit[idx[:60]], y[idx[:60]]),
+            (unit[idx[60:]], y[idx[60:]]),
+            name="digits",
+            num_classes=10,
+        )
         labels.append(group)
     return labels
 
@@ -123,29 +140,33 @@ def main(argv: list[str] | None = None) -> int:
             summary, rounds = run_cfl(root, tmp_path / "out", overrides)
             ari = adjusted_rand_score(labels, cluster_labels(summary["clusters"], CLIENTS)) if labels else None
             norms = [r["max_update_norm"] for r in rounds if r["round"] >= 5]
-            rows.append({
-                "variant": label,
-                "eps2": f"{float(overrides[0].split('=')[1]) if overrides else 1.6:.3f}",
-                "max update norm, rounds 5-15": f"{min(norms):.3f}-{max(norms):.3f}",
-                "split rounds": ", ".join(map(str, summary["split_rounds"])) or "none",
-                "clusters": str(summary["clusters"]),
-                "ARI vs label groups": "" if ari is None else f"{ari:.2f}",
-                "best mean acc": f"{100 * summary['best_mean_acc']:.1f}",
-            })
+            rows.append(
+                {
+                    "variant": label,
+                    "eps2": f"{float(overrides[0].split('=')[1]) if overrides else 1.6:.3f}",
+                    "max update norm, rounds 5-15": f"{min(norms):.3f}-{max(norms):.3f}",
+                    "split rounds": ", ".join(map(str, summary["split_rounds"])) or "none",
+                    "clusters": str(summary["clusters"]),
+                    "ARI vs label groups": "" if ari is None else f"{ari:.2f}",
+                    "best mean acc": f"{100 * summary['best_mean_acc']:.1f}",
+                }
+            )
             print(rows[-1], flush=True)
     columns = list(rows[0])
-    text = "\n".join([
-        "# CFL's split on a federation with known label groups",
-        "",
-        run_header("python -m benchmarks.cfl_split", started),
-        "",
-        f"12 digits clients, 2 classes each ({PAIRS}, 4 clients a pair), all every round, 15 rounds of "
-        f"2 epochs, splits allowed from round 5. eps2 = {MARGIN} x the largest update norm (rounds 5-15) of "
-        "the same clients holding all six classes; eps1 = 0.4 (the reference code's) throughout.",
-        "",
-        markdown_table(rows, columns),
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# CFL's split on a federation with known label groups",
+            "",
+            run_header("python -m benchmarks.cfl_split", started),
+            "",
+            f"12 digits clients, 2 classes each ({PAIRS}, 4 clients a pair), all every round, 15 rounds of "
+            f"2 epochs, splits allowed from round 5. eps2 = {MARGIN} x the largest update norm (rounds 5-15) of "
+            "the same clients holding all six classes; eps1 = 0.4 (the reference code's) throughout.",
+            "",
+            markdown_table(rows, columns),
+            "",
+        ]
+    )
     publish(text, args.out)
     return 0
 

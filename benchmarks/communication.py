@@ -47,11 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import Message
-from flwr.app.message import remove_content_from_message
-from flwr.common.serde import message_to_proto
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree, no_object_id_recompute
 
 from benchmarks.common import markdown_table, median, run_header, write_result
+from protocol.compat import wire_measures
 from protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
 from server_app.inprocess import InProcessGrid
 
@@ -59,10 +57,17 @@ MIB = 2**20
 KIB = 2**10
 WORKLOAD = ["experiment=fedcmd_fmnist", "local_epochs=1", "final_eval=true", "checkpoint_every=0"]
 QUICK = [  # seconds, not minutes: synthetic 28x28 images, the same LeNet-5
-    "dataset=synthetic", "dataset.options.num_samples=600", "num_clients=6", "fraction=0.5",
-    "partition.min_size=20", "alpha=1.0",
+    "dataset=synthetic",
+    "dataset.options.num_samples=600",
+    "num_clients=6",
+    "fraction=0.5",
+    "partition.min_size=20",
+    "alpha=1.0",
 ]
-METHOD_ARGS = {"fedcmd": {"kp": 2}, "fedcpmd": {"kp": 2}}  # phase 1 for rounds 1..2, then phase 2 (papers: Kp=20 resp. 60 of 200)
+METHOD_ARGS = {
+    "fedcmd": {"kp": 2},
+    "fedcpmd": {"kp": 2},
+}  # phase 1 for rounds 1..2, then phase 2 (papers: Kp=20 resp. 60 of 200)
 REFERENCE = "fedavg"
 
 
@@ -78,30 +83,47 @@ class Size:
     keys: frozenset[str] = frozenset()  # the model tensors it carries (extras not included)
 
     def __add__(self, other: Size) -> Size:
-        return Size(self.arrays + other.arrays, self.proto + other.proto, self.wire + other.wire,
-                    self.extra + other.extra, self.keys | other.keys)
+        return Size(
+            self.arrays + other.arrays,
+            self.proto + other.proto,
+            self.wire + other.wire,
+            self.extra + other.extra,
+            self.keys | other.keys,
+        )
 
 
 def array_bytes(msg: Message, prefix: str = "") -> int:
     """Bytes of the message's arrays (those whose key starts with ``prefix``)."""
     if msg.has_error():
         return 0
-    return sum(len(a.data) for rec in msg.content.array_records.values() for k, a in rec.items() if k.startswith(prefix))
+    return sum(
+        len(a.data) for rec in msg.content.array_records.values() for k, a in rec.items() if k.startswith(prefix)
+    )
 
 
 def measure(msg: Message) -> Size:
     """Size of ``msg`` as Flower serializes it (see the module docstring for what wire counts)."""
-    with no_object_id_recompute():  # as Flower's push_messages: hash each object once
+    wire = wire_measures()
+    with wire.no_object_id_recompute():  # as Flower's push_messages: hash each object once
         if not msg.metadata.message_id:
             msg.metadata.__dict__["_message_id"] = msg.object_id  # what Flower's push_messages sets
-        header = message_to_proto(remove_content_from_message(msg)).ByteSize()
-        tree = get_object_tree(msg).ByteSize()
-        objects = sum(len(obj.deflate()) for obj in get_all_nested_objects(msg).values())
-    keys = frozenset() if msg.has_error() else frozenset(
-        k for rec in msg.content.array_records.values() for k in rec.keys() if not k.startswith(EXTRA_PREFIX)
+        header = wire.message_to_proto(wire.remove_content_from_message(msg)).ByteSize()
+        tree = wire.get_object_tree(msg).ByteSize()
+        objects = sum(len(obj.deflate()) for obj in wire.get_all_nested_objects(msg).values())
+    keys = (
+        frozenset()
+        if msg.has_error()
+        else frozenset(
+            k for rec in msg.content.array_records.values() for k in rec.keys() if not k.startswith(EXTRA_PREFIX)
+        )
     )
-    return Size(array_bytes(msg), message_to_proto(msg).ByteSize(), header + tree + objects,
-                array_bytes(msg, EXTRA_PREFIX), keys)
+    return Size(
+        array_bytes(msg),
+        wire.message_to_proto(msg).ByteSize(),
+        header + tree + objects,
+        array_bytes(msg, EXTRA_PREFIX),
+        keys,
+    )
 
 
 @dataclass
@@ -152,10 +174,17 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
     # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
     public = ["dataset.public=holdout"] if STRATEGIES[method].needs_public_data else []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose_config([
-            *WORKLOAD, *public, *overrides, f"method={method}", f"rounds={rounds}", f"output_dir={tmp}",
-            *(f"method.{k}={v}" for k, v in args.items()),
-        ])
+        cfg = compose_config(
+            [
+                *WORKLOAD,
+                *public,
+                *overrides,
+                f"method={method}",
+                f"rounds={rounds}",
+                f"output_dir={tmp}",
+                *(f"method.{k}={v}" for k, v in args.items()),
+            ]
+        )
         check_data(cfg)
         strategy = build(cfg, run_token=f"comm-{method}")
         grid = counting_grid(int(cfg.num_clients))
@@ -203,8 +232,10 @@ def segments(run: dict[str, Any]) -> list[tuple[str, list[int]]]:
     per_client = {}
     for b in run["batches"]:
         if b.kind == "train" and b.down:
-            per_client[b.server_round] = (round(sum(s.wire for s in b.down) / len(b.down)),
-                                          round(sum(s.wire for s in b.up) / max(len(b.up), 1)))
+            per_client[b.server_round] = (
+                round(sum(s.wire for s in b.down) / len(b.down)),
+                round(sum(s.wire for s in b.up) / max(len(b.up), 1)),
+            )
     groups: list[tuple[Any, list[int]]] = []
     for rec in history:
         phase = rec.get("phase")
@@ -245,21 +276,23 @@ def round_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         problems = check_accounting(run)
         for label, rnds in segments(run):
             n = _phase_numbers(run, rnds)
-            rows.append({
-                "method": run["method"],
-                "rounds": label,
-                "clients": f"{n['clients']:g}",
-                "tensors down / up": _travels(run, rnds),
-                "down MiB/client (msg min–max)": _with_range(n["down_client"], n["down_msg"]),
-                "up MiB/client (msg min–max)": _with_range(n["up_client"], n["up_msg"]),
-                "down MiB/round": f"{n['down_round'] / MIB:.3f}",
-                "up MiB/round": f"{n['up_round'] / MIB:.3f}",
-                f"down ×{REFERENCE}": _ratio(n["down_client"], ref_down),
-                f"up ×{REFERENCE}": _ratio(n["up_client"], ref_up),
-                "overhead KiB/msg down/up": f"{n['over_down'] / KIB:.2f} / {n['over_up'] / KIB:.2f}",
-                "pflower bytes = arrays": "yes" if not problems else "NO: " + "; ".join(problems[:2]),
-                "_raw": n,
-            })
+            rows.append(
+                {
+                    "method": run["method"],
+                    "rounds": label,
+                    "clients": f"{n['clients']:g}",
+                    "tensors down / up": _travels(run, rnds),
+                    "down MiB/client (msg min–max)": _with_range(n["down_client"], n["down_msg"]),
+                    "up MiB/client (msg min–max)": _with_range(n["up_client"], n["up_msg"]),
+                    "down MiB/round": f"{n['down_round'] / MIB:.3f}",
+                    "up MiB/round": f"{n['up_round'] / MIB:.3f}",
+                    f"down ×{REFERENCE}": _ratio(n["down_client"], ref_down),
+                    f"up ×{REFERENCE}": _ratio(n["up_client"], ref_up),
+                    "overhead KiB/msg down/up": f"{n['over_down'] / KIB:.2f} / {n['over_up'] / KIB:.2f}",
+                    "pflower bytes = arrays": "yes" if not problems else "NO: " + "; ".join(problems[:2]),
+                    "_raw": n,
+                }
+            )
     return rows
 
 
@@ -308,8 +341,14 @@ def _phase_numbers(run: dict[str, Any], rnds: list[int]) -> dict[str, float]:
         "clients": median(len(b.down) for b in bs),
         "down_client": median(per(b.down, "wire") for b in bs),
         "up_client": median(per(b.up, "wire") for b in bs),
-        "down_msg": (min((s.wire for b in bs for s in b.down), default=0), max((s.wire for b in bs for s in b.down), default=0)),
-        "up_msg": (min((s.wire for b in bs for s in b.up), default=0), max((s.wire for b in bs for s in b.up), default=0)),
+        "down_msg": (
+            min((s.wire for b in bs for s in b.down), default=0),
+            max((s.wire for b in bs for s in b.down), default=0),
+        ),
+        "up_msg": (
+            min((s.wire for b in bs for s in b.up), default=0),
+            max((s.wire for b in bs for s in b.up), default=0),
+        ),
         "down_round": median(sum(s.wire for s in b.down) for b in bs),
         "up_round": median(sum(s.wire for s in b.up) for b in bs),
         "down_arrays_round": median(sum(s.arrays for s in b.down) for b in bs),
@@ -357,15 +396,17 @@ def extras_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             ex_d, ex_u = median(s.extra for s in down) if down else 0, median(s.extra for s in up) if up else 0
             mod_d = median(s.arrays - s.extra for s in down) if down else 0
             mod_u = median(s.arrays - s.extra for s in up) if up else 0
-            rows.append({
-                "method": run["method"],
-                "rounds": label,
-                "msgs with extras": f"{len(down) + len(up)} of {total}",
-                "extras KiB/msg down / up": f"{ex_d / KIB:.2f} / {ex_u / KIB:.2f}",
-                "model tensors KiB/msg down / up": f"{mod_d / KIB:.1f} / {mod_u / KIB:.1f}",
-                "extras / model tensors down / up": f"{_share(ex_d, mod_d)} / {_share(ex_u, mod_u)}",
-                f"extras / {REFERENCE} message down / up": f"{_share(ex_d, ref_msg)} / {_share(ex_u, ref_msg)}",
-            })
+            rows.append(
+                {
+                    "method": run["method"],
+                    "rounds": label,
+                    "msgs with extras": f"{len(down) + len(up)} of {total}",
+                    "extras KiB/msg down / up": f"{ex_d / KIB:.2f} / {ex_u / KIB:.2f}",
+                    "model tensors KiB/msg down / up": f"{mod_d / KIB:.1f} / {mod_u / KIB:.1f}",
+                    "extras / model tensors down / up": f"{_share(ex_d, mod_d)} / {_share(ex_u, mod_u)}",
+                    f"extras / {REFERENCE} message down / up": f"{_share(ex_d, ref_msg)} / {_share(ex_u, ref_msg)}",
+                }
+            )
     return rows
 
 
@@ -394,15 +435,17 @@ def side_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 ne += len(b.down)
                 ev_down = sum(b.down, ev_down)
                 ev_up = sum(b.up, ev_up)
-        rows.append({
-            "method": run["method"],
-            "query msgs": nq,
-            "query KiB down/up": f"{query.wire / KIB:.1f} / {query_up.wire / KIB:.1f}",
-            "final eval msgs": ne,
-            "final eval MiB down": f"{ev_down.wire / MIB:.3f}",
-            "final eval KiB up": f"{ev_up.wire / KIB:.1f}",
-            "final eval KiB/client down": f"{ev_down.wire / max(ne, 1) / KIB:.1f}",
-        })
+        rows.append(
+            {
+                "method": run["method"],
+                "query msgs": nq,
+                "query KiB down/up": f"{query.wire / KIB:.1f} / {query_up.wire / KIB:.1f}",
+                "final eval msgs": ne,
+                "final eval MiB down": f"{ev_down.wire / MIB:.3f}",
+                "final eval KiB up": f"{ev_up.wire / KIB:.1f}",
+                "final eval KiB/client down": f"{ev_down.wire / max(ne, 1) / KIB:.1f}",
+            }
+        )
     return rows
 
 
@@ -415,26 +458,43 @@ def cross_check(runs: Sequence[dict[str, Any]]) -> str:
             continue
         over_wire = [s.wire - s.arrays for s in sizes]
         over_proto = [s.proto - s.arrays for s in sizes]
-        lines.append({
-            "method": run["method"],
-            "train msgs": len(sizes),
-            "arrays MiB": f"{sum(s.arrays for s in sizes) / MIB:.3f}",
-            "wire MiB": f"{sum(s.wire for s in sizes) / MIB:.3f}",
-            "proto MiB": f"{sum(s.proto for s in sizes) / MIB:.3f}",
-            "wire - arrays per msg, B (min..max)": f"{min(over_wire)}..{max(over_wire)}",
-            "proto - arrays per msg, B (min..max)": f"{min(over_proto)}..{max(over_proto)}",
-            "s": f"{run['seconds']:.1f}",
-        })
+        lines.append(
+            {
+                "method": run["method"],
+                "train msgs": len(sizes),
+                "arrays MiB": f"{sum(s.arrays for s in sizes) / MIB:.3f}",
+                "wire MiB": f"{sum(s.wire for s in sizes) / MIB:.3f}",
+                "proto MiB": f"{sum(s.proto for s in sizes) / MIB:.3f}",
+                "wire - arrays per msg, B (min..max)": f"{min(over_wire)}..{max(over_wire)}",
+                "proto - arrays per msg, B (min..max)": f"{min(over_proto)}..{max(over_proto)}",
+                "s": f"{run['seconds']:.1f}",
+            }
+        )
     return markdown_table(lines, list(lines[0]) if lines else [])
 
 
 ROUND_COLUMNS = [
-    "method", "rounds", "clients", "tensors down / up", "down MiB/client (msg min–max)", "up MiB/client (msg min–max)", "down MiB/round", "up MiB/round",
-    f"down ×{REFERENCE}", f"up ×{REFERENCE}", "overhead KiB/msg down/up", "pflower bytes = arrays",
+    "method",
+    "rounds",
+    "clients",
+    "tensors down / up",
+    "down MiB/client (msg min–max)",
+    "up MiB/client (msg min–max)",
+    "down MiB/round",
+    "up MiB/round",
+    f"down ×{REFERENCE}",
+    f"up ×{REFERENCE}",
+    "overhead KiB/msg down/up",
+    "pflower bytes = arrays",
 ]
 SIDE_COLUMNS = [
-    "method", "query msgs", "query KiB down/up", "final eval msgs", "final eval MiB down",
-    "final eval KiB/client down", "final eval KiB up",
+    "method",
+    "query msgs",
+    "query KiB down/up",
+    "final eval msgs",
+    "final eval MiB down",
+    "final eval KiB/client down",
+    "final eval KiB up",
 ]
 
 
@@ -446,7 +506,9 @@ def all_methods() -> list[str]:
     return [REFERENCE] + [n for n in names if n != REFERENCE]
 
 
-def benchmark(methods: Sequence[str], rounds: int, overrides: Sequence[str], progress: bool = True) -> list[dict[str, Any]]:
+def benchmark(
+    methods: Sequence[str], rounds: int, overrides: Sequence[str], progress: bool = True
+) -> list[dict[str, Any]]:
     runs = []
     if REFERENCE not in methods:
         methods = [REFERENCE, *methods]  # the ratios need FedAvg from the same run
@@ -475,7 +537,8 @@ def report(runs: Sequence[dict[str, Any]], command: str, started: float, rounds:
         f"{first['clients_per_round']} per round; method options: {args or 'defaults'}.  ",
         f"Model: {first['model']} on {first['dataset']}, {first['model_params']:,} trainable parameters = "
         f"{first['model_bytes'] / MIB:.4f} MiB of float32 (BN running statistics never travel).  ",
-        f"Runtime: {time.perf_counter() - started:.0f} s for {len(runs)} methods (torch threads {torch.get_num_threads()}; "
+        f"Runtime: {time.perf_counter() - started:.0f} s for {len(runs)} methods (torch threads "
+        f"{torch.get_num_threads()}; "
         f"1-min load average at the end {load:.1f} on {os.cpu_count()} cores{shared}).",
         "",
         "## Training rounds",
@@ -499,14 +562,22 @@ def report(runs: Sequence[dict[str, Any]], command: str, started: float, rounds:
         "",
         _notes(runs),
         "",
-        "Accounting: " + ("pflower's bytes_down/bytes_up equal the captured messages' array bytes in every round of every method."
-                          if not bad else "MISMATCHES: " + "; ".join(f"{m}: {p[:3]}" for m, p in bad.items())),
+        "Accounting: "
+        + (
+            "pflower's bytes_down/bytes_up equal the captured messages' array bytes in every round of every method."
+            if not bad
+            else "MISMATCHES: " + "; ".join(f"{m}: {p[:3]}" for m, p in bad.items())
+        ),
     ]
     return "\n".join(parts)
 
 
 EXTRAS_COLUMNS = [
-    "method", "rounds", "msgs with extras", "extras KiB/msg down / up", "model tensors KiB/msg down / up",
+    "method",
+    "rounds",
+    "msgs with extras",
+    "extras KiB/msg down / up",
+    "model tensors KiB/msg down / up",
     "extras / model tensors down / up",
     f"extras / {REFERENCE} message down / up",
 ]
@@ -531,8 +602,11 @@ def _extras_section(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 def _notes(runs: Sequence[dict[str, Any]]) -> str:
     """Method state that decides the traffic (FedCMD's l*), from the last round's record."""
-    notes = [f"{r['method']} personal layer l* = {r['history'][-1]['personal_layer']}"
-             for r in runs if r["history"] and r["history"][-1].get("personal_layer")]
+    notes = [
+        f"{r['method']} personal layer l* = {r['history'][-1]['personal_layer']}"
+        for r in runs
+        if r["history"] and r["history"][-1].get("personal_layer")
+    ]
     return "Method state: " + "; ".join(notes) + "." if notes else ""
 
 
@@ -541,9 +615,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6, help="training rounds per method (default 6)")
     parser.add_argument("--methods", default="all", help="comma-separated methods (default: every registered one)")
     parser.add_argument("--quick", action="store_true", help="synthetic data, 6 clients: a seconds-long smoke run")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: LeNet batches gain little from more)")
-    parser.add_argument("--output", default="benchmarks/results/communication.md",
-                        help="result file ('' to only print)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: LeNet batches gain little from more)"
+    )
+    parser.add_argument(
+        "--output", default="benchmarks/results/communication.md", help="result file ('' to only print)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides, e.g. model=cnn_fedtsdp dataset=cifar10")
     args = parser.parse_args(argv)
 

@@ -40,7 +40,10 @@ DATA = ["dataset=fmnist", "alpha=1.0"]
 RUN = {"method": "fedavg", "local_epochs": 1, "batch_size": 32}
 # settings compared: what Flower does by default against what pflower sets (docs/deployment.md)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "flower defaults": {"env": {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}, "node": {"cache-dir": "none", "torch-threads": os.cpu_count() or 1}},
+    "flower defaults": {
+        "env": {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"},
+        "node": {"cache-dir": "none", "torch-threads": os.cpu_count() or 1},
+    },
     "pflower": {"env": {}, "node": {}},
     "pflower, torch-threads=1": {"env": {}, "node": {"torch-threads": 1}},
     # the SuperNode in --isolation process beside a pflower-superexec: ClientApps forked from a
@@ -49,7 +52,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a measurement, not a setting pflower ships: what Flower's fixed 3 s idle poll of the SuperNode
     # costs a round (the SuperNode's loop patched to poll every 0.5 s; one node only: the patched
     # process is not named flower-supernode, so the thread share would not count it)
-    "warm ClientApps, node poll 0.5 s (patched Flower)": {"env": {}, "node": {}, "isolation": "process", "node_poll": 0.5},
+    "warm ClientApps, node poll 0.5 s (patched Flower)": {
+        "env": {},
+        "node": {},
+        "isolation": "process",
+        "node_poll": 0.5,
+    },
 }
 # flower-supernode with its idle poll capped (the variant above): Flower 1.41 sleeps 3 s in
 # start_client_internal's loop when the SuperLink has no message for the node
@@ -86,20 +94,31 @@ def run_once(nodes: int, rounds: int, variant: str, tmp: Path) -> dict[str, Any]
     """One deployment run; returns the per-round records and the run's wall time."""
     e2e = _cluster_module()
     settings = VARIANTS[variant]
-    cluster = e2e.Cluster(tmp, nodes=nodes, node_config={i: {"cache-dir": str(tmp / f"cache-{i}"), **settings["node"]} for i in range(nodes)},
-                          isolation=settings.get("isolation"))
+    cluster = e2e.Cluster(
+        tmp,
+        nodes=nodes,
+        node_config={i: {"cache-dir": str(tmp / f"cache-{i}"), **settings["node"]} for i in range(nodes)},
+        isolation=settings.get("isolation"),
+    )
     cluster.extra_env = dict(settings["env"])
     if "node_poll" in settings:
         if nodes != 1:
             raise SystemExit(f"variant {variant!r} runs with --nodes 1 only")
         flower_argv = cluster.node_argv
-        cluster.node_argv = lambda i, **kw: [sys.executable, "-c", PATCHED_SUPERNODE.replace("{poll}", str(settings["node_poll"])), *flower_argv(i, **kw)[1:]]
+        cluster.node_argv = lambda i, **kw: [
+            sys.executable,
+            "-c",
+            PATCHED_SUPERNODE.replace("{poll}", str(settings["node_poll"])),
+            *flower_argv(i, **kw)[1:],
+        ]
     try:
         cluster.prepare(["dataset=digits"])  # certificates and data dirs; the run itself uses DATA
         cluster.up()
         config = cluster.topo.run_config(
-            output_dir=cluster.place.output_dir, rounds=rounds,
-            **{**RUN, "dataset": "fmnist"}, overrides=f"alpha=1.0 final_eval=false round_timeout=300",
+            output_dir=cluster.place.output_dir,
+            rounds=rounds,
+            **{**RUN, "dataset": "fmnist"},
+            overrides="alpha=1.0 final_eval=false round_timeout=300",
         )
         t0 = time.monotonic()
         run = cluster.flwr_run(config)
@@ -129,14 +148,31 @@ def row(nodes: int, variant: str, result: dict[str, Any], torch_s: float) -> dic
     rnd = median(r["round_time_s"] for r in recs)
     fixed = rnd - work
     return {
-        "nodes": nodes, "settings": variant, "round s": f"{rnd:.2f}", "cold start s": fmt(per_client("client_cold_start_s")),
-        "setup s": fmt(per_client("client_setup_s")), "train s": fmt(per_client("client_train_s")),
-        "eval s": fmt(per_client("client_eval_s")), "fixed cost s": f"{fixed:.2f}",
-        "fixed - torch import s": f"{fixed - torch_s:+.2f}", "run wall s": f"{result['wall']:.0f}",
+        "nodes": nodes,
+        "settings": variant,
+        "round s": f"{rnd:.2f}",
+        "cold start s": fmt(per_client("client_cold_start_s")),
+        "setup s": fmt(per_client("client_setup_s")),
+        "train s": fmt(per_client("client_train_s")),
+        "eval s": fmt(per_client("client_eval_s")),
+        "fixed cost s": f"{fixed:.2f}",
+        "fixed - torch import s": f"{fixed - torch_s:+.2f}",
+        "run wall s": f"{result['wall']:.0f}",
     }
 
 
-COLUMNS = ["nodes", "settings", "round s", "cold start s", "setup s", "train s", "eval s", "fixed cost s", "fixed - torch import s", "run wall s"]
+COLUMNS = [
+    "nodes",
+    "settings",
+    "round s",
+    "cold start s",
+    "setup s",
+    "train s",
+    "eval s",
+    "fixed cost s",
+    "fixed - torch import s",
+    "run wall s",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,12 +191,18 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_once(nodes, args.rounds, variant, Path(tmp))
             rows.append(row(nodes, variant, result, torch_s))
             print(json.dumps(rows[-1]), flush=True)
-    text = "\n\n".join([
-        "# A deployment round: fixed cost per message",
-        run_header("python -m benchmarks.deployment " + " ".join(argv if argv is not None else sys.argv[1:]), started),
-        f"torch import (median of 3): {torch_s:.2f} s. Medians over rounds 2..{args.rounds}; per-client columns are per message.",
-        markdown_table(rows, COLUMNS),
-    ])
+    text = "\n\n".join(
+        [
+            "# A deployment round: fixed cost per message",
+            run_header(
+                "python -m benchmarks.deployment " + " ".join(argv if argv is not None else sys.argv[1:]), started
+            ),
+            f"torch import (median of 3): {torch_s:.2f} s. Medians over rounds 2..{args.rounds}; "
+            "per-client columns are "
+            "per message.",
+            markdown_table(rows, COLUMNS),
+        ]
+    )
     publish(text, args.out)
     return 0
 

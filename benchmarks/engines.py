@@ -33,10 +33,22 @@ WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false", "pr
 # FL-bench's same workload (its main.py, from its checkout's root; the partition made by its
 # generate_data.py as benchmarks/README.md says)
 FLBENCH_ARGS = [
-    "method=fedavg", "dataset.name=fmnist", "model.name=lenet5", "optimizer.name=sgd", "optimizer.lr=0.01",
-    "optimizer.momentum=0", "optimizer.weight_decay=0", "common.seed=42", "common.join_ratio=0.1",
-    "common.local_epoch=5", "common.batch_size=32", "common.use_cuda=false",
-    "common.test.client.interval=100", "common.test.client.test=true", "mode=serial", "common.monitor=null",
+    "method=fedavg",
+    "dataset.name=fmnist",
+    "model.name=lenet5",
+    "optimizer.name=sgd",
+    "optimizer.lr=0.01",
+    "optimizer.momentum=0",
+    "optimizer.weight_decay=0",
+    "common.seed=42",
+    "common.join_ratio=0.1",
+    "common.local_epoch=5",
+    "common.batch_size=32",
+    "common.use_cuda=false",
+    "common.test.client.interval=100",
+    "common.test.client.test=true",
+    "mode=serial",
+    "common.monitor=null",
 ]
 GIB = 1024**3
 
@@ -52,7 +64,10 @@ def pflower_numbers(out: Path) -> dict[str, Any]:
     (summary_file,) = out.glob("*/*/summary.json")
     summary = json.loads(summary_file.read_text())
     rounds = [json.loads(line) for line in (summary_file.parent / "metrics.jsonl").read_text().splitlines()]
-    return {"s_per_round": median(r["round_time_s"] for r in rounds), "headline": summary.get("headline_test_before_acc")}
+    return {
+        "s_per_round": median(r["round_time_s"] for r in rounds),
+        "headline": summary.get("headline_test_before_acc"),
+    }
 
 
 def run_one(engine: str, rounds: int, flbench: Path | None, flbench_python: str, extra: list[str]) -> dict[str, Any]:
@@ -75,10 +90,14 @@ def run_one(engine: str, rounds: int, flbench: Path | None, flbench_python: str,
             raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
         row = {"engine": engine, "wall_s": wall, "pss_gib": peak.peak_pss / GIB, "rss_gib": peak.peak_rss / GIB}
         if on_gpu.utilisation:  # an NVIDIA GPU here: what the run held of it
-            row.update({
-                "gpu_peak_mib": on_gpu.peak_used_mib, "gpu_processes": on_gpu.peak_processes,
-                "gpu_process_mib": on_gpu.peak_process_mib, "gpu_util_pct": on_gpu.mean_utilisation,
-            })
+            row.update(
+                {
+                    "gpu_peak_mib": on_gpu.peak_used_mib,
+                    "gpu_processes": on_gpu.peak_processes,
+                    "gpu_process_mib": on_gpu.peak_process_mib,
+                    "gpu_util_pct": on_gpu.mean_utilisation,
+                }
+            )
         if engine != "fl-bench":
             row.update(pflower_numbers(out))
             started = re.search(r"parallel engine: \d+ worker processes \((\w+)\)", log.read_text(errors="replace"))
@@ -98,30 +117,36 @@ def summarize(rows: list[dict[str, Any]], reference: str) -> list[dict[str, Any]
         wall, pss = median(r["wall_s"] for r in mine), median(r["pss_gib"] for r in mine)
         walls = ", ".join(f"{r['wall_s']:.1f}" for r in mine)
         spr = [r["s_per_round"] for r in mine if "s_per_round" in r]
-        table.append({
-            "engine": engine,
-            "wall s (each run)": walls,
-            f"wall / {reference}": f"{wall / ref_wall:.2f}" if ref_wall else "-",
-            "s/round (median)": f"{median(spr):.2f}" if spr else "-",
-            "peak tree PSS GiB": f"{pss:.2f}",
-            f"PSS / {reference}": f"{pss / ref_pss:.2f}" if ref_pss else "-",
-            "peak tree RSS GiB": f"{median(r['rss_gib'] for r in mine):.2f}",
-            "headline acc": ", ".join(f"{r['headline']:.4f}" for r in mine if r.get("headline") is not None) or "-",
-        })
+        table.append(
+            {
+                "engine": engine,
+                "wall s (each run)": walls,
+                f"wall / {reference}": f"{wall / ref_wall:.2f}" if ref_wall else "-",
+                "s/round (median)": f"{median(spr):.2f}" if spr else "-",
+                "peak tree PSS GiB": f"{pss:.2f}",
+                f"PSS / {reference}": f"{pss / ref_pss:.2f}" if ref_pss else "-",
+                "peak tree RSS GiB": f"{median(r['rss_gib'] for r in mine):.2f}",
+                "headline acc": ", ".join(f"{r['headline']:.4f}" for r in mine if r.get("headline") is not None) or "-",
+            }
+        )
         on_gpu = [r for r in mine if "gpu_peak_mib" in r]
         if on_gpu:
-            table[-1].update({
-                "GPU peak MiB": f"{median(r['gpu_peak_mib'] for r in on_gpu):.0f}",
-                "CUDA processes": f"{max(r['gpu_processes'] for r in on_gpu)}",
-                "MiB per process (max)": f"{median(r['gpu_process_mib'] for r in on_gpu):.0f}",
-                "GPU util % (mean)": f"{median(r['gpu_util_pct'] for r in on_gpu):.0f}",
-            })
+            table[-1].update(
+                {
+                    "GPU peak MiB": f"{median(r['gpu_peak_mib'] for r in on_gpu):.0f}",
+                    "CUDA processes": f"{max(r['gpu_processes'] for r in on_gpu)}",
+                    "MiB per process (max)": f"{median(r['gpu_process_mib'] for r in on_gpu):.0f}",
+                    "GPU util % (mean)": f"{median(r['gpu_util_pct'] for r in on_gpu):.0f}",
+                }
+            )
     return table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", default="parallel,serial,ray", help="comma list: parallel[:N], serial, ray, fl-bench")
+    parser.add_argument(
+        "--engines", default="parallel,serial,ray", help="comma list: parallel[:N], serial, ray, fl-bench"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--flbench", type=Path, help="FL-bench checkout with the FMNIST partition made (adds fl-bench)")
@@ -144,18 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     reference = "fl-bench" if "fl-bench" in engines else engines[-1]
     detail = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     summary = summarize(rows, reference)
-    text = "\n\n".join([
-        run_header("python -m benchmarks.engines " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
-        f"Workload: `pflower sim {' '.join(WORKLOAD)} rounds={args.rounds}` (FedAvg, FMNIST, LeNet-5, 100 clients, "
-        f"10 a round, Dir(0.1), 5 local epochs){'; FL-bench: the same set-up by its main.py' if args.flbench else ''}. "
-        "Each run is a whole command; wall is the command's, memory the peak over the run of the summed PSS/RSS of "
-        f"its whole process tree (sampled every 0.5 s). Runs alternated; medians of {args.repeats}. "
-        f"Cores usable: {len(os.sched_getaffinity(0))}.",
-        markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
-        "Every run:",
-        markdown_table(detail, list(dict.fromkeys(k for row in detail for k in row))),
-        f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
-    ])
+    text = "\n\n".join(
+        [
+            run_header("python -m benchmarks.engines " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
+            f"Workload: `pflower sim {' '.join(WORKLOAD)} rounds={args.rounds}` (FedAvg, FMNIST, LeNet-5, 100 clients, "
+            f"10 a round, Dir(0.1), 5 local "
+            f"epochs){'; FL-bench: the same set-up by its main.py' if args.flbench else ''}. "
+            "Each run is a whole command; wall is the command's, memory the peak over the run of the summed PSS/RSS of "
+            f"its whole process tree (sampled every 0.5 s). Runs alternated; medians of {args.repeats}. "
+            f"Cores usable: {len(os.sched_getaffinity(0))}.",
+            markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
+            "Every run:",
+            markdown_table(detail, list(dict.fromkeys(k for row in detail for k in row))),
+            f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
+        ]
+    )
     publish(text, args.out)
     return 0
 

@@ -27,8 +27,17 @@ from .common import markdown_table, publish, run_header
 
 GROUP = 4  # clients 0..3 see labels y, clients 4..7 see 9 - y
 CLIENTS = 2 * GROUP
-SETUP = ["model=cnn_kapc", "dataset=local", f"num_clients={CLIENTS}", "fraction=1.0", "rounds=12",
-         "local_epochs=4", "batch_size=16", "lr=0.05", "progress=false"]
+SETUP = [
+    "model=cnn_kapc",
+    "dataset=local",
+    f"num_clients={CLIENTS}",
+    "fraction=1.0",
+    "rounds=12",
+    "local_epochs=4",
+    "batch_size=16",
+    "lr=0.05",
+    "progress=false",
+]
 
 # (label, overrides): the sweep over what the paper leaves open
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -50,7 +59,9 @@ def write_two_group_federation(root: Path) -> list[Path]:
     from federated_data import DataSpec, load_client_data
     from federated_data.local import write_local_dir
 
-    data = load_client_data(DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0)
+    data = load_client_data(
+        DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0
+    )
     x = data.x_train.numpy()
     unit = ((x - x.min()) / (x.max() - x.min())).astype(np.float32)
     y = data.y_train.numpy()
@@ -59,8 +70,15 @@ def write_two_group_federation(root: Path) -> list[Path]:
     for cid in range(CLIENTS):
         idx = rng.permutation(len(y))[:64]
         labels = y[idx] if cid < GROUP else 9 - y[idx]
-        paths.append(write_local_dir(root / f"c{cid}", (unit[idx[:48]], labels[:48]), (unit[idx[48:]], labels[48:]),
-                                     name="digits", num_classes=10))
+        paths.append(
+            write_local_dir(
+                root / f"c{cid}",
+                (unit[idx[:48]], labels[:48]),
+                (unit[idx[48:]], labels[48:]),
+                name="digits",
+                num_classes=10,
+            )
+        )
     return paths
 
 
@@ -78,8 +96,10 @@ def within_between(cube: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: the mean weight a row gives the other clients of its own group, and the other group's."""
     same = np.array([[(i < GROUP) == (j < GROUP) and i != j for j in range(CLIENTS)] for i in range(CLIENTS)])
     cross = ~same & ~np.eye(CLIENTS, dtype=bool)
-    return (np.array([cube[:, l, :][same].mean() for l in range(cube.shape[1])]),
-            np.array([cube[:, l, :][cross].mean() for l in range(cube.shape[1])]))
+    return (
+        np.array([cube[:, l, :][same].mean() for l in range(cube.shape[1])]),
+        np.array([cube[:, l, :][cross].mean() for l in range(cube.shape[1])]),
+    )
 
 
 def run_variant(overrides: list[str], root: Path, out: Path) -> dict[str, Any]:
@@ -104,17 +124,20 @@ def run_variant(overrides: list[str], root: Path, out: Path) -> dict[str, Any]:
         cube = np.load(cube_file)
         within, between = within_between(cube)
         selfw = np.einsum("ili->l", cube) / cube.shape[0]
-        row.update({
-            "mean abs dR / round": f"{np.mean([r['cube_delta'] for r in rounds]):.4f}",
-            "self-weight by layer": " ".join(f"{v:.2f}" for v in selfw),
-            "own group / other group by layer": " ".join(f"{w:.3f}/{b:.3f}" for w, b in zip(within, between)),
-            "layers not sent": str(summary.get("masked_layers", "")),
-        })
+        row.update(
+            {
+                "mean abs dR / round": f"{np.mean([r['cube_delta'] for r in rounds]):.4f}",
+                "self-weight by layer": " ".join(f"{v:.2f}" for v in selfw),
+                "own group / other group by layer": " ".join(f"{w:.3f}/{b:.3f}" for w, b in zip(within, between)),
+                "layers not sent": str(summary.get("masked_layers", "")),
+            }
+        )
     return row
 
 
 def shown_path(path: str) -> str:
-    """``path`` as the header shows it: relative to the checkout when it is inside it (no machine's paths in a result)."""
+    """``path`` as the header shows it: relative to the checkout when it is inside it (no machine's paths in a
+    result)."""
     from .common import REPO
 
     try:
@@ -137,15 +160,27 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows.append({"variant": label, **run_variant(overrides, root / "data", root / "out")})
             print(rows[-1], flush=True)
-    columns = ["variant", "best mean acc", "mean abs dR / round", "self-weight by layer", "own group / other group by layer",
-               "layers not sent", "MiB down", "s"]
-    text = "\n\n".join([
-        "# KAPC's cube on a two-group federation",
-        run_header("python -m benchmarks.kapc_cube" + (f" --out {shown_path(args.out)}" if args.out else "")),
-        __doc__.split("\n\n")[1].replace("\n", " ").removesuffix("::") + ".",
-        "Layers (cnn_kapc): conv1, conv2, fc1, fc2, classifier. Set-up: " + " ".join(SETUP) + "; everything else at its default.",
-        markdown_table(rows, columns),
-    ])
+    columns = [
+        "variant",
+        "best mean acc",
+        "mean abs dR / round",
+        "self-weight by layer",
+        "own group / other group by layer",
+        "layers not sent",
+        "MiB down",
+        "s",
+    ]
+    text = "\n\n".join(
+        [
+            "# KAPC's cube on a two-group federation",
+            run_header("python -m benchmarks.kapc_cube" + (f" --out {shown_path(args.out)}" if args.out else "")),
+            __doc__.split("\n\n")[1].replace("\n", " ").removesuffix("::") + ".",
+            "Layers (cnn_kapc): conv1, conv2, fc1, fc2, classifier. Set-up: "
+            + " ".join(SETUP)
+            + "; everything else at its default.",
+            markdown_table(rows, columns),
+        ]
+    )
     publish(text, args.out)
     return 0
 

@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="serial,ray")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/memory_pflower_sim.md", help="'' = print only")
-    parser.add_argument("overrides", nargs="*", help="pflower sim key=value (default: the FMNIST FedAvg workload, 15 rounds)")
+    parser.add_argument(
+        "overrides", nargs="*", help="pflower sim key=value (default: the FMNIST FedAvg workload, 15 rounds)"
+    )
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     overrides = args.overrides or WORKLOAD
@@ -150,20 +152,27 @@ def main(argv: list[str] | None = None) -> int:
                     proc.wait()
                 if proc.returncode:
                     raise SystemExit(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
-                rows.append({
-                    "repeat": rep + 1, "backend": backend, "command wall": f"{time.perf_counter() - t0:.1f} s",
-                    "peak tree PSS": gb(peak.peak_pss), "peak tree RSS": gb(peak.peak_rss),
-                    **{f"{r} PSS": gb(peak.at_peak.get(r, (0, 0))[1]) for r in ROLES if r != "other"},
-                })
+                rows.append(
+                    {
+                        "repeat": rep + 1,
+                        "backend": backend,
+                        "command wall": f"{time.perf_counter() - t0:.1f} s",
+                        "peak tree PSS": gb(peak.peak_pss),
+                        "peak tree RSS": gb(peak.peak_rss),
+                        **{f"{r} PSS": gb(peak.at_peak.get(r, (0, 0))[1]) for r in ROLES if r != "other"},
+                    }
+                )
                 print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
-    text = "\n\n".join([
-        run_header("python -m benchmarks.memory " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
-        f"Workload: `pflower sim {' '.join(overrides)}`. Peak over the run of the summed memory of the command's "
-        "whole process tree (sampled every 0.25 s from /proc; PSS splits shared pages between the processes that "
-        "map them, RSS counts them in each); the per-role columns are the PSS at that peak.",
-        markdown_table(rows, list(rows[0])),
-        f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
-    ])
+    text = "\n\n".join(
+        [
+            run_header("python -m benchmarks.memory " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
+            f"Workload: `pflower sim {' '.join(overrides)}`. Peak over the run of the summed memory of the command's "
+            "whole process tree (sampled every 0.25 s from /proc; PSS splits shared pages between the processes that "
+            "map them, RSS counts them in each); the per-role columns are the PSS at that peak.",
+            markdown_table(rows, list(rows[0])),
+            f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
+        ]
+    )
     publish(text, args.out)
     return 0
 

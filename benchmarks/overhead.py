@@ -72,7 +72,9 @@ def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, thre
     data = {cid: load_client_data(spec, cid) for r in clients_per_round for cid in r}
     t_data = time.perf_counter() - t_data
     model_kwargs = {k: v for k, v in dict(cfg.model).items() if k != "name"}
-    global_model = build_model(cfg.model.name, spec.info.in_shape, spec.info.num_classes, seed=int(cfg.seed), **model_kwargs)
+    global_model = build_model(
+        cfg.model.name, spec.info.in_shape, spec.info.num_classes, seed=int(cfg.seed), **model_kwargs
+    )
     global_state = {k: v.clone() for k, v in global_model.state_dict().items()}
     epochs, bs, lr = int(cfg.local_epochs), int(cfg.batch_size), float(cfg.lr)
     round_times = []
@@ -106,7 +108,8 @@ def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, thre
         w = torch.tensor(weights, dtype=torch.float64) / sum(weights)
         global_state = {
             k: (sum(wi * s[k].double() for wi, s in zip(w, states))).to(global_state[k].dtype)
-            if global_state[k].is_floating_point() else states[-1][k]
+            if global_state[k].is_floating_point()
+            else states[-1][k]
             for k in global_state
         }
         round_times.append(time.perf_counter() - t0)
@@ -129,12 +132,19 @@ def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--single-thread-floor", action="store_true",
-                        help="also time the floor with 1 torch thread (on 2 cores it was 1.1-1.75x slower than the default)")
+    parser.add_argument(
+        "--single-thread-floor",
+        action="store_true",
+        help="also time the floor with 1 torch thread (on 2 cores it was 1.1-1.75x slower than the default)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/overhead.md", help="where the table is written ('' = print only)")
+    parser.add_argument(
+        "--out", default="benchmarks/results/overhead.md", help="where the table is written ('' = print only)"
+    )
     parser.add_argument("--pflower-override", action="append", default=[], help="extra key=value for the pflower run")
-    parser.add_argument("--backends", default="ray,serial", help="pflower sim engines to run in each repeat (comma-separated)")
+    parser.add_argument(
+        "--backends", default="ray,serial", help="pflower sim engines to run in each repeat (comma-separated)"
+    )
     args = parser.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
     if args.rounds < 2:
@@ -146,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pflower-bench-") as tmp:
         for rep, backend in itertools.product(range(args.repeats), backends):  # one row per repeat and engine
             with PeakMemory() as peak:  # the whole process tree: Ray's GCS, raylet and workers too
-                run = pflower_run(args.rounds, Path(tmp) / f"r{rep}-{backend}", [*args.pflower_override, f"backend={backend}"])
+                run = pflower_run(
+                    args.rounds, Path(tmp) / f"r{rep}-{backend}", [*args.pflower_override, f"backend={backend}"]
+                )
             memory[backend].append(peak)
             recs = run["records"]
             clients = [r["clients"] for r in recs]
@@ -171,56 +183,77 @@ def main(argv: list[str] | None = None) -> int:
             per["wall"].append(run["wall"] / (args.rounds * best_floor))
             per["evalshare"].append(eval_s / max(train_s + eval_s, 1e-9))
             per["diff"].append(diff)
-            rows.append({
-                "repeat": rep + 1,
-                "backend": backend,
-                "pflower s/round": f"{p_round:.3f}",
-                f"floor s/round ({default_threads} thr)": f"{f_round:.3f}",
-                "floor s/round (1 thr)": f"{f1_round:.3f}" if floor_1 else "not run",
-                "floor+eval s/round": f"{fe_round:.3f}",
-                "ratio vs floor": f"{p_round / best_floor:.2f}x",
-                "ratio vs floor+eval": f"{p_round / fe_round:.2f}x",
-                "pflower command wall": f"{run['wall']:.1f} s",
-                "outside rounds (start-up, discovery, shut-down)": f"{run['wall'] - sum(r['round_time_s'] for r in recs):.1f} s",
-                "wall / (R x floor)": f"{run['wall'] / (args.rounds * best_floor):.2f}x",
-                "client eval share": f"{100 * eval_s / max(train_s + eval_s, 1e-9):.1f} %",
-                "max |model diff|": f"{diff:.1e}",
-                "peak tree PSS": gb(peak.peak_pss),
-                "peak tree RSS": gb(peak.peak_rss),
-            })
+            rows.append(
+                {
+                    "repeat": rep + 1,
+                    "backend": backend,
+                    "pflower s/round": f"{p_round:.3f}",
+                    f"floor s/round ({default_threads} thr)": f"{f_round:.3f}",
+                    "floor s/round (1 thr)": f"{f1_round:.3f}" if floor_1 else "not run",
+                    "floor+eval s/round": f"{fe_round:.3f}",
+                    "ratio vs floor": f"{p_round / best_floor:.2f}x",
+                    "ratio vs floor+eval": f"{p_round / fe_round:.2f}x",
+                    "pflower command wall": f"{run['wall']:.1f} s",
+                    "outside rounds (start-up, discovery, shut-down)": (
+                        f"{run['wall'] - sum(r['round_time_s'] for r in recs):.1f} s"
+                    ),
+                    "wall / (R x floor)": f"{run['wall'] / (args.rounds * best_floor):.2f}x",
+                    "client eval share": f"{100 * eval_s / max(train_s + eval_s, 1e-9):.1f} %",
+                    "max |model diff|": f"{diff:.1e}",
+                    "peak tree PSS": gb(peak.peak_pss),
+                    "peak tree RSS": gb(peak.peak_rss),
+                }
+            )
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     med = {k: statistics.median(v) for k, v in per.items() if v}
     summary = [
-        {"": "median over repeats and backends", "pflower s/round": f"{med['pflower']:.3f}", "floor s/round": f"{med['floor']:.3f}",
-         "floor+eval s/round": f"{med['floor+eval']:.3f}",
-         "ratio vs floor": f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor'])):.2f}x",
-         "ratio vs floor+eval": f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor+eval'])):.2f}x",
-         "wall / (R x floor)": f"{med['wall']:.2f}x", "client eval share": f"{100 * med['evalshare']:.1f} %"},
+        {
+            "": "median over repeats and backends",
+            "pflower s/round": f"{med['pflower']:.3f}",
+            "floor s/round": f"{med['floor']:.3f}",
+            "floor+eval s/round": f"{med['floor+eval']:.3f}",
+            "ratio vs floor": f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor'])):.2f}x",
+            "ratio vs floor+eval": (
+                f"{statistics.median(p / f for p, f in zip(per['pflower'], per['floor+eval'])):.2f}x"
+            ),
+            "wall / (R x floor)": f"{med['wall']:.2f}x",
+            "client eval share": f"{100 * med['evalshare']:.1f} %",
+        },
     ]
     summary += [
-        {"": f"median, backend={b}", "pflower s/round": f"{statistics.median(per[f'pflower {b}']):.3f}",
-         "pflower command wall": f"{statistics.median(per[f'wall {b}']):.1f} s",
-         "peak tree PSS": gb(int(statistics.median(m.peak_pss for m in memory[b]))),
-         "peak tree RSS": gb(int(statistics.median(m.peak_rss for m in memory[b])))}
+        {
+            "": f"median, backend={b}",
+            "pflower s/round": f"{statistics.median(per[f'pflower {b}']):.3f}",
+            "pflower command wall": f"{statistics.median(per[f'wall {b}']):.1f} s",
+            "peak tree PSS": gb(int(statistics.median(m.peak_pss for m in memory[b]))),
+            "peak tree RSS": gb(int(statistics.median(m.peak_rss for m in memory[b]))),
+        }
         for b in backends
     ]
     parts = [
-        {"backend": b, **{f"{r} PSS": gb(int(statistics.median(m.at_peak.get(r, (0, 0))[1] for m in memory[b]))) for r in ROLES}}
+        {
+            "backend": b,
+            **{f"{r} PSS": gb(int(statistics.median(m.at_peak.get(r, (0, 0))[1] for m in memory[b]))) for r in ROLES},
+        }
         for b in backends
     ]
-    text = "\n\n".join([
-        run_header("python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
-        f"Workload: {' '.join(WORKLOAD)} rounds={args.rounds}, {args.repeats} repeats. Floor = the plain loop with "
-        "torch's default thread count (and with 1 thread if --single-thread-floor; the faster one counts), measured in "
-        "the same repeat. Per-round numbers: median over rounds 2..R.",
-        markdown_table(rows, list(rows[0])),
-        markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
-        "Peak memory of the whole process tree (this process and every descendant), sampled every 0.25 s from "
-        "/proc during each pflower run; PSS splits shared pages between processes (what the tree occupies), RSS "
-        "counts them in every process. Where the PSS goes at its peak (medians over repeats):",
-        markdown_table(parts, list(parts[0])),
-        f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
-    ])
+    text = "\n\n".join(
+        [
+            run_header("python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
+            f"Workload: {' '.join(WORKLOAD)} rounds={args.rounds}, {args.repeats} repeats. Floor = the plain loop with "
+            "torch's default thread count (and with 1 thread if --single-thread-floor; the faster one counts), "
+            "measured "
+            "in "
+            "the same repeat. Per-round numbers: median over rounds 2..R.",
+            markdown_table(rows, list(rows[0])),
+            markdown_table(summary, list(dict.fromkeys(k for row in summary for k in row))),
+            "Peak memory of the whole process tree (this process and every descendant), sampled every 0.25 s from "
+            "/proc during each pflower run; PSS splits shared pages between processes (what the tree occupies), RSS "
+            "counts them in every process. Where the PSS goes at its peak (medians over repeats):",
+            markdown_table(parts, list(parts[0])),
+            f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.",
+        ]
+    )
     publish(text, args.out)
     return 0
 

@@ -86,7 +86,10 @@ def pfedla_steady(strategy: Any, updates: list[Any], rnd: int) -> None:
     """pFedLA: every client's model stored and every client's hypernetwork updated before (N x L N heads)."""
     stored_models(strategy, updates, rnd)
     strategy.hypernets = {
-        u.client_id: {**{k: v.copy() for k, v in strategy.initial_hypernet.items()}, "embedding": strategy.embeddings[u.client_id].copy()}
+        u.client_id: {
+            **{k: v.copy() for k, v in strategy.initial_hypernet.items()},
+            "embedding": strategy.embeddings[u.client_id].copy(),
+        }
         for u in updates
     }
 
@@ -132,7 +135,8 @@ def fedap_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
     strategy.stats = {
         u.client_id: {
             f"bn_{s}/{i}": rng.uniform(0.5, 1.5, c).astype(np.float32)
-            for i, c in enumerate(strategy.bn_channels) for s in ("mean", "var")
+            for i, c in enumerate(strategy.bn_channels)
+            for s in ("mean", "var")
         }
         for u in updates
     }
@@ -161,7 +165,9 @@ def fedcpmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
     fill_fedcpmd_phase2(strategy, [u.client_id for u in updates], rnd, {u.client_id: u.arrays for u in updates})
 
 
-def fill_fedcpmd_phase2(strategy: Any, ids: Sequence[int], rnd: int, arrays: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+def fill_fedcpmd_phase2(
+    strategy: Any, ids: Sequence[int], rnd: int, arrays: Mapping[int, Mapping[str, np.ndarray]]
+) -> None:
     from strategies.clustering import groups_by_label
     from strategies.clusters import Clusters
 
@@ -170,7 +176,9 @@ def fill_fedcpmd_phase2(strategy: Any, ids: Sequence[int], rnd: int, arrays: Map
     strategy.votes = {c: [(1, layer)] for c, layer in strategy.layer_of.items()}
     members = groups_by_label(strategy.layer_of)
     strategy.cluster_layers = [strategy.layer_of[m[0]] for m in members]
-    strategy.clusters = Clusters(members, [strategy._cluster_start(m, l) for m, l in zip(members, strategy.cluster_layers)])
+    strategy.clusters = Clusters(
+        members, [strategy._cluster_start(m, l) for m, l in zip(members, strategy.cluster_layers)]
+    )
     for c in ids:
         body = strategy.keys(strategy.cluster_groups(strategy.layer_of[c]))
         copy = not getattr(strategy.bodies, "on_disk", False)  # in memory every client holds its own arrays
@@ -224,7 +232,8 @@ def base_math_methods() -> list[str]:
     from strategies import STRATEGIES, PersonalizedStrategy
 
     return [
-        name for name, cls in STRATEGIES.items()
+        name
+        for name, cls in STRATEGIES.items()
         if all(getattr(cls, m, None) is getattr(PersonalizedStrategy, m, None) for m in SERVER_MATH)
     ]
 
@@ -290,7 +299,9 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
     keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
     sizes = [int(np.prod(strategy.template[k][0])) for k in keys]
     total = sum(sizes)
-    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys] or [np.zeros(0)]).astype(np.float32)  # FedHe: no weights
+    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys] or [np.zeros(0)]).astype(
+        np.float32
+    )  # FedHe: no weights
     pool = np.random.default_rng(0).standard_normal(total + 7 * n + 1, dtype=np.float32)
     pool *= 0.01
     extra_spec = strategy.extra_uplink(0, rnd)
@@ -305,7 +316,9 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
         extra = {k: np.ones(shape, dtype) for k, (shape, dtype) in extra_spec.items()}
         metrics = {"num-examples": float(50 + i % 50), "client-id": float(i), "test_size": 20.0, "train_loss": 1.0}
         extra_bytes = sum(v.nbytes for v in extra.values())
-        updates.append(ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total + extra_bytes))
+        updates.append(
+            ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total + extra_bytes)
+        )
     del pool
     return updates
 
@@ -321,7 +334,9 @@ def input_bytes(name: str, model_name: str, n: int) -> int:
         return 0  # the case reports why it cannot run
     rnd = CASES[name].round
     keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
-    extra = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in strategy.extra_uplink(0, rnd).values())
+    extra = sum(
+        int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in strategy.extra_uplink(0, rnd).values()
+    )
     return n * (sum(int(np.prod(strategy.template[k][0])) * 4 for k in keys) + extra)
 
 
@@ -465,7 +480,9 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
     threadpool_limits(1)
     model = build_model("vgg11", (3, 32, 32), 10, seed=0, **STORE_MODELS[model_name])
     spec = {"server_store": {"mode": mode, "dir": directory}}
-    strategy = build_strategy("fedcpmd", model, spec, num_clients=clients, fraction=participants / clients, seed=0, method_args={"kp": 60})
+    strategy = build_strategy(
+        "fedcpmd", model, spec, num_clients=clients, fraction=participants / clients, seed=0, method_args={"kp": 60}
+    )
     del model
     rnd = 62
     before = _status("VmRSS")
@@ -485,8 +502,16 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
     a, d = server_round(strategy, updates, rnd)
     peak = max(0, _status("VmHWM") - base) if measured else None
     shutil.rmtree(directory, ignore_errors=True)
-    return {"status": "ok", "stored_bytes": stored, "store_rss": store_rss, "disk_bytes": disk, "fill_s": fill_s,
-            "round_s": a + d, "round_peak": peak, "params": sum(int(np.prod(t[0])) for t in strategy.template.values())}
+    return {
+        "status": "ok",
+        "stored_bytes": stored,
+        "store_rss": store_rss,
+        "disk_bytes": disk,
+        "fill_s": fill_s,
+        "round_s": a + d,
+        "round_peak": peak,
+        "params": sum(int(np.prod(t[0])) for t in strategy.template.values()),
+    }
 
 
 def _trim() -> None:
@@ -538,14 +563,16 @@ def store_benchmark(clients: int, participants: int, budget: float, timeout: flo
             if res.get("status") != "ok":
                 row["stored GiB"] = f"{res.get('status')}: {res.get('reason', '')}"
             else:
-                row.update({
-                    "stored GiB": f"{res['stored_bytes'] / 2**30:.2f}",
-                    "RSS of the state GiB": f"{res['store_rss'] / 2**30:.2f}",
-                    "on disk GiB": f"{res['disk_bytes'] / 2**30:.2f}" if mode == "disk" else "",
-                    "writing it": _s(res["fill_s"]),
-                    f"round of {participants}": _s(res["round_s"]),
-                    "round peak MiB": _mb(res["round_peak"]),
-                })
+                row.update(
+                    {
+                        "stored GiB": f"{res['stored_bytes'] / 2**30:.2f}",
+                        "RSS of the state GiB": f"{res['store_rss'] / 2**30:.2f}",
+                        "on disk GiB": f"{res['disk_bytes'] / 2**30:.2f}" if mode == "disk" else "",
+                        "writing it": _s(res["fill_s"]),
+                        f"round of {participants}": _s(res["round_s"]),
+                        "round peak MiB": _mb(res["round_peak"]),
+                    }
+                )
             rows.append(row)
             print(f"  store {name} {mode}: {row.get('stored GiB')}", file=sys.stderr, flush=True)
     cols = list(dict.fromkeys(k for r in rows for k in r))
@@ -601,25 +628,40 @@ def rows_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             previous.pop(key, None)
             continue
         prev = previous.get(key)
-        row.update({
-            "aggregate": _s(r["aggregate_s"]),
-            "downlinks": _s(r["downlink_s"]),
-            "round (median)": _s(r["total_s"]),
-            "runs": r["runs"],
-            "time x": f"{r['total_s'] / prev['total_s']:.1f}" if prev and prev["total_s"] > 0 else "",
-            "peak MiB": _mb(r["peak_bytes"]),
-            "mem x": (
-                f"{r['peak_bytes'] / prev['peak_bytes']:.1f}"
-                if prev and prev.get("peak_bytes") and r["peak_bytes"] is not None else ""
-            ),
-            "inputs MiB": _mb(r["input_bytes"]),
-        })
+        row.update(
+            {
+                "aggregate": _s(r["aggregate_s"]),
+                "downlinks": _s(r["downlink_s"]),
+                "round (median)": _s(r["total_s"]),
+                "runs": r["runs"],
+                "time x": f"{r['total_s'] / prev['total_s']:.1f}" if prev and prev["total_s"] > 0 else "",
+                "peak MiB": _mb(r["peak_bytes"]),
+                "mem x": (
+                    f"{r['peak_bytes'] / prev['peak_bytes']:.1f}"
+                    if prev and prev.get("peak_bytes") and r["peak_bytes"] is not None
+                    else ""
+                ),
+                "inputs MiB": _mb(r["input_bytes"]),
+            }
+        )
         previous[key] = r
         rows.append(row)
     return rows
 
 
-COLUMNS = ["strategy", "model", "n", "aggregate", "downlinks", "round (median)", "runs", "time x", "peak MiB", "mem x", "inputs MiB"]
+COLUMNS = [
+    "strategy",
+    "model",
+    "n",
+    "aggregate",
+    "downlinks",
+    "round (median)",
+    "runs",
+    "time x",
+    "peak MiB",
+    "mem x",
+    "inputs MiB",
+]
 
 
 def growth_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -635,20 +677,30 @@ def growth_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         t = exponent([(r["n"], r["total_s"]) for r in ok])
         m = exponent([(r["n"], r["peak_bytes"]) for r in ok if r["peak_bytes"]])
         a, b = ok[-2:]
-        out.append({
-            "strategy": strategy,
-            "model": model,
-            "sizes": ",".join(str(r["n"]) for r in ok),
-            "time exponent": f"{t:.2f}" if t is not None else "",
-            "memory exponent": f"{m:.2f}" if m is not None else "",
-            "time exponent, last step": f"{exponent([(r['n'], r['total_s']) for r in (a, b)]):.2f} ({a['n']}->{b['n']})",
-        })
+        out.append(
+            {
+                "strategy": strategy,
+                "model": model,
+                "sizes": ",".join(str(r["n"]) for r in ok),
+                "time exponent": f"{t:.2f}" if t is not None else "",
+                "memory exponent": f"{m:.2f}" if m is not None else "",
+                "time exponent, last step": f"{exponent([(r['n'], r['total_s']) for r in (a, b)]):.2f} "
+                f"({a['n']}->{b['n']})",
+            }
+        )
     return out
 
 
 def benchmark(
-    strategies: Sequence[str], models: Sequence[str], sizes: Sequence[int], repeats: int, budget: float,
-    case_seconds: float, timeout: float, threads: int = 1, progress: bool = True,
+    strategies: Sequence[str],
+    models: Sequence[str],
+    sizes: Sequence[int],
+    repeats: int,
+    budget: float,
+    case_seconds: float,
+    timeout: float,
+    threads: int = 1,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     results = []
     for name in strategies:
@@ -672,65 +724,97 @@ def benchmark(
 
 
 def report(
-    results: Sequence[dict[str, Any]], command: str, wall: float, args: argparse.Namespace, load: tuple[str, str] = ("?", "?")
+    results: Sequence[dict[str, Any]],
+    command: str,
+    wall: float,
+    args: argparse.Namespace,
+    load: tuple[str, str] = ("?", "?"),
 ) -> str:
     growth = growth_rows(results)
     gcols = list(dict.fromkeys(k for g in growth for k in g))
-    return "\n\n".join([
-        "# Server-side scaling: per-round server math per strategy",
-        run_header(command),
-        (
-            f"One round of server math at n updates per round (N = n clients, all taking part): "
-            f"`aggregate` + building the next round's downlinks for the n clients. Median of up to "
-            f"{args.repeats} rounds (`runs`; fewer once a case has used {args.case_seconds:.0f} s), each on a "
-            f"freshly prepared strategy in its steady state; "
-            f"`time x` / `mem x`: ratio to the previous n of the same strategy and model, measured in "
-            f"this run; `peak MiB`: peak RSS above what the process held before the round (the "
-            f"inputs, `inputs MiB`, and the stored state are not in it). Budget for inputs: "
-            f"{_gb(args.budget_gb * 2**30)}."
-        ),
-        markdown_table(rows_of(results), COLUMNS),
-        "Growth in n (least-squares slope of log time / log peak memory against log n; 1 = linear, 2 = quadratic; "
-        "at small n fixed per-round costs pull it below the asymptote):",
-        markdown_table(growth, gcols) if growth else "(fewer than two sizes ran)",
-        "Registered methods whose server math is the base's FedAvg (the `fedavg` rows are their cost, on the "
-        f"keys they share): {', '.join(m for m in base_math_methods() if m not in {c.method for c in CASES.values()})}.",
-        f"Total wall time: {wall:.0f} s on {os.cpu_count()} cores, BLAS/torch threads {args.threads}; "
-        f"load average (1 min) {load[0]} at the start, {load[1]} at the end (other jobs share this machine).",
-    ])
+    return "\n\n".join(
+        [
+            "# Server-side scaling: per-round server math per strategy",
+            run_header(command),
+            (
+                f"One round of server math at n updates per round (N = n clients, all taking part): "
+                f"`aggregate` + building the next round's downlinks for the n clients. Median of up to "
+                f"{args.repeats} rounds (`runs`; fewer once a case has used {args.case_seconds:.0f} s), each on a "
+                f"freshly prepared strategy in its steady state; "
+                f"`time x` / `mem x`: ratio to the previous n of the same strategy and model, measured in "
+                f"this run; `peak MiB`: peak RSS above what the process held before the round (the "
+                f"inputs, `inputs MiB`, and the stored state are not in it). Budget for inputs: "
+                f"{_gb(args.budget_gb * 2**30)}."
+            ),
+            markdown_table(rows_of(results), COLUMNS),
+            "Growth in n (least-squares slope of log time / log peak memory against log n; 1 = linear, 2 = quadratic; "
+            "at small n fixed per-round costs pull it below the asymptote):",
+            markdown_table(growth, gcols) if growth else "(fewer than two sizes ran)",
+            "Registered methods whose server math is the base's FedAvg (the `fedavg` rows are their cost, on the "
+            f"keys they share): "
+            f"{', '.join(m for m in base_math_methods() if m not in {c.method for c in CASES.values()})}.",
+            f"Total wall time: {wall:.0f} s on {os.cpu_count()} cores, BLAS/torch threads {args.threads}; "
+            f"load average (1 min) {load[0]} at the start, {load[1]} at the end (other jobs share this machine).",
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.server_scaling", description=__doc__.split("\n")[0])
-    parser.add_argument("--strategies", default="all", help=f"comma-separated names of CASES (default all: {','.join(CASES)})")
+    parser.add_argument(
+        "--strategies", default="all", help=f"comma-separated names of CASES (default all: {','.join(CASES)})"
+    )
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: lenet5,resnet18")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="updates per round (default 10,100,1000)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds timed per case (median; default 5)")
-    parser.add_argument("--case-seconds", type=float, default=30.0, help="stop repeating a case after this many seconds of rounds")
+    parser.add_argument(
+        "--case-seconds", type=float, default=30.0, help="stop repeating a case after this many seconds of rounds"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="kill a case after this many seconds")
     parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads of the server math (default 1)")
-    parser.add_argument("--budget-gb", type=float, default=total_bytes() / 4 / 2**30, help="skip cases whose inputs exceed this (default RAM/4)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: LeNet-5, n = 2 and 4, one round each, nothing written")
+    parser.add_argument(
+        "--budget-gb",
+        type=float,
+        default=total_bytes() / 4 / 2**30,
+        help="skip cases whose inputs exceed this (default RAM/4)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: LeNet-5, n = 2 and 4, one round each, nothing written"
+    )
     parser.add_argument("--output", default=RESULT, help=f"where the report goes (default {RESULT}; '-' = nowhere)")
-    parser.add_argument("--store", type=int, default=0, metavar="N",
-                        help=f"instead: FedCPMD's stored bodies of N VGG11 clients, in memory and on disk (writes {STORE_RESULT})")
+    parser.add_argument(
+        "--store",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"instead: FedCPMD's stored bodies of N VGG11 clients, in memory and on disk (writes {STORE_RESULT})",
+    )
     args = parser.parse_args(argv)
     if args.store:
         started = time.perf_counter()
         table = store_benchmark(args.store, max(1, args.store // 10), args.budget_gb * 2**30, args.timeout)
         command = "python -m benchmarks.server_scaling " + " ".join(argv if argv is not None else sys.argv[1:])
-        text = "\n\n".join([
-            "# FedCPMD's per-client bodies: memory against disk (server_store)", run_header(command),
-            f"{args.store} clients, the candidate layers dealt round-robin (fc1, fc2, classifier clusters); every "
-            f"client holds a stored body (all but its layer). `RSS of the state`: resident memory the filled state adds (the "
-            f"stored bodies, and in both modes the clusters' bodies, one per cluster); "
-            f"`round`: one phase-2 round of {max(1, args.store // 10)} updates (aggregate + downlinks), with its peak RSS above the "
-            "store. On disk the bodies are memory-mapped: the round reads only its clients'.",
-            table, f"Total wall time: {time.perf_counter() - started:.0f} s.",
-        ])
+        text = "\n\n".join(
+            [
+                "# FedCPMD's per-client bodies: memory against disk (server_store)",
+                run_header(command),
+                f"{args.store} clients, the candidate layers dealt round-robin (fc1, fc2, classifier clusters); every "
+                f"client holds a stored body (all but its layer). `RSS of the state`: resident memory the filled state "
+                "adds (the "
+                f"stored bodies, and in both modes the clusters' bodies, one per cluster); "
+                f"`round`: one phase-2 round of {max(1, args.store // 10)} updates (aggregate + downlinks), with its "
+                "peak RSS above the "
+                "store. On disk the bodies are memory-mapped: the round reads only its clients'.",
+                table,
+                f"Total wall time: {time.perf_counter() - started:.0f} s.",
+            ]
+        )
         print(text)
         if args.output != "-":
-            print(f"\nwritten to {write_result(STORE_RESULT if args.output == RESULT else args.output, text)}", file=sys.stderr)
+            print(
+                f"\nwritten to {write_result(STORE_RESULT if args.output == RESULT else args.output, text)}",
+                file=sys.stderr,
+            )
         return []
     if args.quick:
         args.models, args.sizes, args.repeats, args.output = "lenet5", "2,4", 1, "-"
@@ -738,7 +822,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     unknown = [s for s in names if s not in CASES]
     models = args.models.split(",")
     if unknown or any(m not in MODELS for m in models):
-        parser.error(f"unknown strategies {unknown} or models {models}; strategies: {list(CASES)}, models: {list(MODELS)}")
+        parser.error(
+            f"unknown strategies {unknown} or models {models}; strategies: {list(CASES)}, models: {list(MODELS)}"
+        )
     sizes = [int(s) for s in args.sizes.split(",")]
     started, load = time.perf_counter(), _load()
     results = benchmark(

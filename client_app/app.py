@@ -6,6 +6,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from protocol.logs import quiet_flower_logs
+
 from .runtime import handle_evaluate, handle_hello, handle_train
 
 quiet_flower_logs()  # in Ray's actors and SuperNodes' ClientApp processes too

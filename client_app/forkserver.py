@@ -65,16 +65,16 @@ def _run_clientapp_task(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
+    from protocol.compat import clientapp_runtime
 
+    runtime = clientapp_runtime()
     forget_app_modules()
 
-    run_clientapp(
+    runtime.run_clientapp(
         runtime_api_address=runtime_api_address,
         token=token,
         insecure=insecure,
-        certificates=validate_and_resolve_root_certificates(root_certificates_path, insecure),
+        certificates=runtime.validate_and_resolve_root_certificates(root_certificates_path, insecure),
         parent_pid=parent_pid,
         runtime_dependency_install=runtime_dependency_install,
     )
@@ -96,10 +96,11 @@ class ForkserverExecutor:
     first executor that forks: one executor per process (the command makes one)."""
 
     def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
-        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+        from protocol.compat import superexec
 
+        self._flower = superexec()
         self.preload = tuple(preload)
-        self._fallback = SubprocessExecutor()
+        self._fallback = self._flower.SubprocessExecutor()
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(self.preload))
         self._running: list[Any] = []
@@ -123,16 +124,19 @@ class ForkserverExecutor:
         return self._fallback.wait_for_capacity(task_type, **kwargs)
 
     def launch(self, spec: Any) -> Any:
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.superexec.executor.types import LaunchResult
-
+        TaskType, LaunchResult = self._flower.TaskType, self._flower.LaunchResult
         if spec.task_type != TaskType.CLIENT_APP:
             return self._fallback.launch(spec)
         proc = self._ctx.Process(
             target=_run_clientapp_task,
             args=(
-                spec.runtime_api_address, spec.token, spec.insecure, spec.root_certificates_path,
-                spec.parent_pid, spec.runtime_dependency_install, spec.suppress_output,
+                spec.runtime_api_address,
+                spec.token,
+                spec.insecure,
+                spec.root_certificates_path,
+                spec.parent_pid,
+                spec.runtime_dependency_install,
+                spec.suppress_output,
             ),
             name=f"flwr-clientapp-task-{spec.task_id}",
         )
@@ -182,8 +186,10 @@ def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
 
 def install(executor: ForkserverExecutor) -> None:
     """Make Flower's SuperExec loop start its subprocess-type tasks with ``executor``."""
-    from flwr.supercore.constant import ExecutorType
-    from flwr.supercore.superexec import run_superexec as loop
+    from protocol.compat import superexec
+
+    flower = superexec()
+    ExecutorType, loop = flower.ExecutorType, flower.loop
 
     if not callable(getattr(loop, "get_executor", None)):
         import flwr
@@ -207,18 +213,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     executor = ForkserverExecutor(preload)
     if "-h" in rest or "--help" in rest:  # our flag first, then flower-superexec's help
-        print(__doc__.split("\n\n")[0] + f"\n\n{PRELOAD_FLAG} M1,M2  modules the fork server imports once "
-              f"(default: {','.join(DEFAULT_PRELOAD)})\nEvery other flag is flower-superexec's:\n")
+        print(
+            __doc__.split("\n\n")[0] + f"\n\n{PRELOAD_FLAG} M1,M2  modules the fork server imports once "
+            f"(default: {','.join(DEFAULT_PRELOAD)})\nEvery other flag is flower-superexec's:\n"
+        )
     else:
         try:
             executor.warm_up()
         except RuntimeError as err:
             raise SystemExit(f"pflower-superexec: {err}") from None
     install(executor)
-    from flwr.supercore.cli.flower_superexec import flower_superexec
+    from protocol.compat import superexec
 
     sys.argv = ["pflower-superexec", *rest]
-    flower_superexec()
+    superexec().flower_superexec()
 
 
 if __name__ == "__main__":

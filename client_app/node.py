@@ -105,7 +105,7 @@ def torch_threads(node_config: Mapping[str, Any]) -> int | None:
         if threads < 1 or str(value).strip() != str(threads):
             raise ValueError(
                 f"node config {THREADS_KEY}={value!r} is not a positive integer: start the SuperNode "
-                f"with --node-config \"... {THREADS_KEY}=4\" (or leave it out for the default)"
+                f'with --node-config "... {THREADS_KEY}=4" (or leave it out for the default)'
             )
         return threads
     if not is_deployed(node_config):

@@ -23,14 +23,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
+from federated_data import ClientData, DataSpec, load_client_data, load_public_data
+from federated_data.local import with_node_data_dir
+from federated_data.node_cache import cache_dir, load_or_build
 from models import LayeredNet, buffer_keys, build_model, trainable_keys
 from models.schema import float_buffer_keys
 from protocol import wire
 from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
-from federated_data import ClientData, DataSpec, load_client_data, load_public_data
-from federated_data.local import with_node_data_dir
-from federated_data.node_cache import cache_dir, load_or_build
 from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
 from .roles import RoleContext, build_role
 from .state import ClientState
@@ -49,7 +49,7 @@ def client_id_of(context: Context) -> int:
     for key in (wire.NODE_CLIENT_ID, wire.NODE_PARTITION_ID):
         if key in config:
             return int(config[key])
-    raise ValueError("this SuperNode has no client id: start it with --node-config \"client-id=<N>\"")
+    raise ValueError('this SuperNode has no client id: start it with --node-config "client-id=<N>"')
 
 
 def parse_spec(message: Message) -> TaskSpec:
@@ -70,7 +70,9 @@ def computes_on_cuda(run_device: str, node_config: dict[str, Any] | None = None)
         return False
 
 
-def client_data(spec: TaskSpec | dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None) -> ClientData:
+def client_data(
+    spec: TaskSpec | dict[str, Any], client_id: int, node_config: dict[str, Any] | None = None
+) -> ClientData:
     """The client's tensors: its partition, or with ``dataset=local`` its node's ``data-dir``.
     A deployed node keeps its partition in its disk cache (``federated_data.node_cache``)."""
     node_config = node_config or {}
@@ -89,21 +91,31 @@ def _node_cached_data(data_spec: DataSpec, client_id: int, root: Any) -> ClientD
 
 
 @lru_cache(maxsize=8)
-def _initial_model(name: str, kwargs_json: str, in_shape: tuple[int, int, int], num_classes: int, seed: int) -> LayeredNet:
+def _initial_model(
+    name: str, kwargs_json: str, in_shape: tuple[int, int, int], num_classes: int, seed: int
+) -> LayeredNet:
     return build_model(name, in_shape, num_classes, seed=seed, **json.loads(kwargs_json))
 
 
 def fresh_model(spec: TaskSpec | dict[str, Any]) -> LayeredNet:
     """The run's initial model of this client's architecture (same seed as the server's), copied
     from a per-process cache."""
-    data, model_spec, seed = (spec.data, spec.model, spec.seed) if isinstance(spec, TaskSpec) else (spec["data"], spec["model"], spec["seed"])
+    data, model_spec, seed = (
+        (spec.data, spec.model, spec.seed)
+        if isinstance(spec, TaskSpec)
+        else (spec["data"], spec["model"], spec["seed"])
+    )
     info = DataSpec.from_dict(data).info
     kwargs = {k: v for k, v in model_spec.items() if k != "name"}
-    base = _initial_model(model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(seed))
+    base = _initial_model(
+        model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(seed)
+    )
     return copy.deepcopy(base)
 
 
-def _metrics_reply(message: Message, metrics: dict[str, float], arrays: ArrayRecord | None = None, hello: dict | None = None) -> Message:
+def _metrics_reply(
+    message: Message, metrics: dict[str, float], arrays: ArrayRecord | None = None, hello: dict | None = None
+) -> Message:
     content = RecordDict({wire.METRICS_RECORD: MetricRecord(metrics)})
     if arrays is not None:
         content[wire.ARRAYS_RECORD] = arrays
@@ -120,7 +132,9 @@ def handle_hello(message: Message, context: Context) -> Message:
     data = client_data(spec, cid, context.node_config)
     state = ClientState(context, cid, spec.run, state_dir_of(spec, context.node_config))
     metrics = {
-        wire.CLIENT_KEY: cid, wire.NUM_TRAIN: data.num_train, wire.NUM_TEST: data.num_test,
+        wire.CLIENT_KEY: cid,
+        wire.NUM_TRAIN: data.num_train,
+        wire.NUM_TEST: data.num_test,
         wire.STATE_ROUND: state.newest_round(),
     }
     if wire.NUM_PARTITIONS in context.node_config:  # simulation: lets the server check the node count
@@ -185,7 +199,9 @@ def prepare(message: Message, context: Context) -> Job:
         raise ValueError(f"message addressed to client {config[wire.CLIENT_KEY]} reached client {cid}")
     node_model = context.node_config.get(wire.NODE_MODEL)
     if node_model and spec.arch and str(node_model) != spec.arch:
-        raise ValueError(f"the server sent a {spec.arch} model spec, but this node runs {node_model!r} (node config model)")
+        raise ValueError(
+            f"the server sent a {spec.arch} model spec, but this node runs {node_model!r} (node config model)"
+        )
     data = client_data(spec, cid, context.node_config)
     device = pick_device(node_device(context.node_config, spec.device))
     if spec.deterministic:
@@ -196,12 +212,14 @@ def prepare(message: Message, context: Context) -> Job:
     # training round r starts from the state saved before r (a replayed round after a server crash
     # sees what it saw the first time); the evaluation after round r uses round r's
     saved = state.load(before_round=server_round + (spec.task == "evaluate"))
-    extra = {k[len(STATE_EXTRA_PREFIX):]: v for k, v in saved.items() if k.startswith(STATE_EXTRA_PREFIX)}
+    extra = {k[len(STATE_EXTRA_PREFIX) :]: v for k, v in saved.items() if k.startswith(STATE_EXTRA_PREFIX)}
     own = {k: v for k, v in saved.items() if not k.startswith(STATE_EXTRA_PREFIX)}
     model.load_state_dict(own, strict=False)
     record = message.content.array_records.get(wire.ARRAYS_RECORD, ArrayRecord())
     received = {k: torch.from_numpy(v.numpy().copy()) for k, v in record.items()}
-    received_extra = {k[len(WIRE_EXTRA_PREFIX):]: received.pop(k) for k in list(received) if k.startswith(WIRE_EXTRA_PREFIX)}
+    received_extra = {
+        k[len(WIRE_EXTRA_PREFIX) :]: received.pop(k) for k in list(received) if k.startswith(WIRE_EXTRA_PREFIX)
+    }
     known = set(model.state_dict())
     unknown = [k for k in received if k not in known]
     if unknown:
@@ -215,8 +233,14 @@ def prepare(message: Message, context: Context) -> Job:
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout masks
     ctx = RoleContext(
-        device, generator, server_round, list(spec.personal), extra, list(spec.personal_keys),
-        received_extra=received_extra, upload_keys=upload_keys(model, spec),
+        device,
+        generator,
+        server_round,
+        list(spec.personal),
+        extra,
+        list(spec.personal_keys),
+        received_extra=received_extra,
+        upload_keys=upload_keys(model, spec),
     )
     timings["setup_time_s"] = time.perf_counter() - t0 - timings.get("device_setup_s", 0.0)
     return Job(spec, cid, data, model, state, ctx, len(saved), timings)
@@ -251,7 +275,12 @@ def handle_train(message: Message, context: Context) -> Message:
     role = build_role(spec.role, spec.role_args)
     metrics: dict[str, float] = {wire.CLIENT_KEY: cid, wire.NUM_EXAMPLES: data.num_train, wire.TEST_SIZE: data.num_test}
     t0 = time.perf_counter()
-    metrics.update(_eval_metrics("test_before", evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device)))
+    metrics.update(
+        _eval_metrics(
+            "test_before",
+            evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device),
+        )
+    )
     t1 = time.perf_counter()
     metrics.update(role.fit(model, data, args, ctx))
     t2 = time.perf_counter()
@@ -262,15 +291,25 @@ def handle_train(message: Message, context: Context) -> Message:
     allowed = set(upload_keys(model, spec))
     chosen = [k for k in ctx.upload_keys if k in allowed]
     if len(chosen) != len(ctx.upload_keys):
-        raise ValueError(f"role {spec.role} chose to upload {sorted(set(ctx.upload_keys) - allowed)[:5]}, which the server did not ask for")
+        raise ValueError(
+            f"role {spec.role} chose to upload {sorted(set(ctx.upload_keys) - allowed)[:5]}, which the server did not "
+            "ask for"
+        )
     sd = model.state_dict()
     tensors = {k: sd[k].detach().cpu().numpy() for k in chosen}
     tensors.update({WIRE_EXTRA_PREFIX + k: v.detach().cpu().numpy() for k, v in ctx.upload_extra.items()})
     log(
-        INFO if wire.NODE_PARTITION_ID not in context.node_config else DEBUG,  # one line per round on a device, quiet in simulation
+        INFO
+        if wire.NODE_PARTITION_ID not in context.node_config
+        else DEBUG,  # one line per round on a device, quiet in simulation
         "client %d round %d: test_before %.4f test_after %.4f (%d test samples), %d state tensors restored; %s",
-        cid, ctx.server_round, metrics["test_before_correct"] / max(data.num_test, 1),
-        metrics["test_after_correct"] / max(data.num_test, 1), data.num_test, job.restored, _timing_text(metrics),
+        cid,
+        ctx.server_round,
+        metrics["test_before_correct"] / max(data.num_test, 1),
+        metrics["test_after_correct"] / max(data.num_test, 1),
+        data.num_test,
+        job.restored,
+        _timing_text(metrics),
     )
     if TEST_FAULT_KEY in context.node_config:
         _tamper(str(context.node_config[TEST_FAULT_KEY]), ctx.server_round, metrics, tensors)
@@ -281,10 +320,15 @@ def handle_train(message: Message, context: Context) -> Message:
 def _timing_text(metrics: dict[str, float]) -> str:
     """The round's seconds on this node, e.g. 'cold start 3.41 s, setup 0.05 s, train 0.31 s, eval 0.04 s'."""
     parts = [
-        (name, metrics[key]) for name, key in (
-            ("cold start", "cold_start_s"), ("device setup", "device_setup_s"), ("setup", "setup_time_s"),
-            ("train", "train_time_s"), ("eval", "eval_time_s"),
-        ) if key in metrics
+        (name, metrics[key])
+        for name, key in (
+            ("cold start", "cold_start_s"),
+            ("device setup", "device_setup_s"),
+            ("setup", "setup_time_s"),
+            ("train", "train_time_s"),
+            ("eval", "eval_time_s"),
+        )
+        if key in metrics
     ]
     return ", ".join(f"{name} {value:.2f} s" for name, value in parts)
 
@@ -311,7 +355,9 @@ def handle_evaluate(message: Message, context: Context) -> Message:
     eval_model = role.eval_model(job.model, job.data, _train_args(job.spec), job.ctx)
     result = evaluate(eval_model, job.data.x_test, job.data.y_test, device=job.ctx.device)
     metrics = {
-        wire.CLIENT_KEY: job.client_id, wire.NUM_EXAMPLES: job.data.num_train, wire.TEST_SIZE: job.data.num_test,
+        wire.CLIENT_KEY: job.client_id,
+        wire.NUM_EXAMPLES: job.data.num_train,
+        wire.TEST_SIZE: job.data.num_test,
         **_eval_metrics("test", result),
     }
     if job.spec.global_test:

@@ -57,7 +57,13 @@ class ClientState:
             return {}
         eligible = [r for r in saved if before_round is None or r < before_round]
         if not eligible:  # only newer saves: not reachable with versions = checkpoint_every + 1
-            log(WARNING, "client state %s holds rounds %s only, none before round %s; using the oldest", self.path, sorted(saved), before_round)
+            log(
+                WARNING,
+                "client state %s holds rounds %s only, none before round %s; using the oldest",
+                self.path,
+                sorted(saved),
+                before_round,
+            )
             eligible = [min(saved)]
         return saved[max(eligible)]
 

@@ -50,13 +50,15 @@ class PlainSGD:
     """SGD with momentum and weight decay: the update of ``torch.optim.SGD`` (no dampening,
     no Nesterov), bit for bit.
 
-    Why not ``torch.optim.SGD``: its first use in a process imports ``torch._dynamo``, about
-    3 s on a 2-core machine. Every new ClientApp process pays that: once per Ray actor in
+    Why not ``torch.optim.SGD``: its first use in a process imports ``torch._dynamo``, seconds
+    of start-up (docs/benchmarks.md, section 1). Every new ClientApp process pays that: once per Ray actor in
     simulation, and once per message on a SuperNode (the ClientApp runs in a fresh process
     for each message), where it was most of a small client's round.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+    ) -> None:
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
@@ -95,8 +97,12 @@ class PlainAdam:
     ``torch._dynamo`` (see :class:`PlainSGD`)."""
 
     def __init__(
-        self, params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8, weight_decay: float = 0.0,
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
     ) -> None:
         self.params = list(params)
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay

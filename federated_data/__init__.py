@@ -1,7 +1,7 @@
 """Datasets, partitioners and per-client tensors (cached once per process)."""
 
-from .client_data import DataSpec, data_origin, load_client_data, load_public_data, partition_sizes
 from .catalog import DATASETS, DatasetInfo, DatasetNotFoundError, dataset_info
+from .client_data import DataSpec, data_origin, load_client_data, load_public_data, partition_sizes
 from .tensors import ClientData
 
 __all__ = [

@@ -114,8 +114,7 @@ def _pool(spec_key: DataSpec) -> _Pool:
     if spec.public == "test":
         if "test" not in splits:
             raise ValueError(
-                f"dataset {spec.dataset!r} has no official test split for data.public=test; "
-                "use data.public=holdout"
+                f"dataset {spec.dataset!r} has no official test split for data.public=test; use data.public=holdout"
             )
         public, public_labels = splits.pop("test")
         public_labels = np.asarray(public_labels).astype(np.int64)
@@ -126,7 +125,11 @@ def _pool(spec_key: DataSpec) -> _Pool:
         images, labels = splits["train"]
     labels = labels.astype(np.int64)
     if spec.subsample < 1:  # a fixed random subset, drawn before the public holdout and the partition
-        keep = np.sort(np.random.default_rng(spec.seed + 104_729).permutation(len(labels))[: max(1, round(len(labels) * spec.subsample))])
+        keep = np.sort(
+            np.random.default_rng(spec.seed + 104_729).permutation(len(labels))[
+                : max(1, round(len(labels) * spec.subsample))
+            ]
+        )
         images, labels = images[keep], labels[keep]
     if spec.public == "holdout":
         order = np.random.default_rng(spec.seed + 7919).permutation(len(labels))
@@ -169,7 +172,7 @@ def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarr
         raise ValueError(
             f"client id {client_id} is outside 0..{spec.num_clients - 1}: the federation has "
             f"more nodes than num_clients={spec.num_clients} (set num_clients to the number of "
-            "SuperNodes, e.g. --federation-config \"num-supernodes=N\" with num_clients=N)"
+            'SuperNodes, e.g. --federation-config "num-supernodes=N" with num_clients=N)'
         )
     parts = _partition(spec)
     return train_test_split(parts[client_id], spec.test_fraction, spec.seed * 100_003 + client_id)

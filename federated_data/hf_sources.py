@@ -52,7 +52,9 @@ def read_hf(
         label_key = label_column or _column(ds, datasets.ClassLabel, "label_column", path, fallback="label")
         for key, option in ((image_key, "image_column"), (label_key, "label_column")):
             if key not in ds.column_names:
-                raise ValueError(f"{path} [{split}] has no column {key!r} (columns {ds.column_names}); set dataset.options.{option}")
+                raise ValueError(
+                    f"{path} [{split}] has no column {key!r} (columns {ds.column_names}); set dataset.options.{option}"
+                )
         images = _images(ds, image_key, channels, image_size, f"{path} [{split}]")
         labels = np.asarray(ds[label_key], dtype=np.int64)
         if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):

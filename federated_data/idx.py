@@ -31,9 +31,7 @@ def write_idx(path: str | Path, array: np.ndarray) -> None:
     """Write a uint8 array as IDX (gzip if the name ends in .gz); used by tests and tools."""
     path = Path(path)
     array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
-        int(d).to_bytes(4, "big") for d in array.shape
-    )
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wb") as f:
         f.write(header + array.tobytes())

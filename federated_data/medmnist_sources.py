@@ -21,7 +21,14 @@ def read_medmnist_npz(name: str, root: str | None = None) -> Splits:
     """``{"train": train+val, "test": test}`` as ``[N, 1, 28, 28]`` uint8 and int64 labels."""
     info = DATASETS[name]
     file = f"{name}.npz"
-    base = find_files(name, data_roots(root, info.default_roots), [[file]], ("medmnist", "MedMNIST", ""), info.how_to_get, user_root=root)
+    base = find_files(
+        name,
+        data_roots(root, info.default_roots),
+        [[file]],
+        ("medmnist", "MedMNIST", ""),
+        info.how_to_get,
+        user_root=root,
+    )
     path = base / file
     try:
         with np.load(path) as npz:

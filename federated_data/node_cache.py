@@ -67,7 +67,13 @@ def load_or_build(
     try:
         _write(path, data)
     except OSError as exc:  # a read-only or full disk costs speed, never the round
-        log(WARNING, "cannot write the partition cache %s (%s): set node config %s to a writable directory or none", path, exc, CACHE_KEY)
+        log(
+            WARNING,
+            "cannot write the partition cache %s (%s): set node config %s to a writable directory or none",
+            path,
+            exc,
+            CACHE_KEY,
+        )
     return data, False
 
 
@@ -77,8 +83,12 @@ def _write(path: Path, data: ClientData) -> None:
     os.close(fd)
     try:
         np.savez(
-            tmp, x_train=data.x_train.numpy(), y_train=data.y_train.numpy(), x_test=data.x_test.numpy(),
-            y_test=data.y_test.numpy(), num_classes=np.int64(data.num_classes),
+            tmp,
+            x_train=data.x_train.numpy(),
+            y_train=data.y_train.numpy(),
+            x_test=data.x_test.numpy(),
+            y_test=data.y_test.numpy(),
+            num_classes=np.int64(data.num_classes),
         )
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
     finally:

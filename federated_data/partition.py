@@ -38,8 +38,7 @@ def partition(
         raise PartitionError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > len(labels):
         raise PartitionError(
-            f"{num_clients} clients but only {len(labels)} samples: lower num_clients "
-            "or use a larger dataset"
+            f"{num_clients} clients but only {len(labels)} samples: lower num_clients or use a larger dataset"
         )
     if method == "dirichlet":
         if not alpha > 0:

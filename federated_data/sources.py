@@ -196,9 +196,7 @@ def _no_pool(root: str | None = None, **options: Any) -> Splits:
 
 
 DATASETS: dict[str, DatasetInfo] = {
-    "digits": DatasetInfo(
-        "digits", (1, 28, 28), 10, read_digits, how_to_get="Bundled with scikit-learn."
-    ),
+    "digits": DatasetInfo("digits", (1, 28, 28), 10, read_digits, how_to_get="Bundled with scikit-learn."),
     "synthetic": DatasetInfo("synthetic", (1, 28, 28), 10, read_synthetic),
     "local": DatasetInfo(
         "local",
@@ -233,7 +231,9 @@ def lookup(name: str, **options: Any) -> DatasetInfo:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]
-    if name in ("synthetic", "local", "hf") and options:  # shape and classes are options (local, hf: what the data must hold)
+    if (
+        name in ("synthetic", "local", "hf") and options
+    ):  # shape and classes are options (local, hf: what the data must hold)
         c = int(options.get("channels", info.in_shape[0]))
         s = int(options.get("image_size", info.in_shape[1]))
         k = int(options.get("num_classes", info.num_classes))

@@ -19,9 +19,8 @@ import numpy as np
 from .idx import read_idx
 from .sources import DATASETS, DatasetInfo, Splits, data_roots, find_files, pick, register
 
-def _locate(
-    name: str, root: str | None, required: Sequence[Sequence[str]], subdirs: Sequence[str]
-) -> Path:
+
+def _locate(name: str, root: str | None, required: Sequence[Sequence[str]], subdirs: Sequence[str]) -> Path:
     """The directory holding ``name``'s files, searched under every configured root."""
     info = DATASETS[name]
     return find_files(
@@ -214,17 +213,13 @@ def read_cinic10(root: str | None = None) -> Splits:
 
 def read_tinyimagenet(root: str | None = None) -> Splits:
     """Tiny-ImageNet-200: train folders and the labelled val set (served as ``test``)."""
-    base = _locate(
-        "tinyimagenet", root, [["train"], ["val/val_annotations.txt"]], ("tiny-imagenet-200", "")
-    )
+    base = _locate("tinyimagenet", root, [["train"], ["val/val_annotations.txt"]], ("tiny-imagenet-200", ""))
     wnids_file = base / "wnids.txt"
     wnids = wnids_file.read_text().split() if wnids_file.exists() else _subdirs(base / "train")
     index = _class_index(wnids, "tinyimagenet", 200)
     suffixes = (".jpeg", ".jpg")
     train = [
-        (p, index[w])
-        for w in _subdirs(base / "train")
-        for p in _images_in(base / "train" / w / "images", suffixes)
+        (p, index[w]) for w in _subdirs(base / "train") for p in _images_in(base / "train" / w / "images", suffixes)
     ]
     val = []
     for line in (base / "val" / "val_annotations.txt").read_text().splitlines():
@@ -247,8 +242,7 @@ for _info in (
         mean=(0.1307,),
         std=(0.3081,),
         how_to_get="Put the four MNIST IDX files ({train,t10k}-images-idx3-ubyte.gz and "
-        "{train,t10k}-labels-idx1-ubyte.gz, gzipped or not) in ROOT/MNIST/raw/; "
-        + _TV.format("MNIST"),
+        "{train,t10k}-labels-idx1-ubyte.gz, gzipped or not) in ROOT/MNIST/raw/; " + _TV.format("MNIST"),
     ),
     DatasetInfo(
         "emnist",

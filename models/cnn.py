@@ -3,7 +3,8 @@
 Group convention shared by every model in this zoo: a group's output is a clean
 activation (after ReLU/pool, flattened before the first FC layer) and Dropout opens the
 group that consumes it. Group outputs are the "taps" layer-wise methods read
-(FedCPMD paper, model partition and candidate layers: post-ReLU, pre-Dropout). The forward pass is the same as the papers'
+(FedCPMD paper, model partition and candidate layers: post-ReLU, pre-Dropout). The forward pass is the same as the
+papers'
 flat layer lists, and each parameter belongs to the same group either way.
 """
 
@@ -77,9 +78,7 @@ def with_fc_head(
     return LayeredNet(groups)
 
 
-def cnn_fedtsdp(
-    in_shape: tuple[int, int, int], num_classes: int, pool_after_each_conv: bool = False
-) -> LayeredNet:
+def cnn_fedtsdp(in_shape: tuple[int, int, int], num_classes: int, pool_after_each_conv: bool = False) -> LayeredNet:
     """FedTSDP's CNN (Keras "mnist_cnn"): 6,447,562 parameters on 3x32x32 with C=10.
 
     conv1 = Conv(C,32,3)-ReLU; conv2 = Conv(32,64,3)-ReLU-MaxPool(2)-Flatten;

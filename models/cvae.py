@@ -22,7 +22,9 @@ CVAE_LOSSES = ("elbo", "code")
 
 
 class CVAE(nn.Module):
-    def __init__(self, feature_dim: int, num_classes: int, label_dim: int = 512, hidden: int = 1024, latent: int = 512) -> None:
+    def __init__(
+        self, feature_dim: int, num_classes: int, label_dim: int = 512, hidden: int = 1024, latent: int = 512
+    ) -> None:
         super().__init__()
         self.feature_dim, self.num_classes, self.latent = feature_dim, num_classes, latent
         self.embed = nn.Embedding(num_classes, label_dim)
@@ -58,7 +60,14 @@ class CVAE(nn.Module):
             self.train(was)
 
 
-def cvae_loss(recon: torch.Tensor, target: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor, kind: str = "elbo", beta: float = 1.0) -> torch.Tensor:
+def cvae_loss(
+    recon: torch.Tensor,
+    target: torch.Tensor,
+    mu: torch.Tensor,
+    logvar: torch.Tensor,
+    kind: str = "elbo",
+    beta: float = 1.0,
+) -> torch.Tensor:
     """The negative ELBO (Eq. 2) in the ``kind`` scaling (module docstring)."""
     kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp())  # [B, Z]
     if kind == "elbo":
@@ -94,7 +103,7 @@ def train_cvae(
         order = torch.randperm(len(labels), generator=generator).to(device)
         total, batches = 0.0, 0
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             if len(idx) < 2:
                 continue
             mu, logvar = model.encode(features[idx], labels[idx])

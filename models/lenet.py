@@ -1,4 +1,5 @@
-"""LeNet-5 with BatchNorm and its 1-4 FC-layer variants (FedCMD paper, LeNet-5 (Table XI), FedCPMD paper, models and data)."""
+"""LeNet-5 with BatchNorm and its 1-4 FC-layer variants (FedCMD paper, LeNet-5 (Table XI), FedCPMD paper, models and
+data)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def _conv_block(c_in: int, c_out: int, flatten: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def lenet5(in_shape: tuple[int, int, int], num_classes: int, fc_layers: int = 3, feature_dim: int | None = None) -> LayeredNet:
+def lenet5(
+    in_shape: tuple[int, int, int], num_classes: int, fc_layers: int = 3, feature_dim: int | None = None
+) -> LayeredNet:
     """LeNet-5: conv1, conv2, then ``fc_layers`` linear groups, the last named ``classifier``.
 
     ``fc_layers=3`` is the papers' main model (fc1 120, fc2 84, classifier); 2 is FedCMD's
@@ -34,7 +37,9 @@ def lenet5(in_shape: tuple[int, int, int], num_classes: int, fc_layers: int = 3,
     if not 1 <= fc_layers <= 4:
         raise ValueError(f"lenet5 fc_layers must be 1..4, got {fc_layers}")
     if feature_dim is not None and (fc_layers == 1 or int(feature_dim) < 1):
-        raise ValueError(f"lenet5 feature_dim needs fc_layers >= 2 (a hidden layer to set) and a positive width, got {feature_dim}")
+        raise ValueError(
+            f"lenet5 feature_dim needs fc_layers >= 2 (a hidden layer to set) and a positive width, got {feature_dim}"
+        )
     c, h, w = in_shape
     side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2  # after conv1, pool, conv2, pool
     if side_h < 1 or side_w < 1:  # each side on its own: two negative sides multiply to a positive size

@@ -14,15 +14,13 @@ from __future__ import annotations
 import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from .layered import LayeredNet
 
-if TYPE_CHECKING:  # torchvision is imported only when a ResNet is built: it costs ~2.5 s per process
+if TYPE_CHECKING:  # torchvision is imported only when a ResNet is built: its import is seconds of every process's start
     from torchvision.models.resnet import ResNet
 
 # block type ("basic" = BasicBlock, "bottleneck" = Bottleneck) and blocks per stage
@@ -50,9 +48,7 @@ def _stem(net: "ResNet", in_channels: int, stem: str) -> nn.Sequential:
     kernel, stride, padding = (7, 2, 3) if stem == "imagenet" else (3, 1, 1)
     conv = net.conv1
     if (in_channels, kernel) != (conv.in_channels, conv.kernel_size[0]):
-        conv = nn.Conv2d(
-            in_channels, conv.out_channels, kernel, stride=stride, padding=padding, bias=False
-        )
+        conv = nn.Conv2d(in_channels, conv.out_channels, kernel, stride=stride, padding=padding, bias=False)
         nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
     layers = OrderedDict(conv1=conv, bn1=net.bn1, relu=net.relu)
     if stem == "imagenet":
@@ -63,9 +59,7 @@ def _stem(net: "ResNet", in_channels: int, stem: str) -> nn.Sequential:
 def _pool(width: int, feature_dim: int) -> nn.Sequential:
     """Global average pool + flatten; a Linear-ReLU projection when the shared feature width
     differs from the native one (Felo/Velo paper, points it leaves open: ResNet50's 2048 -> 512)."""
-    layers: OrderedDict[str, nn.Module] = OrderedDict(
-        avgpool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()
-    )
+    layers: OrderedDict[str, nn.Module] = OrderedDict(avgpool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten())
     if feature_dim != width:
         layers["proj"] = nn.Linear(width, feature_dim)
         layers["proj_relu"] = nn.ReLU(inplace=True)

@@ -109,7 +109,9 @@ class ModelSchema:
         groups = tuple(model.group_names)
         group_keys = {g: tuple(k for k in state if k in params and group_of(k) == g) for g in groups}
         group_buffers = {g: tuple(k for k in state if k in buffers and group_of(k) == g) for g in groups}
-        template = {k: (tuple(v.shape), v.detach().cpu().numpy().dtype) for k, v in state.items() if k in params | buffers}
+        template = {
+            k: (tuple(v.shape), v.detach().cpu().numpy().dtype) for k, v in state.items() if k in params | buffers
+        }
         order = tuple(k for k in state if k in params | buffers)
         bn = (tuple(batchnorm_keys(model)), tuple(m.num_features for m in batchnorm_layers(model)))
         layers = parameter_layers(model)
@@ -157,7 +159,10 @@ def assign_archs(rule: str | Mapping[Any, str], archs: Sequence[str], num_client
             out[cid] = str(arch)
         missing = sorted(set(range(num_clients)) - set(out))
         if missing:
-            raise ValueError(f"model.assign names no architecture for client(s) {missing[:10]}: name every client 0..{num_clients - 1}, or use blocks / round_robin")
+            raise ValueError(
+                f"model.assign names no architecture for client(s) {missing[:10]}: name every client "
+                f"0..{num_clients - 1}, or use blocks / round_robin"
+            )
         extra = sorted(c for c in out if not 0 <= c < num_clients)
         if extra:
             raise ValueError(f"model.assign names client(s) {extra[:10]} outside 0..{num_clients - 1}")
@@ -166,4 +171,6 @@ def assign_archs(rule: str | Mapping[Any, str], archs: Sequence[str], num_client
         return {i: archs[i * len(archs) // num_clients] for i in range(num_clients)}
     if rule == "round_robin":
         return {i: archs[i % len(archs)] for i in range(num_clients)}
-    raise ValueError(f"model.assign must be one of {list(ASSIGN_RULES)} or a mapping client id -> architecture, got {rule!r}")
+    raise ValueError(
+        f"model.assign must be one of {list(ASSIGN_RULES)} or a mapping client id -> architecture, got {rule!r}"
+    )

@@ -3,7 +3,8 @@
 Groups conv1..conv8 (each Conv3x3-ReLU plus the max-pool that follows it; conv8 also
 holds the adaptive average pool and the flatten, so its output is the FC input o_0),
 then fc1, fc2, classifier. As in the rest of the zoo Dropout opens fc2 and the
-classifier, so fc1/fc2 outputs are the post-ReLU, pre-Dropout taps of FedCPMD paper, model partition and candidate layers.
+classifier, so fc1/fc2 outputs are the post-ReLU, pre-Dropout taps of FedCPMD paper, model partition and candidate
+layers.
 Pools use ``ceil_mode=True``: the five pools then take 28x28 down to 1x1 (28-14-7-4-2-1)
 and give the same maps as torchvision on 32x32 and 64x64 inputs.
 """
@@ -18,9 +19,7 @@ from torch import nn
 from .cnn import conv_relu, with_fc_head
 from .layered import LayeredNet
 
-VGG11_LAYOUT: tuple[int | str, ...] = (
-    64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"
-)
+VGG11_LAYOUT: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
 def _convs_with_pool(layout: Sequence[int | str]) -> Iterator[tuple[int, bool]]:

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from flwr.supercore.logger import FLOWER_LOGGER, update_console_handler
+from .compat import FLOWER_LOGGER, update_console_handler
 
 NOISE = (
     "The `run_simulation` function is deprecated",

@@ -24,7 +24,11 @@ SCORE_MODES = ("paper", "code")  # FedCMD layer score (FedCMD paper, layer score
 W2_MODES = ("gaussian", "mean_only")
 SELECTION_TIMINGS = ("during_training", "after_training")
 GRANULARITIES = ("batch", "dataset")
-SELECTORS = ("eq7", "fedcmd_code", "eq6")  # FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))
+SELECTORS = (
+    "eq7",
+    "fedcmd_code",
+    "eq6",
+)  # FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))
 DISTANCES = ("js", "w2", "hellinger", "bhattacharyya", "w2_mean")  # d between two 1-D Gaussians
 LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD)
 
@@ -46,7 +50,9 @@ def check_min(owner: str, option: str, value: float | None, low: float, strict: 
         raise RoleArgsError(f"{owner} {option} must be {'>' if strict else '>='} {low}, got {value}")
 
 
-def check_phase(owner: str, phase: int, phases: tuple[int, ...], voting: tuple[int, ...], candidates: list[str]) -> None:
+def check_phase(
+    owner: str, phase: int, phases: tuple[int, ...], voting: tuple[int, ...], candidates: list[str]
+) -> None:
     """A layer-voting role's phase is one of ``phases``; the ``voting`` ones need candidate layers."""
     if phase not in phases:
         raise RoleArgsError(f"{owner} phase must be one of {list(phases)}, got {phase}")
@@ -286,11 +292,13 @@ class KAPCArgs(RoleArgs):
 
 @dataclass(frozen=True)
 class FeloArgs(RoleArgs):
-    """Felo / Velo / FedHe (Felo/Velo paper, Algorithm 1, client side): CE + alpha * (mse_weight * feature MSE + KL of the
+    """Felo / Velo / FedHe (Felo/Velo paper, Algorithm 1, client side): CE + alpha * (mse_weight * feature MSE + KL of
+    the
     logits) against the server's class knowledge (extra arrays ``knowledge/S|P|M``; none sent: CE
     only, the warm-up). The client uploads its per-class mean features and logits and counts
     (``knowledge/s|p|n``) of width ``feature_dim``. FedHe: ``mse_weight`` 0 (logits only).
-    ``feature_samples`` N > 0 (Felo/Velo paper, the authors' code's per-sample feature upload, the "samples" upload): instead of the class
+    ``feature_samples`` N > 0 (Felo/Velo paper, the authors' code's per-sample feature upload, the "samples" upload):
+    instead of the class
     means ``s`` the client sends its last N per-sample training features ``knowledge/f`` [N, D]
     and their labels ``knowledge/y`` [N] (-1 pads the rows of a round that saw fewer)."""
 
@@ -312,5 +320,7 @@ class FeloArgs(RoleArgs):
 def role_args(role: str, values: dict[str, Any] | None) -> RoleArgs:
     """The arguments of ``role`` from a message (validated)."""
     if role not in ROLE_ARGS:
-        raise RoleArgsError(f"unknown client role {role!r}; this pflower knows {sorted(ROLE_ARGS)} (update pflower on the node)")
+        raise RoleArgsError(
+            f"unknown client role {role!r}; this pflower knows {sorted(ROLE_ARGS)} (update pflower on the node)"
+        )
     return ROLE_ARGS[role].from_dict(values)

@@ -53,7 +53,9 @@ class OfflineError(RuntimeError):
     """A step cannot run here; the message says what is missing and how to get it."""
 
 
-def debian_mirror(sources: tuple[str, ...] = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")) -> str:
+def debian_mirror(
+    sources: tuple[str, ...] = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"),
+) -> str:
     """The first Debian (not -security) mirror apt uses here, else deb.debian.org."""
     for name in sources:
         path = Path(name)
@@ -85,15 +87,28 @@ def make_base(tag: str = DEFAULT_TAG, mirror: str | None = None, suite: str = "b
         rootfs = Path(tmp) / "rootfs"
         t0 = time.monotonic()
         subprocess.run(
-            [debootstrap, "--variant=minbase", "--include=python3,python3-venv,ca-certificates", suite, str(rootfs), mirror],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                debootstrap,
+                "--variant=minbase",
+                "--include=python3,python3-venv,ca-certificates",
+                suite,
+                str(rootfs),
+                mirror,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for p in (rootfs / junk).glob("*"):
                 if p.is_file():
                     p.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run([docker, "import", "--change", 'CMD ["python3"]', "-", tag], stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [docker, "import", "--change", 'CMD ["python3"]', "-", tag],
+            stdin=tar.stdout,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         if tar.wait() != 0:
             raise OfflineError("tar of the debootstrapped tree failed")
     print(f"{tag}: Debian {suite} from {mirror} with python3 ({time.monotonic() - t0:.0f} s)")
@@ -114,11 +129,16 @@ def wheels_are_for(torch: str, dest: Path = WHEELS) -> bool:
 
 def build_wheel(sdist: Path, dest: Path, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> None:
     """Build ``sdist`` into a wheel in ``dest``, the same bytes every time (see WHEEL_BUILD_EPOCH)."""
-    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), str(sdist)], check=True,
-                   env={**os.environ, "SOURCE_DATE_EPOCH": WHEEL_BUILD_EPOCH})
+    subprocess.run(
+        [*pip, "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), str(sdist)],
+        check=True,
+        env={**os.environ, "SOURCE_DATE_EPOCH": WHEEL_BUILD_EPOCH},
+    )
 
 
-def fill_wheels(torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> list[Path]:
+def fill_wheels(
+    torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str, ...] = (sys.executable, "-m", "pip")
+) -> list[Path]:
     """Download the image's wheels (torch spec + pflower's dependencies + setuptools) into ``dest``.
 
     The host's pip settings apply (its index, mirror, find-links, CA bundle); nothing of them is
@@ -151,16 +171,37 @@ def fill_wheels(torch: str = DEFAULT_TORCH, dest: Path = WHEELS, pip: tuple[str,
 def tag_deps(base: str, torch: str, tag: str = DEPS_TAG) -> None:
     """Build (from the cache, when nothing changed) and tag docker/Dockerfile's deps stage, so
     that :func:`prune_superseded` keeps it: untagged, it would count as superseded."""
-    subprocess.run(["docker", "build", "-q", "-f", str(ROOT / "docker" / "Dockerfile"), "--target", "deps",
-                    "--build-arg", f"BASE={base}", "--build-arg", f"TORCH={torch}", "-t", tag, str(ROOT)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "docker",
+            "build",
+            "-q",
+            "-f",
+            str(ROOT / "docker" / "Dockerfile"),
+            "--target",
+            "deps",
+            "--build-arg",
+            f"BASE={base}",
+            "--build-arg",
+            f"TORCH={torch}",
+            "-t",
+            tag,
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def prune_superseded() -> str:
     """Remove the untagged pflower images (those a rebuild replaced); returns docker's summary.
     Only images with the Dockerfile's label are touched; other projects' images stay."""
-    out = subprocess.run(["docker", "image", "prune", "-f", "--filter", f"label={IMAGE_LABEL}"],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        ["docker", "image", "prune", "-f", "--filter", f"label={IMAGE_LABEL}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
 
 

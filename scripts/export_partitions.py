@@ -48,9 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{len(paths)} node directories for {spec.dataset} ({spec.partitioner}, {spec.num_clients} clients). "
         f"Run the server with:\n  --run-config \"dataset='local' num_clients={spec.num_clients}"
-        + ("" if (c, s, info.num_classes) == (1, 28, 10) else
-           f" overrides='dataset.options.channels={c} dataset.options.image_size={s} dataset.options.num_classes={info.num_classes}'")
-        + "\""
+        + (
+            ""
+            if (c, s, info.num_classes) == (1, 28, 10)
+            else f" overrides='dataset.options.channels={c} dataset.options.image_size={s} "
+            f"dataset.options.num_classes={info.num_classes}'"
+        )
+        + '"'
     )
     return 0
 

@@ -86,10 +86,12 @@ def register(name: str, public_keys: list[str], flwr: str | None = None) -> list
     for key in public_keys:
         proc = subprocess.run(
             [flwr, "supernode", "register", key, name, "--format", "json"],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         try:
-            result = json.loads(proc.stdout[proc.stdout.index("{"):])
+            result = json.loads(proc.stdout[proc.stdout.index("{") :])
         except ValueError:
             raise SystemExit(f"flwr supernode register {key}: unexpected output\n{proc.stdout}{proc.stderr}") from None
         if result.get("success"):

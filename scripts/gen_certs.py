@@ -48,7 +48,9 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _san(names: list[str]) -> x509.SubjectAlternativeName:
@@ -74,9 +76,7 @@ def make_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA384())
     )
@@ -98,9 +98,7 @@ def make_server_cert(
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(_san(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, True, False, False, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(True, False, False, False, True, False, False, False, False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA384())
@@ -154,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="certs", help="output directory (default: certs)")
     parser.add_argument("--nodes", type=int, default=3, help="SuperNode key pairs to create (default: 3)")
     parser.add_argument(
-        "--san", action="append", default=[],
+        "--san",
+        action="append",
+        default=[],
         help="extra subject alternative name of the SuperLink (DNS name or IP); repeatable",
     )
     parser.add_argument("--days", type=int, default=3650, help="validity in days (default: 3650)")

@@ -93,7 +93,10 @@ def load(path: str | Path = DEFAULT_TOPOLOGY) -> Topology:
     )
     if topo.nodes < 1:
         raise ValueError("supernodes.count must be >= 1")
-    if topo.serverapp_isolation not in ("process", "subprocess") or topo.node_isolation not in ("process", "subprocess"):
+    if topo.serverapp_isolation not in ("process", "subprocess") or topo.node_isolation not in (
+        "process",
+        "subprocess",
+    ):
         raise ValueError("isolation must be 'process' or 'subprocess'")
     return topo
 
@@ -159,9 +162,12 @@ def superlink_argv(topo: Topology, place: Placement) -> list[str]:
         argv += ["--insecure"]
     else:
         argv += [
-            "--ssl-ca-certfile", place.cert("ca.crt"),
-            "--ssl-certfile", place.cert("server.pem"),
-            "--ssl-keyfile", place.cert("server.key"),
+            "--ssl-ca-certfile",
+            place.cert("ca.crt"),
+            "--ssl-certfile",
+            place.cert("server.pem"),
+            "--ssl-keyfile",
+            place.cert("server.key"),
         ]
         if topo.supernode_auth:
             argv += ["--enable-supernode-auth"]
@@ -169,9 +175,12 @@ def superlink_argv(topo: Topology, place: Placement) -> list[str]:
     if topo.serverapp_isolation == "process" and topo.superexec_auth and not place.local_insecure:
         argv += ["--superexec-auth-secret-file", place.cert("superexec.secret")]
     argv += [
-        "--host", place.superlink_bind,
-        "--port", str(place.port),
-        "--database", place.database,
+        "--host",
+        place.superlink_bind,
+        "--port",
+        str(place.port),
+        "--database",
+        place.database,
         "--disable-runtime-dependency-installation",
     ]
     return argv
@@ -190,11 +199,18 @@ def superexec_argv(topo: Topology, place: Placement) -> list[str]:
 
 def node_config(place: Placement, i: int, extra: Mapping[str, Any] | None = None) -> str:
     """``--node-config`` of SuperNode i: its client id, its own data and state directories."""
-    values: dict[str, Any] = {"client-id": i, "data-dir": place.node_data(i), "state-dir": place.node_state(i), **(extra or {})}
+    values: dict[str, Any] = {
+        "client-id": i,
+        "data-dir": place.node_data(i),
+        "state-dir": place.node_state(i),
+        **(extra or {}),
+    }
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else _toml_value(v)}" for k, v in values.items())
 
 
-def supernode_argv(topo: Topology, place: Placement, i: int, extra_node_config: Mapping[str, Any] | None = None) -> list[str]:
+def supernode_argv(
+    topo: Topology, place: Placement, i: int, extra_node_config: Mapping[str, Any] | None = None
+) -> list[str]:
     argv = ["flower-supernode", "--superlink", place.link]
     if place.local_insecure:
         argv += ["--insecure"]
@@ -203,9 +219,12 @@ def supernode_argv(topo: Topology, place: Placement, i: int, extra_node_config: 
         if topo.supernode_auth:
             argv += ["--auth-supernode-private-key", place.node_key(i)]
     argv += [
-        "--node-config", node_config(place, i, extra_node_config),
-        "--isolation", topo.node_isolation,
-        "--port", str(place.node_runtime_port(i)),
+        "--node-config",
+        node_config(place, i, extra_node_config),
+        "--isolation",
+        topo.node_isolation,
+        "--port",
+        str(place.node_runtime_port(i)),
     ]
     return argv
 
@@ -281,6 +300,7 @@ def _placement_for_compose(topo: Topology) -> Placement:
 
 def compose_dict(topo: Topology) -> dict[str, Any]:
     place = _placement_for_compose(topo)
+
     # every service names its image and how to build it (the builder's cache builds each once),
     # so `docker compose up --build` never tries to pull these local images. Both images come
     # from one Dockerfile and share all but their last layers.
@@ -304,7 +324,10 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
                 "environment": {**s.env, **COMPOSE_ENV},
                 "ports": [f"{HOST_PORT % topo.port}:{topo.port}"],
                 "volumes": [  # only what the SuperLink needs: never the CA key or node private keys
-                    *[f"{DEMO_DIR}/certs/{f}:/certs/{f}:ro" for f in ("ca.crt", "server.pem", "server.key", "superexec.secret")],
+                    *[
+                        f"{DEMO_DIR}/certs/{f}:/certs/{f}:ro"
+                        for f in ("ca.crt", "server.pem", "server.key", "superexec.secret")
+                    ],
                     "superlink-state:/state",
                 ],
                 "healthcheck": {
@@ -322,7 +345,11 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
                 "user": USER,
                 "environment": {**s.env, **COMPOSE_ENV},
                 "working_dir": "/outputs",
-                "volumes": [f"{DEMO_DIR}/certs/ca.crt:/certs/ca.crt:ro", f"{DEMO_DIR}/certs/superexec.secret:/certs/superexec.secret:ro", f"{DEMO_DIR}/outputs:/outputs"],
+                "volumes": [
+                    f"{DEMO_DIR}/certs/ca.crt:/certs/ca.crt:ro",
+                    f"{DEMO_DIR}/certs/superexec.secret:/certs/superexec.secret:ro",
+                    f"{DEMO_DIR}/outputs:/outputs",
+                ],
                 "depends_on": {"superlink": {"condition": "service_healthy"}},
                 "restart": "unless-stopped",
             }
@@ -346,7 +373,10 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
                 "user": USER,
                 "environment": {**s.env, **COMPOSE_ENV},
                 "network_mode": f"service:supernode-{s.client_id}",
-                "volumes": [f"{DEMO_DIR}/data/client_{s.client_id}:/data:ro", f"supernode-{s.client_id}-state:/state"],  # the ClientApps read and write here
+                "volumes": [
+                    f"{DEMO_DIR}/data/client_{s.client_id}:/data:ro",
+                    f"supernode-{s.client_id}-state:/state",
+                ],  # the ClientApps read and write here
                 "depends_on": {f"supernode-{s.client_id}": {"condition": "service_started"}},
                 "restart": "unless-stopped",
             }
@@ -374,7 +404,11 @@ def compose_dict(topo: Topology) -> dict[str, Any]:
 
 
 def compose_gpu_dict(topo: Topology) -> dict[str, Any]:
-    gpu = {"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}}
+    gpu = {
+        "deploy": {
+            "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+        }
+    }
     runs_clientapps = "clientapp" if topo.node_isolation == "process" else "supernode"  # where the ClientApps run
     return {"services": {f"{runs_clientapps}-{i}": gpu for i in range(topo.nodes)}}
 
@@ -413,21 +447,30 @@ def render_env(topo: Topology) -> str:
         "# GENERATED from docker/topology.yaml (scripts/topology.py compose --write).\n"
         f"COMPOSE_PROJECT_NAME={topo.name}\n"
         "# Host-side settings of compose.yaml, with their defaults (set them here or in the shell):\n"
-        + "".join(f"# {line}\n" for line in (
-            f"PFLOWER_BASE={_default(BUILD_ARGS['BASE'])}        # base image; offline: local/debian-py311:bookworm (scripts/docker_offline.py base)",
-            f"PFLOWER_TORCH={_default(BUILD_ARGS['TORCH'])}      # torch requirement(s) of the images; offline CPU: torch==2.13.0+cpu, say",
-            "PFLOWER_DEMO_DIR=.                   # where certs/, data/ and outputs/ are",
-            f"PFLOWER_PORT={topo.port}                    # the SuperLink port published on the host",
-            "PFLOWER_UID=1000                     # the user the services run as: the owner of the key files",
-            "PFLOWER_GID=1000",
-        ))
+        + "".join(
+            f"# {line}\n"
+            for line in (
+                f"PFLOWER_BASE={_default(BUILD_ARGS['BASE'])}        # base image; offline: "
+                "local/debian-py311:bookworm "
+                "(scripts/docker_offline.py base)",
+                f"PFLOWER_TORCH={_default(BUILD_ARGS['TORCH'])}      # torch requirement(s) of the images; "
+                "offline CPU: "
+                "torch==2.13.0+cpu, say",
+                "PFLOWER_DEMO_DIR=.                   # where certs/, data/ and outputs/ are",
+                f"PFLOWER_PORT={topo.port}                    # the SuperLink port published on the host",
+                "PFLOWER_UID=1000                     # the user the services run as: the owner of the key files",
+                "PFLOWER_GID=1000",
+            )
+        )
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render docker/topology.yaml")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compose", help="print docker/compose.yaml (--write: write it and compose.gpu.yaml; --check: exit 1 if stale)")
+    c = sub.add_parser(
+        "compose", help="print docker/compose.yaml (--write: write it and compose.gpu.yaml; --check: exit 1 if stale)"
+    )
     c.add_argument("--topology", default=str(DEFAULT_TOPOLOGY))
     g = c.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true")
@@ -446,7 +489,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in services(topo, _placement_for_compose(topo)):
             print(f"# {s.name}\n{shlex.join(s.argv)}")
         return 0
-    files = {COMPOSE_FILE: render_compose(topo), COMPOSE_GPU_FILE: render_compose_gpu(topo), COMPOSE_ENV_FILE: render_env(topo)}
+    files = {
+        COMPOSE_FILE: render_compose(topo),
+        COMPOSE_GPU_FILE: render_compose_gpu(topo),
+        COMPOSE_ENV_FILE: render_env(topo),
+    }
     if args.check:
         stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
         if stale:

@@ -39,7 +39,10 @@ def main(grid: Grid, context: Context) -> None:
         if not Path(str(cfg.output_dir)).expanduser().is_absolute():
             # the ServerApp runs in the SuperLink's working directory, not the one `flwr run` ran in
             log(
-                INFO, "pflower: output_dir=%s is relative to the SuperLink's working directory %s "
-                "(`pflower superlink status`); to write elsewhere pass output_dir='<absolute path>'", cfg.output_dir, Path.cwd(),
+                INFO,
+                "pflower: output_dir=%s is relative to the SuperLink's working directory %s "
+                "(`pflower superlink status`); to write elsewhere pass output_dir='<absolute path>'",
+                cfg.output_dir,
+                Path.cwd(),
             )
         run_experiment(grid, cfg)

@@ -12,7 +12,6 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-
 from .config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config
 from .progress import Sweep, job_label, parse_sweep
 from .simulate import simulate
@@ -51,7 +50,11 @@ def sweep_combinations(argv: list[str]) -> list[list[str]]:
     every combination of the swept values (hydra's basic sweeper: the cartesian product)."""
     import itertools
 
-    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
+    overrides = [
+        a
+        for a in argv
+        if "=" in a and not a.startswith("-") and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")
+    ]
     if "-m" not in argv and "--multirun" not in argv:
         return [[f"{o.split('=', 1)[0]}={split_sweep(o.split('=', 1)[1])[0]}" for o in overrides]]
     choices = [[f"{o.split('=', 1)[0]}={v}" for v in split_sweep(o.split("=", 1)[1])] for o in overrides]
@@ -98,7 +101,8 @@ def precheck(argv: list[str]) -> None:
         raise ConfigError(f"the sweep's run {problems[0].strip()} (no run of the sweep was started)")
     if problems:
         raise ConfigError(
-            f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n" + "\n".join(problems)
+            f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n"
+            + "\n".join(problems)
         )
 
 
@@ -166,7 +170,9 @@ def _sim_main(argv: list[str]) -> int:
             raise ConfigError("--jobs runs a sweep's runs at once: add -m (e.g. pflower sim -m seed=1,2,3 --jobs 2)")
         combos = sweep_combinations(argv) if jobs > 1 else []
         if any("(" in o for combo in combos for o in combo):
-            raise ConfigError("--jobs needs the sweep's values listed (a,b,c); hydra sweep functions such as range() run without it")
+            raise ConfigError(
+                "--jobs needs the sweep's values listed (a,b,c); hydra sweep functions such as range() run without it"
+            )
         precheck(argv)
     except (*USER_ERRORS, ValueError) as exc:
         print(f"pflower: {exc}", file=sys.stderr)
@@ -175,8 +181,16 @@ def _sim_main(argv: list[str]) -> int:
         return run_concurrently(combos, jobs)
     # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
     # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
-    sys.argv = ["pflower sim", *argv, "hydra.output_subdir=null", "hydra/job_logging=none",
-                "hydra/hydra_logging=none", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=."]
+    sys.argv = [
+        "pflower sim",
+        *argv,
+        "hydra.output_subdir=null",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+        "hydra.run.dir=.",
+        "hydra.sweep.dir=.",
+        "hydra.sweep.subdir=.",
+    ]
     try:
         _run()
     except SystemExit as exc:

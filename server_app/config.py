@@ -102,14 +102,18 @@ def leave_out_other_methods_options(cfg: DictConfig, overrides: Iterable[str]) -
     cls = STRATEGIES.get(str(cfg.method.get("name")))
     if cls is None:
         return  # validation names the unknown method
-    foreign = sorted(k for k in keys if k not in cls.options_type.names() and f"method.{k}" not in given and k in cfg.method)
+    foreign = sorted(
+        k for k in keys if k not in cls.options_type.names() and f"method.{k}" not in given and k in cfg.method
+    )
     if foreign:
         from logging import INFO
 
-        from flwr.common.logger import log
+        from flwr.common import log
 
-        line = (f"experiment={given['experiment']} sets {', '.join(f'method.{k}' for k in foreign)} for method "
-                f"{picked}; method={given['method']} has no such option(s), left out")
+        line = (
+            f"experiment={given['experiment']} sets {', '.join(f'method.{k}' for k in foreign)} for method "
+            f"{picked}; method={given['method']} has no such option(s), left out"
+        )
         if line not in _SAID:  # pflower sim composes twice (the check before hydra, then hydra's run)
             _SAID.add(line)
             log(INFO, "%s", line)
@@ -148,7 +152,9 @@ def chosen_files(overrides: Iterable[str]) -> dict[str, str]:
     defaults, then the experiment's, then ``group=choice`` on the command line."""
     overrides = list(overrides)
     chosen = _defaults_choices(conf_dir() / "config.yaml")
-    experiment = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == "experiment"), None)
+    experiment = next(
+        (o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == "experiment"), None
+    )
     if experiment and (conf_dir() / "experiment" / f"{experiment}.yaml").exists():
         chosen.update(_defaults_choices(conf_dir() / "experiment" / f"{experiment}.yaml"))
     for o in overrides:
@@ -168,7 +174,12 @@ def config_keys(chosen: Mapping[str, str] | None = None) -> list[str]:
 
     def walk(node: Any, prefix: str) -> list[str]:
         if isinstance(node, dict):
-            return [k for key, v in node.items() if key != "defaults" for k in [prefix + str(key), *walk(v, prefix + str(key) + ".")]]
+            return [
+                k
+                for key, v in node.items()
+                if key != "defaults"
+                for k in [prefix + str(key), *walk(v, prefix + str(key) + ".")]
+            ]
         return []
 
     keys = walk(raw, "")
@@ -203,9 +214,11 @@ def documented_keys() -> list[tuple[str, str, str]]:
 def sim_help() -> str:
     """``pflower sim --help``: the keys with defaults and meanings, the groups and their choices."""
     lines = [
-        "usage: pflower sim [-m [--jobs N]] [key=value ...] [group=choice ...]", "",
+        "usage: pflower sim [-m [--jobs N]] [key=value ...] [group=choice ...]",
+        "",
         "  -m          a sweep: one run per combination of the comma-separated values",
-        "  --jobs N    with -m: N runs at a time, each its own process (docs/scaling.md)", "",
+        "  --jobs N    with -m: N runs at a time, each its own process (docs/scaling.md)",
+        "",
         "Keys (default, meaning):",
     ]
     for key, default, meaning in documented_keys():
@@ -221,7 +234,7 @@ def sim_help() -> str:
         "  pflower sim -m method=fedavg,fedper,local alpha=0.1      (a sweep: one run per method)",
         "  pflower sim -m seed=1,2,3,4 --jobs 2                     (a sweep, two runs at a time)",
         "",
-        "The same keys work in `flwr run . --run-config \"key=value\"` (docs/configuration.md).",
+        'The same keys work in `flwr run . --run-config "key=value"` (docs/configuration.md).',
     ]
     return "\n".join(lines)
 
@@ -239,7 +252,9 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
     key = re.search(r"Key '([^']+)' is not in struct", text) or re.search(r"Could not override '([^']+)'", text)
     if key:
         name = key.group(1)
-        full = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name)
+        full = next(
+            (o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~").endswith(name)), name
+        )
         group, _, leaf = full.rpartition(".")
         alias = KEY_ALIASES.get(leaf)
         if alias:
@@ -253,18 +268,29 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
             chosen = chosen_files(overrides).get(group)
             which = f"{group} {chosen!r}" if chosen else f"the chosen {group}"
             path = f"conf/{group}/{chosen}.yaml" if chosen else f"conf/{group}/<name>.yaml"
-            return (f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "
-                    f"its options are in {path}; drop the override or pick a {group} that has it")
+            return (
+                f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "
+                f"its options are in {path}; drop the override or pick a {group} that has it"
+            )
         hint = f"did you mean {close[0]}? " if close else ""
-        return f"unknown key {full!r}: {hint}(the keys: docs/configuration.md and conf/config.yaml; a method's options: conf/method/<name>.yaml)"
+        return (
+            f"unknown key {full!r}: {hint}(the keys: docs/configuration.md and conf/config.yaml; "
+            "a method's options: conf/method/<name>.yaml)"
+        )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
 
 
 # names users reach for that mean another key (difflib alone offers dataset.options for data_dir)
 KEY_ALIASES = {
-    "data_dir": "root", "datadir": "root", "data_root": "root", "data_path": "root", "dir": "root",
-    "epochs": "local_epochs", "num_rounds": "rounds", "clients": "num_clients",
+    "data_dir": "root",
+    "datadir": "root",
+    "data_root": "root",
+    "data_path": "root",
+    "dir": "root",
+    "epochs": "local_epochs",
+    "num_rounds": "rounds",
+    "clients": "num_clients",
     "learning_rate": "lr",
 }
 
@@ -378,11 +404,32 @@ BACKENDS = ("parallel", "ray", "serial")  # pflower sim's engines (`flwr run` ru
 
 # keys that must be numbers (checked before any range, so `lr=abc` says so in one line)
 NUMBERS: dict[str, type] = {
-    "num_clients": int, "rounds": int, "fraction": float, "min_clients": int, "alpha": float, "test_fraction": float,
-    "local_epochs": int, "lr": float, "batch_size": int, "momentum": float, "weight_decay": float, "seed": int,
-    "headline_window": int, "round_timeout": float, "min_replies": int, "checkpoint_every": int,
+    "num_clients": int,
+    "rounds": int,
+    "fraction": float,
+    "min_clients": int,
+    "alpha": float,
+    "test_fraction": float,
+    "local_epochs": int,
+    "lr": float,
+    "batch_size": int,
+    "momentum": float,
+    "weight_decay": float,
+    "seed": int,
+    "headline_window": int,
+    "round_timeout": float,
+    "min_replies": int,
+    "checkpoint_every": int,
 }
-NUMBER_EXAMPLES = {"num_clients": 20, "rounds": 30, "fraction": 0.5, "alpha": 0.3, "lr": 0.05, "batch_size": 32, "local_epochs": 5}
+NUMBER_EXAMPLES = {
+    "num_clients": 20,
+    "rounds": 30,
+    "fraction": 0.5,
+    "alpha": 0.3,
+    "lr": 0.05,
+    "batch_size": 32,
+    "local_epochs": 5,
+}
 
 
 def _positive(value: Any, zero: bool = False) -> bool:
@@ -407,9 +454,8 @@ def default_workers() -> int:
 
 
 # ``workers=auto`` when the clients compute on CUDA. Each worker is then a fresh process with its
-# own data, torch and CUDA context (about 0.9 GiB of host memory and 850 MiB of GPU memory for
-# LeNet-5), and on an H100 (FMNIST LeNet-5, 10 clients a round) a round took 1.20 s on one
-# worker, 0.65 on 2, 0.44 on 4, 0.39 on 8, 0.37 on 16: past 4 each doubling of the memory buys 5-14 %.
+# own data, torch and CUDA context; past 4 workers each doubling of that memory bought little
+# round time (the measured table: docs/devices.md).
 CUDA_AUTO_WORKERS = 4
 
 
@@ -468,7 +514,10 @@ def validate(cfg: DictConfig) -> None:
     checks = [
         (cfg.method.name in STRATEGIES, f"unknown method {cfg.method.name!r}; valid methods: {sorted(STRATEGIES)}"),
         (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),
-        (not unknown_models, f"unknown model {', '.join(map(repr, unknown_models))}; valid models: {sorted(MODELS)} (or mixed)"),
+        (
+            not unknown_models,
+            f"unknown model {', '.join(map(repr, unknown_models))}; valid models: {sorted(MODELS)} (or mixed)",
+        ),
         (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
         (
             cfg.dataset.name != "hf" or bool((cfg.dataset.get("options") or {}).get("path")),
@@ -476,7 +525,10 @@ def validate(cfg: DictConfig) -> None:
         ),
         (cfg.num_clients >= 1, f"num_clients must be >= 1, got {cfg.num_clients}"),
         (cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}"),
-        (cfg.get("checkpoint_every", 1) >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.get('checkpoint_every')}"),
+        (
+            cfg.get("checkpoint_every", 1) >= 0,
+            f"checkpoint_every must be >= 0 (0: never), got {cfg.get('checkpoint_every')}",
+        ),
         (0 < cfg.fraction <= 1, f"fraction must be in (0, 1], got {cfg.fraction}"),
         (cfg.local_epochs >= 0, f"local_epochs must be >= 0, got {cfg.local_epochs}"),
         (cfg.lr > 0, f"lr must be > 0, got {cfg.lr}"),
@@ -487,21 +539,43 @@ def validate(cfg: DictConfig) -> None:
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
     ray_cfg = cfg.get("ray") or {}
     checks += [
-        (isinstance(cfg.get("deterministic", False), bool), f"deterministic must be true or false, got {cfg.get('deterministic')!r}"),
-        (isinstance(cfg.get("resume_force", False), bool), f"resume_force must be true or false, got {cfg.get('resume_force')!r}"),
-        (cfg.get("backend", "ray") in BACKENDS, f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}"),
+        (
+            isinstance(cfg.get("deterministic", False), bool),
+            f"deterministic must be true or false, got {cfg.get('deterministic')!r}",
+        ),
+        (
+            isinstance(cfg.get("resume_force", False), bool),
+            f"resume_force must be true or false, got {cfg.get('resume_force')!r}",
+        ),
+        (
+            cfg.get("backend", "ray") in BACKENDS,
+            f"backend must be one of {list(BACKENDS)} (pflower sim), got {cfg.get('backend')!r}",
+        ),
         (
             not ray_cfg.get("address") or cfg.get("backend", "ray") == "ray",
             f"ray.address is set but backend={cfg.get('backend')}: add backend=ray to run on that Ray cluster",
         ),
-        (_positive(ray_cfg.get("client_cpus", 1)), f"ray.client_cpus must be a number > 0, got {ray_cfg.get('client_cpus')!r}"),
+        (
+            _positive(ray_cfg.get("client_cpus", 1)),
+            f"ray.client_cpus must be a number > 0, got {ray_cfg.get('client_cpus')!r}",
+        ),
         (
             ray_cfg.get("client_gpus", "auto") == "auto" or _positive(ray_cfg.get("client_gpus"), zero=True),
-            f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got {ray_cfg.get('client_gpus')!r}",
+            f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got "
+            f"{ray_cfg.get('client_gpus')!r}",
         ),
-        (_workers_ok(cfg.get("workers", "auto")), f"workers must be 'auto' or a positive whole number (backend=parallel), got {cfg.get('workers')!r}"),
-        (cfg.get("optimizer", "sgd") in OPTIMIZERS, f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}"),
-        (cfg.get("local_steps") is None or int(cfg.local_steps) >= 1, f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}"),
+        (
+            _workers_ok(cfg.get("workers", "auto")),
+            f"workers must be 'auto' or a positive whole number (backend=parallel), got {cfg.get('workers')!r}",
+        ),
+        (
+            cfg.get("optimizer", "sgd") in OPTIMIZERS,
+            f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}",
+        ),
+        (
+            cfg.get("local_steps") is None or int(cfg.local_steps) >= 1,
+            f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -548,13 +622,18 @@ def model_archs(cfg: DictConfig) -> tuple[dict[str, dict[str, Any]], Any]:
         return {str(spec["name"]): spec}, "blocks"
     archs = spec.get("archs") or {}
     if not isinstance(archs, dict) or not archs:
-        raise ConfigError("model.name=mixed needs model.archs: a mapping architecture name -> model spec, e.g. {small: {name: resnet10}, big: {name: resnet18}}")
+        raise ConfigError(
+            "model.name=mixed needs model.archs: a mapping architecture name -> model spec, e.g. {small: {name: "
+            "resnet10}, big: {name: resnet18}}"
+        )
     out = {}
     for arch, arch_spec in archs.items():
         if isinstance(arch_spec, str):
             arch_spec = {"name": arch_spec}
         if not isinstance(arch_spec, dict) or "name" not in arch_spec:
-            raise ConfigError(f"model.archs.{arch} must be a model spec with a name (e.g. {{name: resnet18}}), got {arch_spec!r}")
+            raise ConfigError(
+                f"model.archs.{arch} must be a model spec with a name (e.g. {{name: resnet18}}), got {arch_spec!r}"
+            )
         out[str(arch)] = dict(arch_spec)
     rule = spec.get("assign") or "blocks"
     return out, rule

@@ -17,10 +17,10 @@ from logging import ERROR, WARNING
 from pathlib import Path
 
 from flwr.common import log
-from flwr.supercore.logger import FLOWER_LOGGER
 
-from strategies.client_directory import FederationError
+from protocol.compat import FLOWER_LOGGER
 from strategies.checkpoint import CheckpointError
+from strategies.client_directory import FederationError
 
 from .config import ConfigError
 
@@ -47,7 +47,10 @@ class _DropUserErrorTraceback(logging.Filter):
 
 
 # what the exit message of a run stopped by a user error says instead of Flower's generic text
-USER_ERROR_EXIT = "pflower stopped the run on the setting named in the `pflower:` line above (nothing to debug: fix it and run again)."
+USER_ERROR_EXIT = (
+    "pflower stopped the run on the setting named in the `pflower:` line above "
+    "(nothing to debug: fix it and run again)."
+)
 
 
 _FILTER = _DropUserErrorTraceback()

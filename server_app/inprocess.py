@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.runtime import handle_evaluate, handle_hello, handle_train
 from client_app.state import context_versions
+from protocol.compat import ErrorCode, TaskIdentity, node_unavailable_reason
 
 HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_evaluate}
 Tamper = Callable[[Message], Message]
@@ -29,7 +28,11 @@ class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp handlers in this process (one Context per node)."""
 
     def __init__(
-        self, num_nodes: int, node_config: dict | None = None, first_node_id: int = 1000, record: bool = True,
+        self,
+        num_nodes: int,
+        node_config: dict | None = None,
+        first_node_id: int = 1000,
+        record: bool = True,
         client_threads: int | None = None,
     ) -> None:
         """``record``: keep every message sent and received in ``sent``/``replies`` (tests); the
@@ -54,7 +57,9 @@ class InProcessGrid(Grid):
 
     def add_node(self, client_id: int, node_id: int, node_config: dict | None = None) -> None:
         config = {"partition-id": client_id, "num-partitions": len(self.contexts) + 1, **(node_config or {})}
-        self.contexts[node_id] = Context(run_id=1, node_id=node_id, node_config=config, state=RecordDict(), run_config={})
+        self.contexts[node_id] = Context(
+            run_id=1, node_id=node_id, node_config=config, state=RecordDict(), run_config={}
+        )
         self.node_of_client[client_id] = node_id
         total = len(self.contexts)
         for ctx in self.contexts.values():
@@ -72,7 +77,9 @@ class InProcessGrid(Grid):
     def run(self):  # noqa: ANN201
         return None
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content=content, message_type=message_type, dst_node_id=dst_node_id, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -86,7 +93,9 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Every message's reply, in the order sent (a vanished node's message gets none)."""
-        slots: list[Message | tuple[Message, int, int, Message | None]] = []  # the SuperLink's answer, or (msg, node, cid, crash reply)
+        slots: list[
+            Message | tuple[Message, int, int, Message | None]
+        ] = []  # the SuperLink's answer, or (msg, node, cid, crash reply)
         for msg in messages:
             if self.record:
                 self.sent.append(msg)
@@ -97,15 +106,14 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_src_node_id"] = 0
             cid = self.client_of(node)
             if cid in self.unavailable:  # as flwr's linkstate does: an error reply from node 0
-                # imported here: flwr's linkstate package costs about a second to import
-                from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
-
-                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON), reply_to=msg)
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=node_unavailable_reason()), reply_to=msg)
                 reply.metadata.__dict__["_src_node_id"] = 0
                 slots.append(reply)
             else:
                 crashed = cid in self.fail and msg.metadata.message_type != "query"
-                slots.append((msg, node, cid, error_reply(msg, RuntimeError(f"client {cid} crashed")) if crashed else None))
+                slots.append(
+                    (msg, node, cid, error_reply(msg, RuntimeError(f"client {cid} crashed")) if crashed else None)
+                )
         handled = iter(self.handle_all([(s[0], s[1]) for s in slots if not isinstance(s, Message) and s[3] is None]))
         replies = []
         for slot in slots:
@@ -137,7 +145,9 @@ class InProcessGrid(Grid):
 
 def error_reply(msg: Message, exc: BaseException) -> Message:
     """A ClientApp exception as the error reply Flower sends for it."""
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+    return Message(
+        Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg
+    )
 
 
 def handle_safely(msg: Message, ctx: Context, threads: int | None) -> Message:

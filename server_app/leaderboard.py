@@ -44,12 +44,20 @@ class Job:
     root: Path  # <out>/runs/<protocol>/<entry>/seed<k>: the run directory is the one folder under it
 
     def config(self) -> list[str]:
-        return [f"experiment={self.experiment}", *self.overrides, f"seed={self.seed}", f"output_dir={self.root}", "progress=false"]
+        return [
+            f"experiment={self.experiment}",
+            *self.overrides,
+            f"seed={self.seed}",
+            f"output_dir={self.root}",
+            "progress=false",
+        ]
 
     def run_dir(self) -> Path | None:
         found = sorted(p.parent for p in self.root.glob("*/*/config.yaml"))
         if len(found) > 1:
-            raise ConfigError(f"{self.root} holds {len(found)} runs; a leaderboard place holds one: remove the extra ones")
+            raise ConfigError(
+                f"{self.root} holds {len(found)} runs; a leaderboard place holds one: remove the extra ones"
+            )
         return found[0] if found else None
 
     def status(self) -> str:
@@ -67,12 +75,19 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
     plan = yaml.safe_load(path.read_text()) or {}
     for name, proto in (plan.get("protocols") or {}).items():
         if proto.get("entries") not in (plan.get("entries") or {}):
-            raise ConfigError(f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries")
+            raise ConfigError(
+                f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries"
+            )
         if not (conf_dir() / "experiment" / f"{proto.get('experiment')}.yaml").exists():
-            raise ConfigError(f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/")
+            raise ConfigError(
+                f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/"
+            )
         second = proto.get("second_metric")
         if second is not None and not (isinstance(second, dict) and second.get("key") and second.get("label")):
-            raise ConfigError(f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, got {second!r}")
+            raise ConfigError(
+                f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, "
+                f"got {second!r}"
+            )
     for group in (plan.get("entries") or {}).values():
         for entry, spec in group.items():
             if spec.get("seeds", "seeds") not in plan or not isinstance(plan[spec.get("seeds", "seeds")], list):
@@ -80,7 +95,9 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
     return plan
 
 
-def plan_jobs(plan: dict[str, Any], root: Path, protocols: Sequence[str] = (), entries: Sequence[str] = ()) -> list[Job]:
+def plan_jobs(
+    plan: dict[str, Any], root: Path, protocols: Sequence[str] = (), entries: Sequence[str] = ()
+) -> list[Job]:
     known = plan.get("protocols") or {}
     unknown = sorted(set(protocols) - set(known))
     if unknown:
@@ -93,13 +110,22 @@ def plan_jobs(plan: dict[str, Any], root: Path, protocols: Sequence[str] = (), e
             if entries and entry not in entries:
                 continue
             for seed in plan[spec.get("seeds", "seeds")]:
-                jobs.append(Job(name, proto["experiment"], entry, int(seed), tuple(spec.get("overrides") or ()),
-                                root / "runs" / name / entry / f"seed{seed}"))
+                jobs.append(
+                    Job(
+                        name,
+                        proto["experiment"],
+                        entry,
+                        int(seed),
+                        tuple(spec.get("overrides") or ()),
+                        root / "runs" / name / entry / f"seed{seed}",
+                    )
+                )
     return jobs
 
 
 def check_jobs(jobs: Sequence[Job]) -> None:
-    """Every job that still has to run composes, validates and builds its strategy: refuse them all at once otherwise."""
+    """Every job that still has to run composes, validates and builds its strategy: refuse them all at once
+    otherwise."""
     from .config import compose_config
     from .runner import check_strategy
 
@@ -112,20 +138,24 @@ def check_jobs(jobs: Sequence[Job]) -> None:
         except ValueError as exc:  # ConfigError is one
             problems.append(f"  {job.protocol}/{job.entry}/seed{job.seed}: {exc}")
     if problems:
-        raise ConfigError(f"{len(problems)} leaderboard run(s) cannot start, so none was started:\n" + "\n".join(problems))
+        raise ConfigError(
+            f"{len(problems)} leaderboard run(s) cannot start, so none was started:\n" + "\n".join(problems)
+        )
 
 
 def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]]:
     """Run what is not done, one after another (each run in this process, its protocol's engine)."""
-    from .simulate import simulate
     from .config import compose_config
+    from .simulate import simulate
 
     check_jobs(jobs)
     done = []
     for i, job in enumerate(jobs, 1):
         state = job.status()
         if state == "broken":
-            raise ConfigError(f"{job.run_dir()} has no checkpoint and no summary: remove it to run {job.entry} seed {job.seed} again")
+            raise ConfigError(
+                f"{job.run_dir()} has no checkpoint and no summary: remove it to run {job.entry} seed {job.seed} again"
+            )
         action = {"done": "skip (done)", "stopped": "resume", "new": "start"}[state]
         print(f"[{i}/{len(jobs)}] {job.protocol} {job.entry} seed {job.seed}: {action}", flush=True)
         if not dry_run and state != "done":
@@ -150,7 +180,9 @@ def run_numbers(run: Path, metric: str, second: str | None = None) -> dict[str, 
         "second": summary.get(second) if second else None,
         "final_acc": summary.get("final_acc"),
         "clients": float(np.mean([len(r.get("clients", [])) for r in rounds])) if rounds else 0.0,
-        "local": f"{config.get('local_steps')} steps" if config.get("local_steps") else f"{config.get('local_epochs')} epochs",
+        "local": f"{config.get('local_steps')} steps"
+        if config.get("local_steps")
+        else f"{config.get('local_epochs')} epochs",
         "mib_up": sum(r.get("bytes_up", 0) for r in rounds) / 2**20 / n,
         "mib_down": sum(r.get("bytes_down", 0) for r in rounds) / 2**20 / n,
         "wall_min": float(summary.get("wall_time_s", 0.0)) / 60,
@@ -172,7 +204,9 @@ def protocol_rows(
     by_entry: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:
         if job.status() == "done":
-            by_entry.setdefault(job.entry, []).append({**run_numbers(job.run_dir(), metric, second), "run": job.run_dir()})
+            by_entry.setdefault(job.entry, []).append(
+                {**run_numbers(job.run_dir(), metric, second), "run": job.run_dir()}
+            )
     rows = []
     for entry, runs in by_entry.items():
         values = [100 * r["metric"] for r in runs if r["metric"] is not None]
@@ -180,14 +214,25 @@ def protocol_rows(
             continue
         mean, std = mean_std(values)
         seconds = [100 * r["second"] for r in runs if r["second"] is not None]
-        rows.append({
-            "entry": entry, "seeds": len(values), "planned": planned_seeds.get(entry, len(values)), "mean": mean, "std": std,
-            "second": (*mean_std(seconds), len(seconds)) if seconds else None,
-            "final": mean_std([100 * r["final_acc"] for r in runs if r["final_acc"] is not None])[0] if any(r["final_acc"] is not None for r in runs) else None,
-            "clients": float(np.mean([r["clients"] for r in runs])), "local": runs[0]["local"],
-            "mib_up": float(np.mean([r["mib_up"] for r in runs])), "mib_down": float(np.mean([r["mib_down"] for r in runs])),
-            "wall": float(np.sum([r["wall_min"] for r in runs])), "runs": runs,
-        })
+        rows.append(
+            {
+                "entry": entry,
+                "seeds": len(values),
+                "planned": planned_seeds.get(entry, len(values)),
+                "mean": mean,
+                "std": std,
+                "second": (*mean_std(seconds), len(seconds)) if seconds else None,
+                "final": mean_std([100 * r["final_acc"] for r in runs if r["final_acc"] is not None])[0]
+                if any(r["final_acc"] is not None for r in runs)
+                else None,
+                "clients": float(np.mean([r["clients"] for r in runs])),
+                "local": runs[0]["local"],
+                "mib_up": float(np.mean([r["mib_up"] for r in runs])),
+                "mib_down": float(np.mean([r["mib_down"] for r in runs])),
+                "wall": float(np.sum([r["wall_min"] for r in runs])),
+                "runs": runs,
+            }
+        )
     return mark_ties(rows)
 
 
@@ -201,7 +246,12 @@ def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best = next((r for r in rows if r["seeds"] > 1), rows[0])
         for row in rows:
             row["best"] = row is best
-            row["tie"] = row is not best and best["seeds"] > 1 and row["seeds"] > 1 and best["mean"] - row["mean"] <= best["std"] + row["std"]
+            row["tie"] = (
+                row is not best
+                and best["seeds"] > 1
+                and row["seeds"] > 1
+                and best["mean"] - row["mean"] <= best["std"] + row["std"]
+            )
     return rows
 
 
@@ -209,20 +259,49 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
     """The protocol's table; ``second``: the header of a second metric's column (mean ± std over
     the seeds that wrote it, '-' for an entry that does not measure it)."""
     extra = [second] if second else []
-    head = ["entry", "seeds", "headline (mean ± std)", *extra, "final (all clients)", "clients / round", "local work",
-            "MiB up / down a round", "CPU time"]
+    head = [
+        "entry",
+        "seeds",
+        "headline (mean ± std)",
+        *extra,
+        "final (all clients)",
+        "clients / round",
+        "local work",
+        "MiB up / down a round",
+        "CPU time",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
         mark = " (best)" if r.get("best", i == 0) else (" (tie)" if r["tie"] else "")
-        seeds = f"{r['seeds']}" + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "") + (" (one seed)" if r["planned"] == 1 else "")
+        seeds = (
+            f"{r['seeds']}"
+            + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "")
+            + (" (one seed)" if r["planned"] == 1 else "")
+        )
         final = "" if r["final"] is None else f"{r['final']:.2f}"
         cells = []
         if second:
             got = r.get("second")
-            cells = ["-" if got is None else f"{got[0]:.2f} ± {got[1]:.2f}" + (f" ({got[2]} seeds)" if got[2] != r["seeds"] else "")]
-        lines.append(" | ".join([f"| {r['entry']}{mark}", seeds, f"{r['mean']:.2f} ± {r['std']:.2f}", *cells, final,
-                                 f"{r['clients']:.1f}", r["local"], f"{r['mib_up']:.2f} / {r['mib_down']:.2f}",
-                                 f"{r['wall']:.0f} min |"]))
+            cells = [
+                "-"
+                if got is None
+                else f"{got[0]:.2f} ± {got[1]:.2f}" + (f" ({got[2]} seeds)" if got[2] != r["seeds"] else "")
+            ]
+        lines.append(
+            " | ".join(
+                [
+                    f"| {r['entry']}{mark}",
+                    seeds,
+                    f"{r['mean']:.2f} ± {r['std']:.2f}",
+                    *cells,
+                    final,
+                    f"{r['clients']:.1f}",
+                    r["local"],
+                    f"{r['mib_up']:.2f} / {r['mib_down']:.2f}",
+                    f"{r['wall']:.0f} min |",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
@@ -237,7 +316,11 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
         return text + " One seed only: no spread to compare with."
     above = [r for r in rows if r["seeds"] < 2 and r["mean"] > best["mean"]]
     if above:
-        text += " Above it on one seed only (no spread, so not a win): " + ", ".join(f"{r['entry']} {r['mean']:.2f}" for r in above) + "."
+        text += (
+            " Above it on one seed only (no spread, so not a win): "
+            + ", ".join(f"{r['entry']} {r['mean']:.2f}" for r in above)
+            + "."
+        )
     if ties:
         text += " Within the seed spread of it (a tie, not a win): " + ", ".join(ties) + "."
     else:
@@ -253,7 +336,9 @@ def time_budget(rows: Sequence[dict[str, Any]], done: int, planned: int) -> tupl
 
 
 def budget_line(spent: float, left: float | None, unfinished: int) -> str:
-    text = f"Run time of the finished runs: {spent / 60:.1f} h (one core each: one torch thread, the in-process engine)."
+    text = (
+        f"Run time of the finished runs: {spent / 60:.1f} h (one core each: one torch thread, the in-process engine)."
+    )
     if unfinished and left is not None:
         text += f" The {unfinished} unfinished, at the mean of a finished run: about {left / 60:.1f} h more."
     return text
@@ -297,7 +382,9 @@ def seed_curve(row: dict[str, Any]) -> tuple[list[int], np.ndarray, np.ndarray]:
     return rounds, acc.mean(axis=0), acc.std(axis=0, ddof=1) if len(acc) > 1 else np.zeros(len(rounds))
 
 
-def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path, plan: dict[str, Any] | None = None) -> list[Path]:
+def plot_protocol(
+    name: str, rows: Sequence[dict[str, Any]], out: Path, plan: dict[str, Any] | None = None
+) -> list[Path]:
     """Accuracy by round as small multiples (one panel per family, :func:`panel_layout`), each curve
     the mean over seeds smoothed over :data:`SMOOTH` rounds with a ± one std band; and the
     headline against the run's total communication, each point named."""
@@ -330,15 +417,19 @@ def plot_protocol(name: str, rows: Sequence[dict[str, Any]], out: Path, plan: di
                 ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.12, linewidth=0)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=7, frameon=True, framealpha=0.85, title="entry, headline", title_fontsize=7)
-        for ax in axes[len(panels):]:
+            ax.legend(
+                loc="lower right", fontsize=7, frameon=True, framealpha=0.85, title="entry, headline", title_fontsize=7
+            )
+        for ax in axes[len(panels) :]:
             ax.set_visible(False)
         for ax in axes[: len(panels)]:
             ax.set_xlabel("round")
             ax.set_ylabel("test_before accuracy (%)")
             ax.label_outer()
-        fig.suptitle(f"{name}: test_before accuracy by round (mean over seeds, {SMOOTH}-round trailing mean, band ± 1 std)",
-                     fontsize=11)
+        fig.suptitle(
+            f"{name}: test_before accuracy by round (mean over seeds, {SMOOTH}-round trailing mean, band ± 1 std)",
+            fontsize=11,
+        )
         fig.tight_layout()
         path = out / f"{name}_accuracy_vs_round.png"
         fig.savefig(path, format="png", dpi=100, metadata={"Software": None})
@@ -385,7 +476,9 @@ def panels_by_family(plan: dict[str, Any], rows: Sequence[dict[str, Any]]) -> li
 
 def second_verdict(rows: Sequence[dict[str, Any]], label: str) -> str:
     """The verdict on a protocol's second metric, with the same tie rule (entries that measure it)."""
-    measured = [{**r, "mean": r["second"][0], "std": r["second"][1], "seeds": r["second"][2]} for r in rows if r.get("second")]
+    measured = [
+        {**r, "mean": r["second"][0], "std": r["second"][1], "seeds": r["second"][2]} for r in rows if r.get("second")
+    ]
     if not measured:
         return ""
     ranked = mark_ties(measured)
@@ -408,8 +501,10 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         f"`{metric}` (the mean test_before accuracy of the sampled clients over the last 10 rounds), "
         "mean ± sample std over seeds. A row marked *tie* is within the two entries' seed spreads "
         "of the best one. Figures: accuracy by round in one panel per family of methods (the first also draws the two "
-        "best entries of the others), and the headline beside the run's communication. Budget columns: clients trained a round (measured from the runs), the local work per "
-        "round (config), MiB up and down a round (the messages' arrays), CPU time summed over the seeds (a run's wall time "
+        "best entries of the others), and the headline beside the run's communication. Budget columns: clients trained "
+        "a round (measured from the runs), the local work per "
+        "round (config), MiB up and down a round (the messages' arrays), CPU time summed over the seeds (a run's wall "
+        "time "
         "on one core: one torch thread, the in-process engine).",
         *(["", str(plan["intro"]).strip()] if plan.get("intro") else []),
     ]
@@ -426,11 +521,17 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         total_spent += spent
         total_left += left or 0.0
         total_unfinished += len(jobs) - done
-        parts += ["", f"## {name} (`experiment={proto['experiment']}`)", "",
-                  *([str(proto["note"]).strip(), ""] if proto.get("note") else []),
-                  f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}"
-                  + (f" {second_verdict(rows, second['label'])}" if second.get("key") and rows else ""), "",
-                  budget_line(spent, left, len(jobs) - done), ""]
+        parts += [
+            "",
+            f"## {name} (`experiment={proto['experiment']}`)",
+            "",
+            *([str(proto["note"]).strip(), ""] if proto.get("note") else []),
+            f"{done} of {len(jobs)} planned runs finished. {verdict(rows)}"
+            + (f" {second_verdict(rows, second['label'])}" if second.get("key") and rows else ""),
+            "",
+            budget_line(spent, left, len(jobs) - done),
+            "",
+        ]
         if rows:
             parts.append(table(rows, second.get("label")))
             for path in plot_protocol(name, rows, root, plan):

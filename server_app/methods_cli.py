@@ -24,7 +24,7 @@ class Declared:
 
 def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
     """Every method of ``strategies/*.py`` read from the source, without importing it (importing the
-    registry loads torch: ~2 s before the list could print). A class declares a method with its own
+    registry loads torch, most of the command's time). A class declares a method with its own
     ``name``; ``role`` and ``options_type`` are inherited through the folder's classes as Python
     would (MethodHooks' defaults at the root), and an options class's fields through its bases.
     ``tests/unit/test_method_declarations.py`` checks this equals the imported registry."""
@@ -46,7 +46,9 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
                     fields.append(stmt.target.id)
                     if stmt.value is not None:
                         attrs[stmt.target.id] = stmt.value
-            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+            bases = [
+                b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases
+            ]
             classes[node.name] = (bases, attrs, fields)
 
     def lookup(cls: str, attr: str) -> ast.expr | None:
@@ -97,8 +99,17 @@ def options_table(name: str) -> str:
 
 # a method page holds its options table between these markers; `pflower methods --write-docs` fills them
 BLOCK = "<!-- options:{name} -->\n{table}\n<!-- /options:{name} -->"
-DOC_PAGES = {"fedcmd": "fedcmd", "fedcpmd": "fedcpmd", "fedtsdp": "fedtsdp", "felo": "felo_velo", "velo": "felo_velo",
-             "fedhe": "felo_velo", "kapc": "kapc", "kapc_bls": "kapc", "cfl": "cfl"}  # the others: baselines
+DOC_PAGES = {
+    "fedcmd": "fedcmd",
+    "fedcpmd": "fedcpmd",
+    "fedtsdp": "fedtsdp",
+    "felo": "felo_velo",
+    "velo": "felo_velo",
+    "fedhe": "felo_velo",
+    "kapc": "kapc",
+    "kapc_bls": "kapc",
+    "cfl": "cfl",
+}  # the others: baselines
 
 
 def page_of(name: str) -> str:
@@ -117,14 +128,21 @@ def options_markdown(name: str) -> str:
     else:
         out = [f"`method={name}`:", "", "| option | type | default | allowed | what it does |", "|---|---|---|---|---|"]
         for r in rows:
-            cells = [f"`{r['option']}`", r["type"].replace("|", "\\|"), f"`{r['default']}`", r["allowed"] or "-", r["doc"]]
+            cells = [
+                f"`{r['option']}`",
+                r["type"].replace("|", "\\|"),
+                f"`{r['default']}`",
+                r["allowed"] or "-",
+                r["doc"],
+            ]
             out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
     if cls.diagnostic_panels:
         shown = "; ".join(
             f"`{p.key}` ({p.label}"
             + (f", against `{p.threshold}`" if p.threshold else "")
             + (f" or the logged `{p.threshold_key}`" if p.threshold_key else "")
-            + (f", events: `{p.events}`" if p.events else "") + ")"
+            + (f", events: `{p.events}`" if p.events else "")
+            + ")"
             for p in cls.diagnostic_panels
         )
         out += ["", f"Mechanism diagnostics (`metrics.jsonl`; `pflower report` draws them): {shown}."]
@@ -144,11 +162,19 @@ def write_docs(docs: Path) -> list[Path]:
         text = before = path.read_text()
         for name in (n for n in STRATEGIES if page_of(n) == page):
             block = BLOCK.format(name=name, table=options_markdown(name))
-            pattern = re.compile(re.escape(f"<!-- options:{name} -->") + ".*?" + re.escape(f"<!-- /options:{name} -->"), re.S)
+            pattern = re.compile(
+                re.escape(f"<!-- options:{name} -->") + ".*?" + re.escape(f"<!-- /options:{name} -->"), re.S
+            )
             if pattern.search(text):
                 text = pattern.sub(lambda _: block, text)
             else:
-                heading = "" if "\n## Options (generated)" in text else "\n## Options (generated)\n\nFrom each method's options dataclass (`pflower methods NAME` prints the same); every method's rows on the shared protocols are on the [leaderboard](../leaderboard.md).\n"
+                heading = (
+                    ""
+                    if "\n## Options (generated)" in text
+                    else "\n## Options (generated)\n\nFrom each method's options dataclass (`pflower methods NAME` "
+                    "prints the same); every method's rows on the shared protocols are on the "
+                    "[leaderboard](../leaderboard.md).\n"
+                )
                 text = text.rstrip("\n") + "\n" + heading + "\n" + block + "\n"
         if text != before:
             path.write_text(text)
@@ -159,8 +185,13 @@ def write_docs(docs: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="pflower methods", description=__doc__)
     parser.add_argument("names", nargs="*", help="methods to show (none: the list)")
-    parser.add_argument("--write-docs", metavar="DOCS", nargs="?", const="docs",
-                        help="fill the options tables of the method pages under DOCS (default docs/)")
+    parser.add_argument(
+        "--write-docs",
+        metavar="DOCS",
+        nargs="?",
+        const="docs",
+        help="fill the options tables of the method pages under DOCS (default docs/)",
+    )
     args = parser.parse_args(argv)
     if not args.names and not args.write_docs:  # the list, read from the source: no torch import
         for name, method in declared_methods().items():

@@ -68,11 +68,9 @@ def should_trim(free_now: int | None, free_at_start: int | None, keep: int = TRI
     more than ``keep`` past what they were when the worker started (a task that once needed
     much more than the others), or when they cannot be read (an older glibc: always, as before).
 
-    Why not after every task: the next task would fault every page of its buffers in again.
-    Measured on the FMNIST LeNet-5 workload: an evaluation of 350 samples took 12.7 ms after a
-    trim against 7.8 ms without, and 15-round runs of the parallel engine took 0.85-0.89 s a round
-    trimming after every task against 0.80-0.84 without, for 0.02-0.05 GiB more tree PSS; there
-    a worker's free heap stays 33-39 MiB, so under this rule it is never trimmed."""
+    Why not after every task: the next task would fault every page of its buffers in again,
+    which made evaluations and rounds measurably slower for little memory (the measurement:
+    docs/benchmarks.md, "Simulation engines")."""
     if free_now is None or free_at_start is None:
         return True
     return free_now - free_at_start > keep
@@ -87,9 +85,21 @@ def _trim() -> None:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _free_heap() -> int | None:
@@ -128,9 +138,15 @@ class ParallelGrid(InProcessGrid):
     reach it)."""
 
     def __init__(
-        self, num_nodes: int, workers: int, node_config: dict | None = None, record: bool = False,
-        client_threads: int | None = 1, start_method: str | None = None,
-        preload: Callable[[Message, Context], int] | None = None, worker_setup: Callable[[], None] | None = None,
+        self,
+        num_nodes: int,
+        workers: int,
+        node_config: dict | None = None,
+        record: bool = False,
+        client_threads: int | None = 1,
+        start_method: str | None = None,
+        preload: Callable[[Message, Context], int] | None = None,
+        worker_setup: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(num_nodes, node_config=node_config, record=record, client_threads=client_threads)
         if start_method is not None and start_method not in START_METHODS:

@@ -6,7 +6,8 @@ After each round's line the runner logs (``progress: true``, the default)::
 
 and in a ``pflower sim -m`` sweep, where the run's position is known::
 
-    progress: run 2/3 (method=fedper) | round 17/30 [###########.........]  57% | run 0:41, ETA 0:24 | sweep 3:10, ETA 2:05
+    progress: run 2/3 (method=fedper) | round 17/30 [###########.........]  57% | run 0:41, ETA 0:24 | sweep 3:10, ETA
+    2:05
 
 A line through Flower's logger rather than a redrawn bar: Flower logs every round to the
 same stream, and a CI log keeps one readable line per round. Estimates assume the rate so
@@ -47,7 +48,9 @@ def eta(elapsed: float, done: int, total: int) -> float | None:
     return elapsed / done * (total - done)
 
 
-def sweep_eta(run_left: float | None, run_total: float | None, finished: Sequence[float], runs_after: int) -> float | None:
+def sweep_eta(
+    run_left: float | None, run_total: float | None, finished: Sequence[float], runs_after: int
+) -> float | None:
     """Seconds left in a sweep: the current run's ``run_left`` plus ``runs_after`` more runs,
     each estimated as the mean of the ``finished`` runs' durations and ``run_total`` (the
     current run's projected duration). None while the current run has no estimate."""
@@ -113,7 +116,9 @@ class RunProgress:
     ``round_time`` when given, each later one as the wall time since the previous line.
     """
 
-    def __init__(self, rounds: int, first_round: int = 1, sweep: Sweep | None = None, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, rounds: int, first_round: int = 1, sweep: Sweep | None = None, clock: Clock = time.monotonic
+    ) -> None:
         self.rounds = int(rounds)
         self.first_round = int(first_round)
         self.sweep = sweep
@@ -142,7 +147,9 @@ class RunProgress:
         if sweep.total is not None and sweep.index is not None:
             runs_after = sweep.total - sweep.index - 1
             total = None if left is None else job_elapsed + left
-            parts.append(f"sweep {sweep_elapsed}, ETA {format_duration(sweep_eta(left, total, sweep.durations, runs_after))}")
+            parts.append(
+                f"sweep {sweep_elapsed}, ETA {format_duration(sweep_eta(left, total, sweep.durations, runs_after))}"
+            )
         else:
             parts.append(f"sweep {sweep_elapsed}")
         return " | ".join(parts)
@@ -152,14 +159,15 @@ def parse_sweep(args: Sequence[str], params: Mapping[str, Any] | None = None) ->
     """(number of runs, swept keys) of a hydra multirun command line, as the basic sweeper
     expands it: ``hydra.sweeper.params`` then the command line's overrides. (None, [])
     when it cannot be told here (e.g. ``glob(...)``, which needs hydra's config loader)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from protocol.compat import basic_sweeper
 
     lines = [f"{k}={v}" for k, v in (params or {}).items()]
     lines += [a for a in args if "=" in a and not a.startswith("-")]
     try:
         overrides = [o for o in OverridesParser.create().parse_overrides(lines) if not o.is_hydra_override()]
-        batches = BasicSweeper.split_arguments(overrides, None)
+        batches = basic_sweeper().split_arguments(overrides, None)
     except Exception:  # hydra raises several types; the size is only for display
         return None, []
     swept = [o.get_key_element() for o in overrides if o.is_sweep_override()]

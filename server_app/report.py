@@ -32,8 +32,20 @@ from .config import conf_dir
 from .provenance import short_commit
 
 COLUMNS = (
-    "method", "model", "dataset", "alpha", "rounds", "ours", "metric", "paper", "diff", "last-20", "final (all clients)",
-    "MiB/round", "wall", "paper set-up",
+    "method",
+    "model",
+    "dataset",
+    "alpha",
+    "rounds",
+    "ours",
+    "metric",
+    "paper",
+    "diff",
+    "last-20",
+    "final (all clients)",
+    "MiB/round",
+    "wall",
+    "paper set-up",
 )
 # what `ours` is, by the summary.json key a paper's numbers compare with
 METRIC_NAMES = {
@@ -142,13 +154,15 @@ def _tables_of(path: Path) -> list[PaperTable]:
             for alpha, methods in by_alpha.items()
             for method, value in methods.items()
         }
-        out.append(PaperTable(
-            source=str(table.get("source", data.get("source", path.stem))),
-            home=path.stem,
-            setup=dict(table.get("setup") or data.get("setup") or {}),
-            metric=metric if isinstance(metric, dict) else {"default": str(metric)},
-            numbers=numbers,
-        ))
+        out.append(
+            PaperTable(
+                source=str(table.get("source", data.get("source", path.stem))),
+                home=path.stem,
+                setup=dict(table.get("setup") or data.get("setup") or {}),
+                metric=metric if isinstance(metric, dict) else {"default": str(metric)},
+                numbers=numbers,
+            )
+        )
     return out
 
 
@@ -173,7 +187,9 @@ def setup_differences(paper: Mapping[str, Any], ours: Mapping[str, Any]) -> list
     for key, want in paper.items():
         have = ours.get(key)
         same = have is not None and (
-            math.isclose(float(have), float(want)) if isinstance(want, (int, float)) and isinstance(have, (int, float)) else str(have) == str(want)
+            math.isclose(float(have), float(want))
+            if isinstance(want, (int, float)) and isinstance(have, (int, float))
+            else str(have) == str(want)
         )
         if not same:
             diffs.append(f"{key} {'unknown' if have is None else have} (paper {want})")
@@ -200,7 +216,9 @@ def paper_match(summary: Mapping[str, Any], tables: Sequence[PaperTable]) -> Pap
     options = frozenset((k, str(v)) for k, v in (summary.get("changed_options") or {}).items())
     candidates = []
     for table in tables:
-        entries = [(opts, v) for (m, opts, d, a), v in table.numbers.items() if m == method and d == dataset and a == key]
+        entries = [
+            (opts, v) for (m, opts, d, a), v in table.numbers.items() if m == method and d == dataset and a == key
+        ]
         usable = sorted(((len(opts), v) for opts, v in entries if opts <= options), reverse=True)  # most options first
         if usable:
             matched, value = usable[0]
@@ -299,7 +317,8 @@ def run_setup(run: str | Path, summary: Mapping[str, Any]) -> dict[str, Any]:
     dataset = cfg.get("dataset") if isinstance(cfg.get("dataset"), dict) else {}
     model = cfg.get("model")
     found = {
-        "model": (mixed_label(model) if isinstance(model, dict) and model.get("name") == "mixed" else name("model")) or summary.get("model"),
+        "model": (mixed_label(model) if isinstance(model, dict) and model.get("name") == "mixed" else name("model"))
+        or summary.get("model"),
         "num_clients": cfg.get("num_clients", summary.get("num_clients")),
         "fraction": cfg.get("fraction"),
         "rounds": summary.get("rounds"),
@@ -346,7 +365,11 @@ def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
     def interpolated(value: Any) -> bool:  # e.g. total_rounds: ${rounds}, resolved in the run's copy
         return isinstance(value, str) and "${" in value
 
-    return {k: v for k, v in used.items() if k != "name" and k in default and not interpolated(default[k]) and v != default[k]}
+    return {
+        k: v
+        for k, v in used.items()
+        if k != "name" and k in default and not interpolated(default[k]) and v != default[k]
+    }
 
 
 def mechanisms() -> dict[str, tuple[Any, ...]]:
@@ -360,7 +383,9 @@ def mechanisms() -> dict[str, tuple[Any, ...]]:
 
 def mechanism_keys() -> frozenset[str]:
     """Every record key a mechanism panel reads (its value and its event key)."""
-    return frozenset(k for panels in mechanisms().values() for p in panels for k in (p.key, p.events, p.threshold_key) if k)
+    return frozenset(
+        k for panels in mechanisms().values() for p in panels for k in (p.key, p.events, p.threshold_key) if k
+    )
 
 
 @dataclass(frozen=True)
@@ -472,7 +497,10 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
     label = METRIC_NAMES.get(metric, metric)
     if value is None and metric in OLDER_METRIC:  # a run recorded before every method had the metric
         metric = OLDER_METRIC[metric]
-        value, label = s.get(metric), f"{METRIC_NAMES.get(metric, metric)} (test_before: the run predates {OLDER_METRIC_NAMES[metric]})"
+        value, label = (
+            s.get(metric),
+            f"{METRIC_NAMES.get(metric, metric)} (test_before: the run predates {OLDER_METRIC_NAMES[metric]})",
+        )
     ours = 100 * value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     mib = (s["total_mib_down"] + s["total_mib_up"]) / max(s["rounds"], 1)
     paper = match.value if match is not None else None
@@ -502,8 +530,10 @@ def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 PAPER_COLUMNS = ("paper", "diff", "paper set-up")
-NO_PAPER = ("No paper's table in conf/paper_results/ has numbers for these runs' dataset, split and methods, "
-            "so the paper columns are left out.")
+NO_PAPER = (
+    "No paper's table in conf/paper_results/ has numbers for these runs' dataset, split and methods, "
+    "so the paper columns are left out."
+)
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -552,7 +582,11 @@ class Group:
 
     @property
     def title(self) -> str:
-        base = f"{self.dataset}, α = {self.alpha:g}" if self.alpha is not None else f"{self.dataset}, {self.partition} partition"
+        base = (
+            f"{self.dataset}, α = {self.alpha:g}"
+            if self.alpha is not None
+            else f"{self.dataset}, {self.partition} partition"
+        )
         return base + (f", data {self.data_tag}" if self.name_data else "")
 
 
@@ -575,15 +609,26 @@ def group_runs(runs: Sequence[Path]) -> list[Group]:
             groups[recorded[0]].runs = sorted(groups[recorded[0]].runs + groups.pop(key).runs, key=lambda r: r[0])
     ordered = [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] is None, k[1] or 0.0, k[2], k[3]))]
     for group in ordered:
-        group.name_data = sum((g.dataset, g.alpha, g.partition) == (group.dataset, group.alpha, group.partition) for g in ordered) > 1
+        group.name_data = (
+            sum((g.dataset, g.alpha, g.partition) == (group.dataset, group.alpha, group.partition) for g in ordered) > 1
+        )
     return ordered
 
 
 # top-level config keys a group's runs may differ in that change what a run trains, beyond its
 # method options (in the label already) and the table's own columns (model, rounds, alpha)
 TRAINING_KEYS = (
-    "seed", "batch_size", "lr", "local_epochs", "local_steps", "momentum", "weight_decay", "optimizer",
-    "num_clients", "fraction", "test_fraction",
+    "seed",
+    "batch_size",
+    "lr",
+    "local_epochs",
+    "local_steps",
+    "momentum",
+    "weight_decay",
+    "optimizer",
+    "num_clients",
+    "fraction",
+    "test_fraction",
 )
 
 
@@ -659,14 +704,28 @@ def plot_group(group: Group, curves: Sequence[Curve], x: str, path: Path, smooth
             ax.plot(xs, ys, label=label, color=colors[i % len(colors)], linestyle=style, linewidth=1.2)
         how = "" if smooth == 1 else f", rolling mean over {smooth} rounds"
         against = "by round" if x == "round" else "against cumulative MiB, one point per round"
-        finish_figure(fig, ax, f"{group.title}: test_before accuracy {against}{how}",
-                      "round" if x == "round" else "cumulative communication, down + up (MiB)",
-                      "test_before accuracy (%)", path, whole_rounds=x == "round")
+        finish_figure(
+            fig,
+            ax,
+            f"{group.title}: test_before accuracy {against}{how}",
+            "round" if x == "round" else "cumulative communication, down + up (MiB)",
+            "test_before accuracy (%)",
+            path,
+            whole_rounds=x == "round",
+        )
     return path
 
 
-def finish_figure(fig: Any, ax: Any, title: str, xlabel: str, ylabel: str, path: Path, whole_rounds: bool = False,
-                  legend_size: int = 8) -> Path:
+def finish_figure(
+    fig: Any,
+    ax: Any,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    path: Path,
+    whole_rounds: bool = False,
+    legend_size: int = 8,
+) -> Path:
     """Title, labels, grid, the legend beside the axes, and a PNG with no date or software in it
     (the same runs give the same bytes). ``whole_rounds``: x ticks on whole rounds only."""
     from matplotlib.ticker import MaxNLocator
@@ -710,8 +769,11 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
     (one per entry of a list, e.g. per layer), the threshold option as a dashed line, the
     event rounds (re-clusterings, splits) as dots. None: no run of ``method`` recorded any."""
     panels = mechanisms().get(method, ())
-    runs = [(label, run, c) for label, (run, s), c in zip(legend_labels(group), group.runs, curves)
-            if s.get("method") == method and any(p.key in c.diagnostics for p in panels)]
+    runs = [
+        (label, run, c)
+        for label, (run, s), c in zip(legend_labels(group), group.runs, curves)
+        if s.get("method") == method and any(p.key in c.diagnostics for p in panels)
+    ]
     panels = tuple(p for p in panels if any(p.key in c.diagnostics for _, _, c in runs))
     if not runs or not panels:
         return None
@@ -734,18 +796,36 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
                     continue
                 width = max(len(v) if isinstance(v, tuple) else 1 for _, v in pts)
                 for j in range(width):
-                    line = [(r, v[j] if isinstance(v, tuple) else v) for r, v in pts if not isinstance(v, tuple) or j < len(v)]
-                    ax.plot([r for r, _ in line], [y for _, y in line], color=color, linewidth=1.0,
-                            alpha=1.0 if width == 1 else 0.35 + 0.65 * (j + 1) / width,
-                            label=label if j == width - 1 else None)
+                    line = [
+                        (r, v[j] if isinstance(v, tuple) else v)
+                        for r, v in pts
+                        if not isinstance(v, tuple) or j < len(v)
+                    ]
+                    ax.plot(
+                        [r for r, _ in line],
+                        [y for _, y in line],
+                        color=color,
+                        linewidth=1.0,
+                        alpha=1.0 if width == 1 else 0.35 + 0.65 * (j + 1) / width,
+                        label=label if j == width - 1 else None,
+                    )
                 if panel.events and width == 1:
                     fired = dict(pts)
                     xs = [r for r, e in zip(c.rounds, c.diagnostics.get(panel.events, ())) if e and r in fired]
                     ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4)
-                used = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.threshold_key or "", ())) if v is not None]
+                used = [
+                    (r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.threshold_key or "", ())) if v is not None
+                ]
                 if used:  # the threshold the run compared with, where it logged one
-                    ax.plot([r for r, _ in used], [v for _, v in used], color=color, linestyle="--", linewidth=0.8,
-                            marker="_", markersize=6)
+                    ax.plot(
+                        [r for r, _ in used],
+                        [v for _, v in used],
+                        color=color,
+                        linestyle="--",
+                        linewidth=0.8,
+                        marker="_",
+                        markersize=6,
+                    )
                     continue
                 limit = method_option(run, panel.threshold) if panel.threshold else None
                 if _is_type(limit, (int, float)) and math.isfinite(limit):
@@ -753,7 +833,11 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
             ax.set_ylabel(panel.label, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-        notes = [f"{p.key}: dashed = {p.threshold}" + (f" or {p.threshold_key}" if p.threshold_key else "") for p in panels if p.threshold]
+        notes = [
+            f"{p.key}: dashed = {p.threshold}" + (f" or {p.threshold_key}" if p.threshold_key else "")
+            for p in panels
+            if p.threshold
+        ]
         notes += [f"dots = {p.events} rounds" for p in panels if p.events]
         title = f"{group.title}: {method}'s mechanism" + (f" ({'; '.join(notes)})" if notes else "")
         axes[0].set_title(title, fontsize=9)
@@ -809,19 +893,29 @@ def write_report(runs: Sequence[Path], out: str | Path, smooth: int = 1) -> list
         lines += ["", f"## {group.title}", ""]
         if group.data_sha256:  # runs that recorded what they read (older runs did not)
             dirs = sorted({str(s.get("data_dir")) for _, s in group.runs if s.get("data_dir")})
-            lines += [f"Data: {', '.join(f'`{d}`' for d in dirs) or 'not named'} (sha256 `{group.data_sha256[:16]}`).", ""]
+            lines += [
+                f"Data: {', '.join(f'`{d}`' for d in dirs) or 'not named'} (sha256 `{group.data_sha256[:16]}`).",
+                "",
+            ]
         lines += [markdown(rows), ""]
         for x, suffix in FIGURES:
-            png = plot_group(group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth)
+            png = plot_group(
+                group, [curves[run] for run, _ in group.runs], x, out / f"{group.stem}_{suffix}.png", smooth
+            )
             written.append(png)
             lines.append(f"![{group.title}: accuracy vs {'round' if x == 'round' else 'MiB'}]({png.name})")
         for method in sorted({s.get("method") for _, s in group.runs} & mechanisms().keys()):
-            png = plot_mechanism(group, [curves[run] for run, _ in group.runs], method, out / f"{group.stem}_{method}_mechanism.png")
+            png = plot_mechanism(
+                group, [curves[run] for run, _ in group.runs], method, out / f"{group.stem}_{method}_mechanism.png"
+            )
             if png is not None:
                 written.append(png)
                 lines.append(f"![{group.title}: {method}'s mechanism per round]({png.name})")
         lines += ["", "Runs:", ""]
-        lines += [f"- {label}{_commit_note(run)}: `{_posix_rel(run, out)}`" for label, (run, _) in zip(legend_labels(group), group.runs)]
+        lines += [
+            f"- {label}{_commit_note(run)}: `{_posix_rel(run, out)}`"
+            for label, (run, _) in zip(legend_labels(group), group.runs)
+        ]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return [report, *written]
@@ -839,15 +933,24 @@ def main(argv: Sequence[str]) -> int:
         description="Compare finished runs: a Markdown table on stdout; with --out also report.md and plots.",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR_OR_PARENT", help="run directories, or folders holding them")
-    parser.add_argument("--out", metavar="DIR", help="also write DIR/report.md and accuracy-vs-round/-MiB PNGs per (dataset, alpha)")
-    parser.add_argument("--smooth", type=int, default=1, metavar="N",
-                        help="plot a trailing rolling mean over N rounds (default 1: the raw per-round values)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="also write DIR/report.md and accuracy-vs-round/-MiB PNGs per (dataset, alpha)"
+    )
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=1,
+        metavar="N",
+        help="plot a trailing rolling mean over N rounds (default 1: the raw per-round values)",
+    )
     try:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse has printed why
         return int(exc.code or 0)
     if args.smooth < 1:
-        print(f"pflower report: --smooth must be >= 1 (1 = the raw per-round values), got {args.smooth}", file=sys.stderr)
+        print(
+            f"pflower report: --smooth must be >= 1 (1 = the raw per-round values), got {args.smooth}", file=sys.stderr
+        )
         return 2
     try:
         runs = find_runs(args.runs)

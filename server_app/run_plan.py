@@ -37,8 +37,14 @@ class RunPlan:
         fields = data_spec_dict(cfg)
         archs, assign = model_archs(cfg)
         return cls(
-            cfg=cfg, data_fields=fields, data=DataSpec.from_dict(fields), archs=archs, assign=assign,
-            mixed=model_spec(cfg).get("name") == MIXED, method=str(cfg.method.name), options=method_args(cfg),
+            cfg=cfg,
+            data_fields=fields,
+            data=DataSpec.from_dict(fields),
+            archs=archs,
+            assign=assign,
+            mixed=model_spec(cfg).get("name") == MIXED,
+            method=str(cfg.method.name),
+            options=method_args(cfg),
         )
 
     def model_entries(self) -> dict[str, Any]:

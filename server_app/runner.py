@@ -21,9 +21,9 @@ from federated_data import data_origin, load_public_data, partition_sizes
 from federated_data.partition import PartitionError
 from models import LayeredNet, build_model
 from strategies import PersonalizedStrategy, build_strategy
-from strategies.round_log import format_value
 from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from strategies.evaluation import summarize
+from strategies.round_log import format_value
 
 from .config import ConfigError, client_spec, config_diff, load_saved_config
 from .failures import discard_unstarted_run
@@ -58,7 +58,9 @@ def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet
     plan = RunPlan.of(cfg)
     info, seed = plan.data.info, int(plan.cfg.seed)
     models = {
-        arch: build_model(spec["name"], info.in_shape, info.num_classes, seed=seed, **{k: v for k, v in spec.items() if k != "name"})
+        arch: build_model(
+            spec["name"], info.in_shape, info.num_classes, seed=seed, **{k: v for k, v in spec.items() if k != "name"}
+        )
         for arch, spec in plan.archs.items()
     }
     return models if plan.mixed else next(iter(models.values()))
@@ -68,8 +70,12 @@ def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None
     plan = RunPlan.of(cfg)
     cfg = plan.cfg
     spec = client_spec(
-        cfg, run_token, client_state_dir(cfg, run_dir), None if run_dir is None else str(run_dir / "server_store"),
-        data=plan.data_fields, models=plan.model_entries(),
+        cfg,
+        run_token,
+        client_state_dir(cfg, run_dir),
+        None if run_dir is None else str(run_dir / "server_store"),
+        data=plan.data_fields,
+        models=plan.model_entries(),
     )
     strategy = build_strategy(
         plan.method,
@@ -117,7 +123,9 @@ def check_strategy(cfg: DictConfig | RunPlan) -> None:
         raise ConfigError(str(exc)) from exc
 
 
-def run_experiment(grid: Grid, cfg: DictConfig, check_partition: bool = True, sweep: Sweep | None = None) -> dict[str, Any]:
+def run_experiment(
+    grid: Grid, cfg: DictConfig, check_partition: bool = True, sweep: Sweep | None = None
+) -> dict[str, Any]:
     """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory).
 
     ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
@@ -147,7 +155,13 @@ def _run_in(
     writer = RunWriter(run_dir)
     origin = data_origin(plan.data)
     if origin:
-        log(INFO, "pflower data: %s read from %s (sha256 %s)", cfg.dataset.name, origin["data_dir"], origin["data_sha256"][:16])
+        log(
+            INFO,
+            "pflower data: %s read from %s (sha256 %s)",
+            cfg.dataset.name,
+            origin["data_dir"],
+            origin["data_sha256"][:16],
+        )
     if checkpoint is None:
         writer.write_config(cfg)
         write_provenance(run_dir, grid, data=origin)
@@ -208,7 +222,11 @@ def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> di
     partition the directories were exported from, if they all agree)."""
     plan = RunPlan.of(cfg)
     if not plan.data.info.node_local:
-        return {"partition": plan.cfg.partition.name, "alpha": plan.cfg.partition.get("alpha"), **data_origin(plan.data)}
+        return {
+            "partition": plan.cfg.partition.name,
+            "alpha": plan.cfg.partition.get("alpha"),
+            **data_origin(plan.data),
+        }
     origins = {cid: info.origin for cid, info in sorted(strategy.clients.items())}
     exported = [o.get("exported_from") if isinstance(o, dict) else None for o in origins.values()]
     names = sorted({str(o.get("name")) for o in origins.values() if isinstance(o, dict) and o.get("name")})
@@ -217,10 +235,15 @@ def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> di
     described = [tuple(e.get(k) for k in keys) for e in exported if isinstance(e, dict)]
     if exported and len(described) == len(exported) and len(set(described)) == 1:
         dataset, partitioner, alpha, num_clients, seed = described[0]
-        record.update({
-            "partition": partitioner, "alpha": alpha if partitioner == "dirichlet" else None,
-            "node_dataset": dataset, "partition_clients": num_clients, "partition_seed": seed,
-        })
+        record.update(
+            {
+                "partition": partitioner,
+                "alpha": alpha if partitioner == "dirichlet" else None,
+                "node_dataset": dataset,
+                "partition_clients": num_clients,
+                "partition_seed": seed,
+            }
+        )
     elif described:
         record.update({"partition": "mixed", "alpha": None, "node_partitions": sorted({str(d) for d in described})})
     else:  # the nodes' own data: no partition to speak of
@@ -255,9 +278,13 @@ def resumable(cfg: DictConfig) -> Checkpoint:
             "compose it with server_app.config.compose_config([..., 'resume=<dir>']), which takes the saved one"
         )
     if checkpoint.method != cfg.method.name:
-        raise CheckpointError(f"{checkpoint.path} is a {checkpoint.method} checkpoint but the run's method is {cfg.method.name}")
+        raise CheckpointError(
+            f"{checkpoint.path} is a {checkpoint.method} checkpoint but the run's method is {cfg.method.name}"
+        )
     if int(cfg.rounds) < checkpoint.round:
-        raise ConfigError(f"resume={run_dir}: the checkpoint is at round {checkpoint.round}; rounds={cfg.rounds} is fewer")
+        raise ConfigError(
+            f"resume={run_dir}: the checkpoint is at round {checkpoint.round}; rounds={cfg.rounds} is fewer"
+        )
     return checkpoint
 
 
@@ -296,7 +323,9 @@ def restore_metrics(run_dir: Path, history: list[dict[str, Any]]) -> list[dict[s
         with open(run_dir / "metrics.discarded.jsonl", "a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in discarded)
         atomic_write(path, "".join(line + "\n" for line in kept))
-        log(WARNING, "%d line(s) of %s after round %d moved to metrics.discarded.jsonl", len(discarded), path.name, last)
+        log(
+            WARNING, "%d line(s) of %s after round %d moved to metrics.discarded.jsonl", len(discarded), path.name, last
+        )
     return rounds
 
 

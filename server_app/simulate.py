@@ -23,8 +23,8 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     validate(cfg)
     check_strategy(cfg)
     if cfg.get("backend", "ray") in ("serial", "parallel"):
-        from .inprocess import InProcessGrid
         from .config import resolve_workers
+        from .inprocess import InProcessGrid
         from .parallel import ParallelGrid
 
         # the ServerApp and every client in this process (serial: one after the other in client-id
@@ -37,14 +37,16 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
             from client_app.runtime import computes_on_cuda
 
             on_cuda = computes_on_cuda(str(cfg.get("device", "auto")))
-            grid = ParallelGrid(int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1)
+            grid = ParallelGrid(
+                int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1
+            )
         try:
             return run_experiment(grid, cfg, sweep=sweep)
         finally:
             grid.close()
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation  # imports Ray (0.6 s): only on this engine
+    from flwr.simulation import run_simulation  # imports Ray: only on this engine
 
     from client_app.app import app as client_app
 
@@ -66,7 +68,9 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     backend = ray_backend_config(cfg)
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend)
+    run_simulation(
+        server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend
+    )
     if refused:
         raise refused[0]
     if not out:
@@ -89,7 +93,10 @@ def ray_backend_config(cfg: DictConfig) -> dict[str, Any]:
     with one line, not after Ray's minute of retries)."""
     ray_cfg = cfg.get("ray") or {}
     gpus = ray_cfg.get("client_gpus", "auto")
-    resources = {"num_cpus": float(ray_cfg.get("client_cpus", 1)), "num_gpus": _gpu_share() if gpus == "auto" else float(gpus)}
+    resources = {
+        "num_cpus": float(ray_cfg.get("client_cpus", 1)),
+        "num_gpus": _gpu_share() if gpus == "auto" else float(gpus),
+    }
     init_args: dict[str, Any] = {"log_to_driver": True}
     address = ray_cfg.get("address")
     if address:
@@ -105,10 +112,10 @@ def check_ray_address(address: str, timeout: float = 3.0) -> str:
 
     if address == "auto":
         # what ray.init(address="auto") itself calls to find the cluster started on this machine
-        from ray._private.services import canonicalize_bootstrap_address
+        from protocol.compat import ray_bootstrap_address
 
         try:
-            found = canonicalize_bootstrap_address("auto")
+            found = ray_bootstrap_address("auto")
         except ConnectionError:
             found = None
         if not found:
@@ -119,7 +126,9 @@ def check_ray_address(address: str, timeout: float = 3.0) -> str:
         return found
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ConfigError(f"ray.address={address!r} is not HOST:PORT (the head's GCS address, e.g. 10.0.0.5:6379) or auto")
+        raise ConfigError(
+            f"ray.address={address!r} is not HOST:PORT (the head's GCS address, e.g. 10.0.0.5:6379) or auto"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:

@@ -231,12 +231,16 @@ def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str
         http, control = str(_free_port()), str(_free_port())
         while control == http:
             control = str(_free_port())
-        ports_file.write_text(json.dumps({"http": int(http), "control": int(control), "checkout": str(checkout.resolve())}))
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": http,
-        "FLWR_LOCAL_CONTROL_API_PORT": control,
-    })
+        ports_file.write_text(
+            json.dumps({"http": int(http), "control": int(control), "checkout": str(checkout.resolve())})
+        )
+    env.update(
+        {
+            "FLWR_HOME": str(home),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": http,
+            "FLWR_LOCAL_CONTROL_API_PORT": control,
+        }
+    )
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     return env
 
@@ -246,8 +250,15 @@ STARTED = re.compile(r"Successfully started run (\d+)")
 
 def run_status(run_id: str, env: dict[str, str], cwd: Path) -> str:
     """The run's status as `flwr ls` reports it (``finished:completed``, ``finished:failed``...)."""
-    listed = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=120, check=False)
+    listed = subprocess.run(
+        ["flwr", "ls", "--run-id", run_id, "--format", "json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     try:
         runs = json.loads(listed.stdout).get("runs") or []
         return str(runs[0]["status"])
@@ -270,15 +281,25 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         return 0
     checkout = (checkout or Path.cwd()).resolve()
     if not (checkout / "pyproject.toml").exists():
-        print(f"pflower run: {checkout} has no pyproject.toml: run it in the Flower app's folder (the pflower checkout)", file=sys.stderr)
+        print(
+            f"pflower run: {checkout} has no pyproject.toml: run it in the Flower app's folder (the pflower checkout)",
+            file=sys.stderr,
+        )
         return 2
     env = checkout_env(checkout)
     argv = list(argv)
     if "--stream" not in argv:
         argv.append("--stream")
     run_id = None
-    with subprocess.Popen(["flwr", "run", ".", *argv], cwd=checkout, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+    with subprocess.Popen(
+        ["flwr", "run", ".", *argv],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -291,6 +312,9 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         return code or 1
     status = run_status(run_id, env, checkout)
     ok = status == "finished:completed"
-    print(f"pflower run: run {run_id} {status}; this checkout's SuperLink stays up (`pflower superlink stop --all` stops it)",
-          file=sys.stdout if ok else sys.stderr)
+    print(
+        f"pflower run: run {run_id} {status}; this checkout's SuperLink stays up (`pflower superlink stop --all` stops "
+        "it)",
+        file=sys.stdout if ok else sys.stderr,
+    )
     return 0 if ok else 1

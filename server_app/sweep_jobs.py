@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-
 def parse_jobs(argv: list[str]) -> tuple[int, list[str]]:
     """``--jobs N`` / ``-j N`` / ``--jobs=N`` taken out of ``argv``: (N, the rest); N is 1 when absent."""
     rest, jobs, i = [], 1, 0
@@ -64,8 +63,15 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
         label = f"[run {k + 1}/{total}]"
         with lock:
             print(f"{label} pflower sim {' '.join(overrides)} ({CORES_ENV}={share})", flush=True)
-        proc = subprocess.Popen([pflower_bin(), "sim", *overrides], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, env={**os.environ, CORES_ENV: str(share)})
+        proc = subprocess.Popen(
+            [pflower_bin(), "sim", *overrides],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env={**os.environ, CORES_ENV: str(share)},
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             with lock:
@@ -73,8 +79,10 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
                 sys.stdout.flush()
         statuses[k] = proc.wait()
         with lock:
-            print(f"{label} ended with exit status {statuses[k]} ({time.perf_counter() - started:.0f} s into the sweep)",
-                  flush=True)
+            print(
+                f"{label} ended with exit status {statuses[k]} ({time.perf_counter() - started:.0f} s into the sweep)",
+                flush=True,
+            )
 
     pending = list(range(total))
     running: list[threading.Thread] = []
@@ -90,5 +98,8 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
         names = ", ".join(f"run {k + 1} ({' '.join(combos[k])}: exit {s})" for k, s in failed)
         print(f"pflower: {len(failed)} of {total} runs failed: {names}", file=sys.stderr)
         return failed[0][1] or 1
-    print(f"pflower: the sweep's {total} runs ended, {jobs} at a time, in {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"pflower: the sweep's {total} runs ended, {jobs} at a time, in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
     return 0

@@ -29,11 +29,21 @@ def options_of(name: str) -> type[MethodOptions]:
     return STRATEGIES[name].options_type
 
 
-def build_strategy(name: str, *args: Any, method_args: dict[str, Any] | None = None, **kwargs: Any) -> PersonalizedStrategy:
+def build_strategy(
+    name: str, *args: Any, method_args: dict[str, Any] | None = None, **kwargs: Any
+) -> PersonalizedStrategy:
     """Instantiate a registered method; unknown names or options get a message listing the valid ones."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown method {name!r}; valid methods: {sorted(STRATEGIES)}")
     return STRATEGIES[name](*args, **kwargs, **dict(method_args or {}))
 
 
-__all__ = ["STRATEGIES", "MethodOptions", "OptionError", "PersonalizedStrategy", "build_strategy", "method_options", "options_of"]
+__all__ = [
+    "STRATEGIES",
+    "MethodOptions",
+    "OptionError",
+    "PersonalizedStrategy",
+    "build_strategy",
+    "method_options",
+    "options_of",
+]

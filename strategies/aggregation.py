@@ -43,7 +43,9 @@ def weighted_average(
     return out
 
 
-def layerwise_mix(models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+def layerwise_mix(
+    models: Sequence[Arrays], alpha: np.ndarray, layer_keys: Sequence[Sequence[str]]
+) -> dict[str, np.ndarray]:
     """One mix of ``models`` per layer: w^l = sum_j alpha[l, j] w_j^l (rows normalized), layer l's keys in
     ``layer_keys[l]``. pFedLA's personalized model; KAPC's regularizer s_i^l = sum_j R[i, l, j] w_j^l."""
     out: dict[str, np.ndarray] = {}

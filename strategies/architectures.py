@@ -50,7 +50,8 @@ class Architectures:
         if len(models) > 1 and not heterogeneous:
             raise ValueError(
                 f"method {method!r} runs one architecture on every client, but the config names {sorted(models)}: "
-                "use a method for heterogeneous clients (fedavg averages each architecture apart, felo, velo, fedhe, local)"
+                "use a method for heterogeneous clients (fedavg averages each architecture apart, felo, velo, fedhe, "
+                "local)"
             )
         self.shared_buffers = shared_buffers
         self.schemas = {arch: ModelSchema.of(m, arch, arch_specs[arch]) for arch, m in models.items()}
@@ -84,8 +85,12 @@ class Architectures:
         order = [g for s in self.schemas.values() for g in s.groups]
         return sorted(groups, key=order.index)
 
-    def per_arch(self, client_ids: Sequence[int], metrics: Sequence[Mapping[str, float]],
-                 summarize: Callable[[list[Mapping[str, float]]], dict[str, float]]) -> dict[str, float]:
+    def per_arch(
+        self,
+        client_ids: Sequence[int],
+        metrics: Sequence[Mapping[str, float]],
+        summarize: Callable[[list[Mapping[str, float]]], dict[str, float]],
+    ) -> dict[str, float]:
         """``summarize`` of each architecture's clients' metrics, as ``<key>@<arch>`` (heterogeneous runs only)."""
         if len(self.schemas) == 1:
             return {}
@@ -111,9 +116,18 @@ class Architectures:
             )
         before = self.announced.get(client_id)
         if before is not None and before != announced:
-            return f"client {client_id} ran {before!r} earlier in this run and now announces {announced!r}: one client, one model"
+            return (
+                f"client {client_id} ran {before!r} earlier in this run and now announces {announced!r}: "
+                "one client, one model"
+            )
         if self.arch_of.get(client_id) != announced:
-            log(INFO, "client %d runs %s (announced by its node; the config's rule gave %s)", client_id, announced, self.arch_of.get(client_id))
+            log(
+                INFO,
+                "client %d runs %s (announced by its node; the config's rule gave %s)",
+                client_id,
+                announced,
+                self.arch_of.get(client_id),
+            )
         self.announced[client_id] = announced
         self.arch_of[client_id] = announced
         return None
@@ -133,15 +147,23 @@ class Architectures:
         """Inverse of :meth:`state`; arrays that do not fit the models are refused."""
         saved = {self.default: state["global_arrays"], **dict(state.get("arch_arrays") or {})}
         if set(saved) != set(self.schemas):
-            raise ValueError(f"the checkpoint holds architectures {sorted(saved)}, this run {sorted(self.schemas)}: was the model changed?")
+            raise ValueError(
+                f"the checkpoint holds architectures {sorted(saved)}, this run {sorted(self.schemas)}: was the model "
+                "changed?"
+            )
         restored = {}
         for arch, arrays in saved.items():
             template = {k: spec for k, spec in self.schemas[arch].template.items() if k in self.arrays[arch]}
             bad = sorted(set(arrays) ^ set(template)) + sorted(
-                k for k in set(arrays) & set(template) if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != template[k]
+                k
+                for k in set(arrays) & set(template)
+                if (np.shape(arrays[k]), np.asarray(arrays[k]).dtype) != template[k]
             )
             if bad:
-                raise ValueError(f"the checkpoint's global arrays do not fit the model {arch} (keys {bad[:5]}): was the model changed?")
+                raise ValueError(
+                    f"the checkpoint's global arrays do not fit the model {arch} (keys {bad[:5]}): was the model "
+                    "changed?"
+                )
             restored[arch] = {k: np.array(arrays[k], copy=True) for k in template}
         self.arrays = restored
         self.arch_of.update({int(c): str(a) for c, a in (state.get("arch_of") or {}).items()})

@@ -43,8 +43,8 @@ from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures
 from .client_directory import ClientDirectory, ClientInfo
-from .hooks import MethodHooks
 from .evaluation import client_time_totals, final_evaluation, weighted_test_metrics
+from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
 from .resume import restore_strategy_state, strategy_state
 from .round_ledger import RoundLedger
@@ -109,7 +109,12 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         if self.store_mode not in STORE_MODES:
             raise ValueError(f"server_store must be one of {list(STORE_MODES)}, got {self.store_mode!r}")
         self.architectures = Architectures(
-            model, spec, num_clients, method=self.name, heterogeneous=self.heterogeneous, shared_buffers=self.shared_buffers
+            model,
+            spec,
+            num_clients,
+            method=self.name,
+            heterogeneous=self.heterogeneous,
+            shared_buffers=self.shared_buffers,
         )
         spec["model"] = dict(self.schema().spec)
         self.client_spec = spec
@@ -123,7 +128,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.final_metrics: dict[str, Any] = {}
         self.ledger = RoundLedger()  # the messages of the batch under way (one reset() per batch)
         self.message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
-        self.round_timeout: float | None = None  # set by start(): the wait for a round's replies (a method's own batch waits as long)
+        self.round_timeout: float | None = (
+            None  # set by start(): the wait for a round's replies (a method's own batch waits as long)
+        )
         # a resumed run goes on although clients lost their state (config resume_force): they are
         # recorded in the round's ``client_state_lost``; without it the resume is refused
         self.resume_force = False
@@ -235,16 +242,28 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         return task_spec(self, client_id, server_round, task)
 
     def build_message(
-        self, client_id: int, server_round: int, task: str, message_type: str,
-        down: Mapping[str, np.ndarray], extra: Mapping[str, np.ndarray],
+        self,
+        client_id: int,
+        server_round: int,
+        task: str,
+        message_type: str,
+        down: Mapping[str, np.ndarray],
+        extra: Mapping[str, np.ndarray],
     ) -> Message:
         """The message of ``task`` for ``client_id``: ``down`` (model tensors) and ``extra`` (method
         tensors) with the task spec, entered in the round's :class:`RoundLedger`. A method that
         sends a batch of its own (FedCPMD's probes) resets the ledger, builds its messages with
         this, and reads the replies with :meth:`collect_replies`."""
         message, arrays, groups = task_message(
-            self.task_spec(client_id, server_round, task), client_id, server_round, message_type,
-            self.clients[client_id].node_id, self.message_ttl, down, extra, self.template_of(client_id),
+            self.task_spec(client_id, server_round, task),
+            client_id,
+            server_round,
+            message_type,
+            self.clients[client_id].node_id,
+            self.message_ttl,
+            down,
+            extra,
+            self.template_of(client_id),
         )
         self.ledger.record(client_id, message, record_bytes(arrays), groups)
         return message
@@ -261,7 +280,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         (default ``discover_timeout``) passes."""
         hello = hello_spec(self.client_spec, self.schema())
         self.directory.discover(
-            grid, hello, self.min_available if wait_for is None else wait_for,
+            grid,
+            hello,
+            self.min_available if wait_for is None else wait_for,
             self.discover_timeout if timeout is None else timeout,
         )
 
@@ -274,7 +295,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         ids = self.connected(self.sample(server_round), server_round)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
-        return [self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid)) for cid in ids]
+        return [
+            self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid))
+            for cid in ids
+        ]
 
     def expected_uploads(self, client_id: int, server_round: int) -> list[Template]:
         """The key sets (with shapes) a train reply of ``client_id`` may carry (model tensors and extras)."""
@@ -285,7 +309,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         extra = {WIRE_EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(client_id, server_round).items()}
         return [{**{k: template[k] for k in keys}, **extra} for keys in sets]
 
-    def collect_replies(self, server_round: int, replies: Iterable[Message], task: str) -> tuple[list[ClientUpdate], list[dict]]:
+    def collect_replies(
+        self, server_round: int, replies: Iterable[Message], task: str
+    ) -> tuple[list[ClientUpdate], list[dict]]:
         """The replies to the ledger's batch: valid updates in client-id order (never arrival
         order) and the dropped replies (errors, invalid ones, and clients that never answered)."""
         expected = (lambda cid: self.expected_uploads(cid, server_round)) if task == "train" else (lambda cid: [{}])
@@ -306,11 +332,21 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             "groups_up": self.architectures.ordered_groups(groups_up),
         }
         if len(updates) < self.min_replies:
-            log(WARNING, "round %d: %d valid replies < min_replies=%d; model unchanged", server_round, len(updates), self.min_replies)
+            log(
+                WARNING,
+                "round %d: %d valid replies < min_replies=%d; model unchanged",
+                server_round,
+                len(updates),
+                self.min_replies,
+            )
             record["skipped"] = True
         else:
             record.update(weighted_test_metrics([u.metrics for u in updates]))
-            record.update(self.per_arch(updates, lambda ms: {k: v for k, v in weighted_test_metrics(ms).items() if k.startswith("test_")}))
+            record.update(
+                self.per_arch(
+                    updates, lambda ms: {k: v for k, v in weighted_test_metrics(ms).items() if k.startswith("test_")}
+                )
+            )
             record.update(client_time_totals([u.metrics for u in updates]))
             record.update(self.aggregate(server_round, updates))
         self.history.append(record)
@@ -333,13 +369,17 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.ledger.reset()
         ids = sorted(self.clients)
         down = self.downlinks(ids, server_round)
-        return [self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids]
+        return [
+            self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids
+        ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         updates, dropped = self.collect_replies(server_round, replies, "evaluate")
         if not updates:
             return None
-        metrics = final_evaluation([u.metrics for u in updates], lambda f: self.per_arch(updates, f), self.final_global_test)
+        metrics = final_evaluation(
+            [u.metrics for u in updates], lambda f: self.per_arch(updates, f), self.final_global_test
+        )
         self.final_metrics = {**metrics, "dropped": dropped}
         return MetricRecord(metrics)
 

@@ -61,7 +61,9 @@ from .validation import ClientUpdate
 class CFLOptions(MethodOptions):
     eps1: float = option(0.4, "split when the norm of the mean update falls below this", low=0)
     eps2: float = option(1.6, "... and the largest update norm rises above this", low=0)
-    min_cluster_size: int = option(2, "only a cluster with more members (and more participants in the round) splits", low=1)
+    min_cluster_size: int = option(
+        2, "only a cluster with more members (and more participants in the round) splits", low=1
+    )
     start_round: int = option(20, "no split before this round", low=0)
     lr_normalized: bool = option(True, "compare update norms rescaled to the base learning rate")
 
@@ -81,7 +83,12 @@ class CFL(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.eps1, self.eps2, self.min_cluster_size, self.start_round = o.eps1, o.eps2, o.min_cluster_size, o.start_round
+        self.eps1, self.eps2, self.min_cluster_size, self.start_round = (
+            o.eps1,
+            o.eps2,
+            o.min_cluster_size,
+            o.start_round,
+        )
         self.lr_normalized = o.lr_normalized
         self.split_rounds: list[int] = []
         self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
@@ -136,7 +143,9 @@ class CFL(PersonalizedStrategy):
         record: dict[str, Any] = {"num_clusters": len(clusters), "clusters": self.clusters.members, "splits": splits}
         record["log_keys"] = ["num_clusters"]
         if mean_norms:
-            record.update({"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms), "cross_cos_max": min(cross)})
+            record.update(
+                {"mean_update_norm": min(mean_norms), "max_update_norm": max(max_norms), "cross_cos_max": min(cross)}
+            )
         return record
 
     def _split(self, members: list[int], ups: Sequence[ClientUpdate], cos: np.ndarray) -> list[tuple[list[int], list]]:
@@ -155,4 +164,8 @@ class CFL(PersonalizedStrategy):
         return [(sorted(g), side) for g, side in zip(groups, sides)]
 
     def run_summary(self) -> dict[str, Any]:
-        return {"clusters": self.clusters.members, "num_clusters": len(self.clusters), "split_rounds": list(self.split_rounds)}
+        return {
+            "clusters": self.clusters.members,
+            "num_clusters": len(self.clusters),
+            "split_rounds": list(self.split_rounds),
+        }

@@ -38,7 +38,15 @@ STATE_MEMBER = "__state__"
 IMPORTABLE_PREFIXES = ("strategies.", "models.", "protocol.")
 
 _TAGS = (
-    "__array__", "__tensor__", "__scalar__", "__tuple__", "__set__", "__dict__", "__object__", "__stateful__", "__generator__",
+    "__array__",
+    "__tensor__",
+    "__scalar__",
+    "__tuple__",
+    "__set__",
+    "__dict__",
+    "__object__",
+    "__stateful__",
+    "__generator__",
 )
 
 
@@ -59,7 +67,10 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
         return value
     if isinstance(value, np.random.Generator):  # its bit generator's state (a plain dict) restores the stream
         bits = value.bit_generator
-        return {"__generator__": type(bits).__name__, "state": encode(bits.state, arrays, f"{path}.bit_generator.state")}
+        return {
+            "__generator__": type(bits).__name__,
+            "state": encode(bits.state, arrays, f"{path}.bit_generator.state"),
+        }
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise CheckpointError(f"cannot checkpoint {path}: NumPy array of dtype object")
@@ -98,7 +109,10 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
             ]
         }
     if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
-        return {"__stateful__": _class_path(type(value)), "state": encode(value.state_dict(), arrays, f"{path}.state_dict()")}
+        return {
+            "__stateful__": _class_path(type(value)),
+            "state": encode(value.state_dict(), arrays, f"{path}.state_dict()"),
+        }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: encode(getattr(value, f.name), arrays, f"{path}.{f.name}") for f in dataclasses.fields(value)}
         return {"__object__": _class_path(type(value)), "fields": fields}
@@ -136,7 +150,11 @@ def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path:
         bits = getattr(np.random, str(value[tag]), None)
         if not (isinstance(bits, type) and issubclass(bits, np.random.BitGenerator)):
             raise CheckpointError(f"{path}: unknown NumPy bit generator {value[tag]!r}")
-        generator = live if isinstance(live, np.random.Generator) and type(live.bit_generator) is bits else np.random.Generator(bits())
+        generator = (
+            live
+            if isinstance(live, np.random.Generator) and type(live.bit_generator) is bits
+            else np.random.Generator(bits())
+        )
         generator.bit_generator.state = decode(value["state"], arrays, None, path)
         return generator
     if tag == "__scalar__":

@@ -51,7 +51,9 @@ class ClientDirectory:
     :meth:`discover`. ``accept_model(client_id, announced)`` takes a node's announced
     architecture, or returns why it is refused."""
 
-    def __init__(self, num_clients: int, discover_timeout: float, accept_model: Callable[[int, str | None], str | None]) -> None:
+    def __init__(
+        self, num_clients: int, discover_timeout: float, accept_model: Callable[[int, str | None], str | None]
+    ) -> None:
         self.num_clients = num_clients
         self.discover_timeout = discover_timeout
         self.accept_model = accept_model
@@ -92,7 +94,9 @@ class ClientDirectory:
         config = ConfigRecord({wire.SPEC_KEY: hello.to_json()})
         messages = [
             Message(
-                RecordDict({wire.CONFIG_RECORD: config}), message_type=MessageType.QUERY, dst_node_id=n,
+                RecordDict({wire.CONFIG_RECORD: config}),
+                message_type=MessageType.QUERY,
+                dst_node_id=n,
                 ttl=self.discover_timeout + TTL_MARGIN_S,
             )
             for n in node_ids
@@ -113,7 +117,11 @@ class ClientDirectory:
                 hello = reply.content.config_records.get(wire.HELLO_RECORD)
                 announced = str(hello[wire.NODE_MODEL]) if hello is not None and wire.NODE_MODEL in hello else None
                 state_round = int(metrics.get(wire.STATE_ROUND, 0))
-                origin = json.loads(str(hello[wire.DATA_ORIGIN])) if hello is not None and wire.DATA_ORIGIN in hello else None
+                origin = (
+                    json.loads(str(hello[wire.DATA_ORIGIN]))
+                    if hello is not None and wire.DATA_ORIGIN in hello
+                    else None
+                )
                 if origin is not None and not isinstance(origin, dict):
                     raise ValueError(f"{wire.DATA_ORIGIN} is not a JSON object")
             except (StopIteration, KeyError, TypeError, ValueError) as exc:
@@ -122,8 +130,8 @@ class ClientDirectory:
             if wire.NUM_PARTITIONS in metrics and int(metrics[wire.NUM_PARTITIONS]) != self.num_clients:
                 raise FederationError(
                     f"the simulation runs {int(metrics[wire.NUM_PARTITIONS])} SuperNodes but num_clients="
-                    f"{self.num_clients}: run `flwr run . --federation-config \"num-supernodes="
-                    f"{self.num_clients}\"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})"
+                    f'{self.num_clients}: run `flwr run . --federation-config "num-supernodes='
+                    f'{self.num_clients}"` (or set num_clients={int(metrics[wire.NUM_PARTITIONS])})'
                 )
             if not 0 <= cid < self.num_clients:
                 errors.append(f"node {node}: client id {cid} outside 0..{self.num_clients - 1}")

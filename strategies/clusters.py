@@ -64,7 +64,8 @@ class Clusters:
         return max(range(len(self.members)), key=lambda c: (len(self.members[c]), -c))
 
     def group(self, updates: Sequence[ClientUpdate]) -> dict[int, list[ClientUpdate]]:
-        """The round's updates with arrays, by cluster index (client-id order inside; clients in no cluster left out)."""
+        """The round's updates with arrays, by cluster index (client-id order inside; clients in no cluster left
+        out)."""
         out: dict[int, list[ClientUpdate]] = {}
         for u in sorted(updates, key=lambda u: u.client_id):
             c = self._index.get(u.client_id)

@@ -15,7 +15,9 @@ from .options import MethodOptions, option
 @dataclass(frozen=True)
 class DittoOptions(MethodOptions):
     lam: float = option(0.1, "pull of the personal model toward the global one (FedTSDP recommends 0.1)", low=0)
-    personal_epochs: int | None = option(None, "epochs on the personal model a round (null: the run's local_epochs)", low=0)
+    personal_epochs: int | None = option(
+        None, "epochs on the personal model a round (null: the run's local_epochs)", low=0
+    )
 
 
 class Ditto(PersonalizedStrategy):

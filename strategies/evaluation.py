@@ -28,7 +28,11 @@ def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict
         n = sum(m["test_size"] for m in present)
         out[f"{phase}_acc"] = sum(m[f"{phase}_correct"] for m in present) / n
         out[f"{phase}_loss"] = sum(m[f"{phase}_loss_sum"] for m in present) / n
-    after = [m["test_after_correct"] / m["test_size"] for m in client_metrics if m.get("test_size") and "test_after_correct" in m]
+    after = [
+        m["test_after_correct"] / m["test_size"]
+        for m in client_metrics
+        if m.get("test_size") and "test_after_correct" in m
+    ]
     if after:
         # the unweighted mean over the round's clients of their trained models' accuracy (KAPC's
         # round metric; its "best mean accuracy" is the best round's): every method records it
@@ -43,8 +47,11 @@ def weighted_test_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict
 # Python, Flower, torch) and setup_time_s (data, model, state) come from deployed nodes, where
 # every message starts a process; device_setup_s from a process's first CUDA use.
 CLIENT_TIMES = (
-    ("train_time_s", "client_train_s"), ("eval_time_s", "client_eval_s"), ("setup_time_s", "client_setup_s"),
-    ("cold_start_s", "client_cold_start_s"), ("device_setup_s", "client_device_setup_s"),
+    ("train_time_s", "client_train_s"),
+    ("eval_time_s", "client_eval_s"),
+    ("setup_time_s", "client_setup_s"),
+    ("cold_start_s", "client_cold_start_s"),
+    ("device_setup_s", "client_device_setup_s"),
 )
 
 
@@ -79,7 +86,10 @@ def global_test_numbers(history: Sequence[Mapping[str, float]], key: str = "glob
     if not points:
         return {}
     last = points[-1][0]
-    return {"final_global_acc": points[-1][1], "global_acc_second_half": float(np.mean([a for r, a in points if r > last / 2]))}
+    return {
+        "final_global_acc": points[-1][1],
+        "global_acc_second_half": float(np.mean([a for r, a in points if r > last / 2])),
+    }
 
 
 def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[str, float | None]:
@@ -92,7 +102,9 @@ def summarize(history: Sequence[Mapping[str, float]], window: int = 10) -> dict[
         "last20_test_before_acc": headline(history, "test_before_acc", 20),
         "headline_test_after_acc": headline(history, "test_after_acc", window),
         "best_test_before_acc": max(valid) if valid else None,
-        "best_mean_acc": max(means) if (means := [h["mean_client_acc"] for h in history if h.get("mean_client_acc") is not None]) else None,
+        "best_mean_acc": max(means)
+        if (means := [h["mean_client_acc"] for h in history if h.get("mean_client_acc") is not None])
+        else None,
         "total_mib_down": sum(h.get("bytes_down", 0) for h in history) / 2**20,
         "total_mib_up": sum(h.get("bytes_up", 0) for h in history) / 2**20,
         "mean_round_time_s": float(np.mean([h["round_time_s"] for h in history])) if history else None,
@@ -110,7 +122,9 @@ def _eval_share(history: Sequence[Mapping[str, float]]) -> float | None:
 PerArch = Callable[[Callable[[list[Mapping[str, float]]], dict[str, float]]], dict[str, float]]
 
 
-def final_evaluation(client_metrics: Sequence[Mapping[str, float]], per_arch: PerArch, global_test: bool) -> dict[str, float]:
+def final_evaluation(
+    client_metrics: Sequence[Mapping[str, float]], per_arch: PerArch, global_test: bool
+) -> dict[str, float]:
     """The final evaluation's numbers: accuracy and loss over every client's own test split
     (sample-weighted), each architecture's accuracy (``per_arch(summarize)``: ``<key>@<arch>``,
     empty in a homogeneous run), and with ``global_test`` the mean over the clients' models of
@@ -123,6 +137,7 @@ def final_evaluation(client_metrics: Sequence[Mapping[str, float]], per_arch: Pe
     }
     out.update(per_arch(lambda ms: {"final_acc": sum(m["test_correct"] for m in ms) / sum(m[TEST_SIZE] for m in ms)}))
     if global_test and all(GLOBAL_TEST_SIZE in m for m in client_metrics):
+
         def mean_global(ms: Sequence[Mapping[str, float]]) -> float:
             return float(np.mean([m["global_correct"] / m[GLOBAL_TEST_SIZE] for m in ms]))
 

@@ -114,7 +114,9 @@ class FedAMP(PersonalizedStrategy):
         if not others:
             return [own], np.ones(1)
         dots = inner_products([own], others, keys)[0]
-        scores = attention_scores(dots, squared_norms([own], keys)[0], squared_norms(others, keys), self.kernel, self.sigma)
+        scores = attention_scores(
+            dots, squared_norms([own], keys)[0], squared_norms(others, keys), self.kernel, self.sigma
+        )
         return [own, *others], attention_weights(scores, self.self_weight)
 
     def cloud_models(self, client_ids: Sequence[int]) -> dict[int, dict[str, np.ndarray]]:
@@ -143,7 +145,9 @@ class FedAMP(PersonalizedStrategy):
             if not len(others):
                 xi[r, o] = 1.0
                 continue
-            row = attention_weights(attention_scores(dots[r, others], sq[o], sq[others], self.kernel, self.sigma), self.self_weight)
+            row = attention_weights(
+                attention_scores(dots[r, others], sq[o], sq[others], self.kernel, self.sigma), self.self_weight
+            )
             xi[r, o], xi[r, others] = row[0], row[1:]
         return dict(zip(client_ids, mixing_average(columns, xi, keys=keys)))
 
@@ -161,7 +165,9 @@ class FedAMP(PersonalizedStrategy):
         record: dict[str, Any] = {"stored_models": len(self.models)}
         m = len(updates)
         if m > 1:  # how far apart this round's personalized models are: RMS pairwise distance, O(m x params)
-            record["model_distance_rms"] = float(np.sqrt(2.0 * spread([u.arrays for u in updates], list(self.global_arrays)) / (m - 1)))
+            record["model_distance_rms"] = float(
+                np.sqrt(2.0 * spread([u.arrays for u in updates], list(self.global_arrays)) / (m - 1))
+            )
         return record
 
     def extra_state(self) -> dict[str, Any]:

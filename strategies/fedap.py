@@ -1,6 +1,7 @@
 """FedAP (Lu et al., "Personalized federated learning with adaptive batchnorm for healthcare", 2022).
 
-As FedCMD/FedCPMD run it (FedCMD paper, hyper-parameters, FedCPMD paper, hyper-parameters: "model momentum mu = 0.5"; both papers
+As FedCMD/FedCPMD run it (FedCMD paper, hyper-parameters, FedCPMD paper, hyper-parameters: "model momentum mu = 0.5";
+both papers
 describe it as FedBN plus client similarities from a Wasserstein distance of BN statistics
 weighting the aggregation; their code base is FL-bench):
 - BN parameters and statistics never leave a client (FedBN; a model without BN is refused).

@@ -13,7 +13,9 @@ from .options import MethodOptions, option
 
 @dataclass(frozen=True)
 class FedAvgOptions(MethodOptions):
-    finetune_epochs: int = option(0, "epochs of fine-tuning a copy of the received model before test_before (FedAvg-FT)", low=0)
+    finetune_epochs: int = option(
+        0, "epochs of fine-tuning a copy of the received model before test_before (FedAvg-FT)", low=0
+    )
 
 
 class FedAvg(PersonalizedStrategy):

@@ -14,8 +14,12 @@ from .options import MethodOptions, option
 
 @dataclass(frozen=True)
 class FedBabuOptions(MethodOptions):
-    finetune_epochs: int = option(5, "fine-tuning before each evaluation (official code: 5; 0: the frozen head as is)", low=0)
-    finetune_part: str = option("all", "what the fine-tuning updates: all (official code) or head", choices=FINETUNE_PARTS)
+    finetune_epochs: int = option(
+        5, "fine-tuning before each evaluation (official code: 5; 0: the frozen head as is)", low=0
+    )
+    finetune_part: str = option(
+        "all", "what the fine-tuning updates: all (official code) or head", choices=FINETUNE_PARTS
+    )
 
 
 class FedBabu(FedPer):

@@ -104,9 +104,15 @@ class FedCMDOptions(MethodOptions):
     kp: int = option(20, "Kp, the rounds of phase 1 (layer selection); the paper: 20 of 200", low=0)
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
-    weighted_aggregation: bool = option(True, "phase 2 weighs the personal layers by Eq. 8's similarities (false: the clients' own)")
+    weighted_aggregation: bool = option(
+        True, "phase 2 weighs the personal layers by Eq. 8's similarities (false: the clients' own)"
+    )
     force_layer: str | None = option(None, "skip the vote and personalize this group (a candidate)")
-    candidates: list[str] | None = option(None, "groups that may become the personal layer (null: the FC groups, from the first fc* or classifier group on; LeNet-5: fc1, fc2, classifier)")
+    candidates: list[str] | None = option(
+        None,
+        "groups that may become the personal layer (null: the FC groups, from the first fc* or classifier group on; "
+        "LeNet-5: fc1, fc2, classifier)",
+    )
     score_mode: str = option("paper", "layer score: paper (Eq. 5/6) or code (the authors' code)", choices=SCORE_MODES)
     w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
     selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
@@ -144,7 +150,10 @@ class FedCMD(PersonalizedStrategy):
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
         self.force_layer = o.force_layer
         self.scoring = {
-            "score_mode": o.score_mode, "w2_mode": o.w2_mode, "selection_timing": o.selection_timing, "granularity": o.granularity,
+            "score_mode": o.score_mode,
+            "w2_mode": o.w2_mode,
+            "selection_timing": o.selection_timing,
+            "granularity": o.granularity,
         }
         FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # the role's own checks, before round 1
         self.state = FedCMDState(candidates=cands)
@@ -203,7 +212,9 @@ class FedCMD(PersonalizedStrategy):
     def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
         if self.phase(server_round) == 1:
             return FedCMDArgs(phase=1, candidates=list(self.state.candidates), **self.scoring)
-        return FedCMDArgs(phase=2, personal_layer=self.personal_layer(), has_phi_init=client_id not in self.state.phi_seen)
+        return FedCMDArgs(
+            phase=2, personal_layer=self.personal_layer(), has_phi_init=client_id not in self.state.phi_seen
+        )
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         record: dict[str, Any] = {"phase": self.phase(server_round)}
@@ -231,7 +242,14 @@ class FedCMD(PersonalizedStrategy):
             if v == int(v) and 0 <= int(v) < len(cands):
                 votes[u.client_id] = int(v)
             elif v != -1.0:
-                log(WARNING, "round %d: client %d sent vote %s outside 0..%d; ignored", server_round, u.client_id, v, len(cands) - 1)
+                log(
+                    WARNING,
+                    "round %d: client %d sent vote %s outside 0..%d; ignored",
+                    server_round,
+                    u.client_id,
+                    v,
+                    len(cands) - 1,
+                )
         batch_votes = [sum(u.metrics.get(f"votes_{c}", 0.0) for u in updates if u.client_id in votes) for c in cands]
         winner = round_winner(list(votes.values()), batch_votes, len(cands))
         if votes:
@@ -242,7 +260,9 @@ class FedCMD(PersonalizedStrategy):
         for c, name in enumerate(cands):
             out[f"client_votes_{name}"] = sum(1 for v in votes.values() if v == c)
             out[f"votes_{name}"] = batch_votes[c]
-            scores = [u.metrics[f"s_mean_{name}"] for u in updates if u.client_id in votes and f"s_mean_{name}" in u.metrics]
+            scores = [
+                u.metrics[f"s_mean_{name}"] for u in updates if u.client_id in votes and f"s_mean_{name}" in u.metrics
+            ]
             if scores:
                 out[f"s_mean_{name}"] = float(np.mean(scores))
         return out
@@ -264,9 +284,13 @@ class FedCMD(PersonalizedStrategy):
     def summary(self) -> None:
         super().summary()
         log(
-            INFO, "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s, %s",
-            self.kp, self.state.candidates, self.weighted_aggregation,
-            f", l* forced to {self.force_layer}" if self.force_layer else "", self.scoring,
+            INFO,
+            "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s, %s",
+            self.kp,
+            self.state.candidates,
+            self.weighted_aggregation,
+            f", l* forced to {self.force_layer}" if self.force_layer else "",
+            self.scoring,
         )
 
     def run_summary(self) -> dict[str, Any]:

@@ -44,12 +44,12 @@ from protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMIN
 
 from .aggregation import fedavg
 from .base import PersonalizedStrategy
-from .messaging import send_and_receive
 from .clustering import groups_by_label
 from .clusters import Clusters, cluster_fedavg
 from .evaluation import weighted_test_metrics
 from .fedcmd import default_candidates
 from .fedcmd_math import personalized_posts
+from .messaging import send_and_receive
 from .model_distance import gram_matrix
 from .options import MethodOptions, option
 from .phases import phase_rounds
@@ -62,7 +62,8 @@ CLASSIFIER = "classifier"
 
 
 def cluster_sample_size(members: int, gamma: float, rule: str = "refcode") -> int:
-    """Clients a cluster of ``members`` trains per round (docs/methods/fedcpmd.md: the reference code's rule or the paper's)."""
+    """Clients a cluster of ``members`` trains per round (docs/methods/fedcpmd.md: the reference code's rule or the
+    paper's)."""
     if rule == "refcode":
         return members if members <= 5 else max(5, math.ceil(gamma * members))
     return min(members, max(1, round(gamma * members)))
@@ -83,7 +84,11 @@ class FedCPMDOptions(MethodOptions):
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     k_extra: int = option(20, "phase 1 goes on until every client voted, for at most this many more rounds", low=0)
-    candidates: list[str] | None = option(None, "groups that may become a client's personal layer (null: the FC groups, from the first fc* or classifier group on; LeNet-5: fc1, fc2, classifier)")
+    candidates: list[str] | None = option(
+        None,
+        "groups that may become a client's personal layer (null: the FC groups, from the first fc* or classifier group "
+        "on; LeNet-5: fc1, fc2, classifier)",
+    )
     distance: str = option("js", "distance between two 1-D Gaussians", choices=DISTANCES)
     selector: str = option("eq7", "the layer score", choices=SELECTORS)
     label_fit: str = option("scaled", "z^y: y / (C - 1) (scaled) or per-batch min-max", choices=LABEL_FITS)
@@ -91,9 +96,15 @@ class FedCPMDOptions(MethodOptions):
     tie_prior: str | None = option("fc2", "the group a tied vote goes to (null: forward order)")
     granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
     selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
-    cluster_fit_count: str = option("refcode", "clients trained a phase-2 round: the authors' code's count, or the paper's", choices=FIT_COUNTS)
-    fedcmd_split: bool = option(False, "inside a cluster, FedAvg the layers before l* (FedCMD's split) instead of the similarity mix")
-    ablation: str | None = option(None, "the paper's ablations: only_cluster, only_decoupling (null: the method)", choices=ABLATIONS)
+    cluster_fit_count: str = option(
+        "refcode", "clients trained a phase-2 round: the authors' code's count, or the paper's", choices=FIT_COUNTS
+    )
+    fedcmd_split: bool = option(
+        False, "inside a cluster, FedAvg the layers before l* (FedCMD's split) instead of the similarity mix"
+    )
+    ablation: str | None = option(
+        None, "the paper's ablations: only_cluster, only_decoupling (null: the method)", choices=ABLATIONS
+    )
 
 
 class FedCPMD(PersonalizedStrategy):
@@ -122,8 +133,13 @@ class FedCPMD(PersonalizedStrategy):
         self.k_extra = o.k_extra
         self.candidates = [g for g in self.groups if g in cands]
         self.scoring = {
-            "distance": o.distance, "selector": o.selector, "label_fit": o.label_fit, "sigma_floor": o.sigma_floor,
-            "tie_prior": o.tie_prior, "granularity": o.granularity, "selection_timing": o.selection_timing,
+            "distance": o.distance,
+            "selector": o.selector,
+            "label_fit": o.label_fit,
+            "sigma_floor": o.sigma_floor,
+            "tie_prior": o.tie_prior,
+            "granularity": o.granularity,
+            "selection_timing": o.selection_timing,
         }
         FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)  # the role's own checks, before round 1
         self.cluster_fit_count, self.fedcmd_split, self.ablation = o.cluster_fit_count, o.fedcmd_split, o.ablation
@@ -155,8 +171,13 @@ class FedCPMD(PersonalizedStrategy):
         missing = self.unvoted()
         if missing and server_round <= self.kp + self.k_extra:
             if not self.extension_logged:
-                log(WARNING, "FedCPMD: phase 1 extended past Kp=%d: %d client(s) have not voted yet (%s)",
-                    self.kp, len(missing), missing[:10])
+                log(
+                    WARNING,
+                    "FedCPMD: phase 1 extended past Kp=%d: %d client(s) have not voted yet (%s)",
+                    self.kp,
+                    len(missing),
+                    missing[:10],
+                )
                 self.extension_logged = True
             return True
         return False
@@ -166,14 +187,24 @@ class FedCPMD(PersonalizedStrategy):
         self.phase1_end = server_round - 1
         self.layer_of = {c: personal_layer_of(v) for c, v in self.votes.items() if personal_layer_of(v)}
         if self.ablation == "only_decoupling":
-            log(INFO, "FedCPMD (only_decoupling): after %d phase-1 rounds, personal layers %s", self.phase1_end,
-                dict(Counter(self.layer_of.values())))
+            log(
+                INFO,
+                "FedCPMD (only_decoupling): after %d phase-1 rounds, personal layers %s",
+                self.phase1_end,
+                dict(Counter(self.layer_of.values())),
+            )
             return
         members = groups_by_label(self.layer_of)
         self.cluster_layers = [self.layer_of[m[0]] for m in members]
-        self.clusters = Clusters(members, [self._cluster_start(m, layer) for m, layer in zip(members, self.cluster_layers)])
-        log(INFO, "FedCPMD: after %d phase-1 rounds, clusters %s", self.phase1_end,
-            [f"{layer}: {len(m)}" for layer, m in zip(self.cluster_layers, members)])
+        self.clusters = Clusters(
+            members, [self._cluster_start(m, layer) for m, layer in zip(members, self.cluster_layers)]
+        )
+        log(
+            INFO,
+            "FedCPMD: after %d phase-1 rounds, clusters %s",
+            self.phase1_end,
+            [f"{layer}: {len(m)}" for layer, m in zip(self.cluster_layers, members)],
+        )
 
     def _cluster_start(self, members: Sequence[int], layer: str) -> dict[str, np.ndarray]:
         """omega_m: the phase-1 global body, and the members' mean classifier where it is shared now."""
@@ -231,11 +262,15 @@ class FedCPMD(PersonalizedStrategy):
             if cluster is None or cid in self._probing:
                 continue
             model = {**self.clusters.models[cluster], **self.bodies.get(cid, {})}
-            out[cid] = {k: model[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)}
+            out[cid] = {
+                k: model[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)
+            }
         return out
 
     # ------------------------------------------------------------------ the round
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
         self.discover(grid, wait_for=0, timeout=0)
         if self.phase1_end is None and not self._continue_phase1(server_round):
             self._switch(server_round)
@@ -266,8 +301,13 @@ class FedCPMD(PersonalizedStrategy):
                 self.votes.setdefault(u.client_id, []).append((server_round, vote))
             self._assign(u.client_id, vote)
             self.probed.append(u.client_id)
-        log(INFO, "FedCPMD round %d: probed %d new client(s): %s", server_round, len(updates),
-            {u.client_id: self.layer_of.get(u.client_id) for u in updates})
+        log(
+            INFO,
+            "FedCPMD round %d: probed %d new client(s): %s",
+            server_round,
+            len(updates),
+            {u.client_id: self.layer_of.get(u.client_id) for u in updates},
+        )
 
     def _assign(self, client_id: int, vote: str | None) -> None:
         if self.ablation == "only_decoupling" or self.clusters is None:
@@ -291,7 +331,13 @@ class FedCPMD(PersonalizedStrategy):
         if v == int(v) and 0 <= int(v) < len(self.candidates):
             return self.candidates[int(v)]
         if v != -1.0:
-            log(WARNING, "FedCPMD: client %d sent vote %s outside 0..%d; ignored", update.client_id, v, len(self.candidates) - 1)
+            log(
+                WARNING,
+                "FedCPMD: client %d sent vote %s outside 0..%d; ignored",
+                update.client_id,
+                v,
+                len(self.candidates) - 1,
+            )
         return None
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
@@ -305,7 +351,9 @@ class FedCPMD(PersonalizedStrategy):
         body = self.keys([g for g in self.groups if g != CLASSIFIER])
         trained = [u for u in updates if u.arrays]
         if trained:
-            self.global_arrays.update(fedavg([{k: u.arrays[k] for k in body} for u in trained], [u.num_examples for u in trained]))
+            self.global_arrays.update(
+                fedavg([{k: u.arrays[k] for k in body} for u in trained], [u.num_examples for u in trained])
+            )
         for u in trained:
             self.last_cls[u.client_id] = {k: u.arrays[k] for k in self.keys([CLASSIFIER])}
             self.n_train[u.client_id] = u.num_examples
@@ -367,9 +415,17 @@ class FedCPMD(PersonalizedStrategy):
     # ------------------------------------------------------------------ reporting
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── FedCPMD: Kp=%d (+%d if clients have not voted), candidates %s, %s, fit count %s%s%s",
-            self.kp, self.k_extra, self.candidates, self.scoring, self.cluster_fit_count,
-            ", fedcmd_split" if self.fedcmd_split else "", f", ablation {self.ablation}" if self.ablation else "")
+        log(
+            INFO,
+            "\t└── FedCPMD: Kp=%d (+%d if clients have not voted), candidates %s, %s, fit count %s%s%s",
+            self.kp,
+            self.k_extra,
+            self.candidates,
+            self.scoring,
+            self.cluster_fit_count,
+            ", fedcmd_split" if self.fedcmd_split else "",
+            f", ablation {self.ablation}" if self.ablation else "",
+        )
 
     def run_summary(self) -> dict[str, Any]:
         """The three reporting views' extras (FedCPMD paper, evaluation protocol): clusters, layers and the
@@ -383,7 +439,11 @@ class FedCPMD(PersonalizedStrategy):
             out.update({"clusters": self.clusters.members, "cluster_layers": list(self.cluster_layers)})
             per_cluster = []
             for c in range(len(self.clusters)):
-                curve = [r["cluster_acc"][c] for r in self.history if len(r.get("cluster_acc", [])) > c and r["cluster_acc"][c] is not None]
+                curve = [
+                    r["cluster_acc"][c]
+                    for r in self.history
+                    if len(r.get("cluster_acc", [])) > c and r["cluster_acc"][c] is not None
+                ]
                 if curve:
                     per_cluster.append(float(np.mean(curve[-10:])))
             if per_cluster:

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .aggregation import weighted_average
 from protocol.roles import FedDynArgs
 
+from .aggregation import weighted_average
 from .base import PersonalizedStrategy
 from .model_distance import copy_arrays
 from .options import MethodOptions, option
@@ -60,7 +60,9 @@ class FedDyn(PersonalizedStrategy):
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = [u.arrays for u in updates if u.arrays]
         if models:
-            self.global_arrays, self.h = feddyn_server_update(self.global_arrays, models, self.h, self.alpha, self.num_clients)
+            self.global_arrays, self.h = feddyn_server_update(
+                self.global_arrays, models, self.h, self.alpha, self.num_clients
+            )
         return {"h_norm": float(np.sqrt(sum(np.sum(v**2) for v in self.h.values())))}
 
     def extra_state(self) -> dict[str, Any]:

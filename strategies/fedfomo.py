@@ -32,7 +32,9 @@ POOLS = ("latest", "all")
 class FedFomoOptions(MethodOptions):
     m: int = option(5, "models downloaded per client a round", low=1)
     val_ratio: float = option(0.2, "validation share of the local training split", above=0, below=1)
-    pool: str = option("latest", "which stored models are offered: the most recent round's uploads, or all", choices=POOLS)
+    pool: str = option(
+        "latest", "which stored models are offered: the most recent round's uploads, or all", choices=POOLS
+    )
     epsilon: float = option(0.0, "exploration: the chance of offering random models instead of the best", low=0, high=1)
 
 

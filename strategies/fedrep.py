@@ -13,7 +13,9 @@ from .options import MethodOptions, option
 
 @dataclass(frozen=True)
 class FedRepOptions(MethodOptions):
-    body_epochs: int = option(1, "of the E local epochs, the last ones that train the body (the ones before train the head)", low=0)
+    body_epochs: int = option(
+        1, "of the E local epochs, the last ones that train the body (the ones before train the head)", low=0
+    )
 
 
 class FedRep(FedPer):

@@ -42,8 +42,19 @@ from .base import PersonalizedStrategy
 from .clusters import Clusters, cluster_fedavg
 from .diagnostics import Panel
 from .fedtsdp_math import (
-    DECAY_MODES, RADIUS_MODES, amend_weights, decay_shared, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, stage2_radius, two_stage,
-    upper_pairs, weight_distances_from_gram,
+    DECAY_MODES,
+    RADIUS_MODES,
+    amend_weights,
+    decay_shared,
+    default_m_tilde,
+    draw_batch,
+    hopkins,
+    js_matrix,
+    pair_spread,
+    stage2_radius,
+    two_stage,
+    upper_pairs,
+    weight_distances_from_gram,
 )
 from .model_distance import gram_matrix
 from .options import MethodOptions, option
@@ -55,17 +66,29 @@ AMEND_MODES = ("literal", "bounded")
 @dataclass(frozen=True)
 class FedTSDPOptions(MethodOptions):
     h_th: float = option(0.65, "Hopkins threshold (strict >, the paper's); inf: never cluster, exactly FedAvg", low=0)
-    eps1: float = option(0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0)
-    eps2: float = option(3.5, "stage 2 DBSCAN radius on weight L2 distance (calibrate for small models); inf: one group", above=0)
+    eps1: float = option(
+        0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0
+    )
+    eps2: float = option(
+        3.5, "stage 2 DBSCAN radius on weight L2 distance (calibrate for small models); inf: one group", above=0
+    )
     eps2_mode: str = option(
-        "absolute", "absolute: eps2 is a weight distance (the paper's); median: a fraction of the participants' median pair distance",
+        "absolute",
+        "absolute: eps2 is a weight distance (the paper's); median: a fraction of the participants' median pair "
+        "distance",
         choices=RADIUS_MODES,
     )
     min_pts: int = option(2, "DBSCAN min_samples in both stages (the point itself included)", low=1)
     psi: float = option(0.98, "shared-unit counter *= psi at each re-clustering", above=0, high=1)
-    decay: str = option("float", "float: the counter kept as a float, S = floor; int: int(counter * psi)", choices=DECAY_MODES)
+    decay: str = option(
+        "float", "float: the counter kept as a float, S = floor; int: int(counter * psi)", choices=DECAY_MODES
+    )
     public_batch: int = option(50, "public points drawn per round (one batch shared by all clients)", low=1)
-    amend: str = option("literal", "literal: + N_pub / batch to the triggering batch's weights (eqs. 7-8); bounded: + amend_increment", choices=AMEND_MODES)
+    amend: str = option(
+        "literal",
+        "literal: + N_pub / batch to the triggering batch's weights (eqs. 7-8); bounded: + amend_increment",
+        choices=AMEND_MODES,
+    )
     amend_increment: float | None = option(None, "bounded mode's increment (null: 1 / N_pub)", above=0)
     m_tilde: int | None = option(None, "Hopkins sample size (null: max(2, round(0.1 m)))", low=1)
     hopkins_repeats: int = option(1, "H = the mean of this many Hopkins draws (1: the paper's one draw)", low=1)
@@ -85,7 +108,12 @@ class FedTSDP(PersonalizedStrategy):
         Panel("shared_units", "shared prefix (units)"),
         Panel("num_clusters", "clusters", events="partition_changed"),
         Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
-        Panel("weight_dist_median", "median weight distance in stage-1 groups", threshold="eps2", threshold_key="eps2_radius"),
+        Panel(
+            "weight_dist_median",
+            "median weight distance in stage-1 groups",
+            threshold="eps2",
+            threshold_key="eps2_radius",
+        ),
     )
     client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
     shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
@@ -95,7 +123,14 @@ class FedTSDP(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.h_th, self.eps1, self.eps2, self.min_pts, self.psi, self.decay = o.h_th, o.eps1, o.eps2, o.min_pts, o.psi, o.decay
+        self.h_th, self.eps1, self.eps2, self.min_pts, self.psi, self.decay = (
+            o.h_th,
+            o.eps1,
+            o.eps2,
+            o.min_pts,
+            o.psi,
+            o.decay,
+        )
         self.eps2_mode = o.eps2_mode
         self.public_batch, self.amend, self.upsilon = o.public_batch, o.amend, o.upsilon
         self.amend_increment, self.m_tilde, self.hopkins_repeats = o.amend_increment, o.m_tilde, o.hopkins_repeats
@@ -122,7 +157,8 @@ class FedTSDP(PersonalizedStrategy):
         if self.public_weights is None or len(self.public_weights) != len(images):
             if self.public_weights is not None:
                 raise ValueError(
-                    f"the checkpoint's public sampling weights cover {len(self.public_weights)} points, the public split "
+                    f"the checkpoint's public sampling weights cover {len(self.public_weights)} points, the public "
+                    "split "
                     f"now has {len(images)}: resume with the run's dataset settings"
                 )
             self.public_weights = np.full(len(images), 1.0 / len(images))
@@ -164,18 +200,22 @@ class FedTSDP(PersonalizedStrategy):
         by_cluster = self.clusters.group(ups)
         for c, members in by_cluster.items():
             self.clusters.models[c] = cluster_fedavg(members)
-        record.update({
-            "triggered": int(triggered),
-            "num_clusters": len(self.clusters),
-            "cluster_sizes": self.clusters.sizes(),
-            "clusters": self.clusters.members,
-            "shared_units": self.shared_units,
-            "shared_counter": self.shared_counter,
-            "log_keys": ["num_clusters", "shared_units"] + (["hopkins"] if "hopkins" in record else []),
-        })
+        record.update(
+            {
+                "triggered": int(triggered),
+                "num_clusters": len(self.clusters),
+                "cluster_sizes": self.clusters.sizes(),
+                "clusters": self.clusters.members,
+                "shared_units": self.shared_units,
+                "shared_counter": self.shared_counter,
+                "log_keys": ["num_clusters", "shared_units"] + (["hopkins"] if "hopkins" in record else []),
+            }
+        )
         return record
 
-    def _recluster(self, server_round: int, ups: Sequence[ClientUpdate], probs: np.ndarray, batch: np.ndarray, h: float) -> dict[str, Any]:
+    def _recluster(
+        self, server_round: int, ups: Sequence[ClientUpdate], probs: np.ndarray, batch: np.ndarray, h: float
+    ) -> dict[str, Any]:
         """Steps 10.1-10.5 and 12: two-stage clustering of the participants, amended sampling, decay."""
         ids = [u.client_id for u in ups]
         keys = self.trainable_units
@@ -211,18 +251,34 @@ class FedTSDP(PersonalizedStrategy):
         # a trigger re-clusters from scratch but may find the clusters it had: count the ones that moved a client
         changed = {frozenset(m) for m in new.members} != {frozenset(m) for m in self.clusters.members}
         self.clusters = new
-        increment = len(self.public_weights) / len(batch) if self.amend == "literal" else (
-            self.amend_increment if self.amend_increment is not None else 1.0 / len(self.public_weights)
+        increment = (
+            len(self.public_weights) / len(batch)
+            if self.amend == "literal"
+            else (self.amend_increment if self.amend_increment is not None else 1.0 / len(self.public_weights))
         )
         self.public_weights = amend_weights(self.public_weights, batch, increment)
         self.shared_counter = decay_shared(self.shared_counter, self.psi, self.decay)
         event = {
-            "round": server_round, "hopkins": h, "stage1_clusters": len(first), "num_clusters": len(second),
-            "partition_changed": int(changed), "shared_units": self.shared_units,
+            "round": server_round,
+            "hopkins": h,
+            "stage1_clusters": len(first),
+            "num_clusters": len(second),
+            "partition_changed": int(changed),
+            "shared_units": self.shared_units,
         }
         self.events.append(event)
-        log(INFO, "FedTSDP round %d: H %.3f > %.2f: %d stage-1 groups, %d clusters %s; shared units now %d of %d",
-            server_round, h, self.h_th, len(first), len(second), self.clusters.members, self.shared_units, len(self.units))
+        log(
+            INFO,
+            "FedTSDP round %d: H %.3f > %.2f: %d stage-1 groups, %d clusters %s; shared units now %d of %d",
+            server_round,
+            h,
+            self.h_th,
+            len(first),
+            len(second),
+            self.clusters.members,
+            self.shared_units,
+            len(self.units),
+        )
         # the pairs each radius was compared with: JS over all participants (eps1), weight
         # distances inside the stage-1 groups (eps2); `pflower report` and the docs read them
         spread = {f"js_{k}": v for k, v in pair_spread(upper_pairs(js)).items()}
@@ -262,5 +318,7 @@ class FedTSDP(PersonalizedStrategy):
             "shared_units": self.shared_units,
             "units": len(self.units),
             "reclusterings": self.events,
-            "partition_changes": sum(int(e.get("partition_changed", 0)) for e in self.events),  # triggers that moved a client
+            "partition_changes": sum(
+                int(e.get("partition_changed", 0)) for e in self.events
+            ),  # triggers that moved a client
         }

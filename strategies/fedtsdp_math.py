@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 DECAY_MODES = ("float", "int")
-RADIUS_MODES = ("absolute", "median")  # how eps2 is read: a distance, or a fraction of the participants' median distance
+RADIUS_MODES = (
+    "absolute",
+    "median",
+)  # how eps2 is read: a distance, or a fraction of the participants' median distance
 
 
 def js_matrix(probs: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Felo, Velo and FedHe ("Federated Learning with Heterogeneous Models" family; docs/methods/felo_velo.md): clients of different architectures share class knowledge.
+"""Felo, Velo and FedHe ("Federated Learning with Heterogeneous Models" family; docs/methods/felo_velo.md): clients of
+different architectures share class knowledge.
 
 Felo (Felo/Velo paper): FedAvg only among clients of the same architecture (the base's per-architecture
 aggregation); every reply's per-class mean features and logits go into a per-class store over
@@ -9,7 +10,8 @@ features every ``cvae_interval`` rounds from the end of the warm-up (its weights
 re-created), replaces S by one decoded feature per class drawn with the round's seed (the same
 for every client). ``feature_upload="samples"`` (what the authors' code does): clients
 send their last ``feature_samples`` per-sample training features instead of the class means, so
-the feature store (and Velo's CVAE) holds real samples. FedHe (Felo/Velo paper): logits only (the feature term off, no features sent either way)
+the feature store (and Velo's CVAE) holds real samples. FedHe (Felo/Velo paper): logits only (the feature term off, no
+features sent either way)
 and no weight averaging at all: every client keeps its own model.
 """
 
@@ -55,9 +57,17 @@ class FeloOptions(MethodOptions):
     temperature: float = option(1.0, "KL temperature", above=0)
     feature_cap: int = option(5000, "stored feature vectors per class (FIFO)", low=1)
     logit_cap: int = option(50000, "stored logit vectors per class (FIFO)", low=1)
-    window: str = option("all", "all: every past report | latest_per_client: one entry per (client, class)", choices=WINDOWS)
-    global_eval_every: int = option(1, "with dataset.public=test|holdout: rounds between evaluations of the group models on it", low=1)
-    feature_upload: str = option("class_mean", "class_mean: per-class means (the paper) | samples: per-sample features (the authors' code)", choices=FEATURE_UPLOADS)
+    window: str = option(
+        "all", "all: every past report | latest_per_client: one entry per (client, class)", choices=WINDOWS
+    )
+    global_eval_every: int = option(
+        1, "with dataset.public=test|holdout: rounds between evaluations of the group models on it", low=1
+    )
+    feature_upload: str = option(
+        "class_mean",
+        "class_mean: per-class means (the paper) | samples: per-sample features (the authors' code)",
+        choices=FEATURE_UPLOADS,
+    )
     feature_samples: int = option(500, "samples: features a client sends a round (its last ones)", low=1)
 
 
@@ -72,7 +82,9 @@ class Felo(PersonalizedStrategy):
     shared_buffers = True  # step 5: BN running statistics are averaged within the architecture too
     mse_weight = 1.0
     derived_role_args = ("feature_samples",)  # 0 (class means) unless feature_upload=samples
-    evaluates_on_public = True  # the runner hands the labelled public split (dataset.public=test) to attach_public_test()
+    evaluates_on_public = (
+        True  # the runner hands the labelled public split (dataset.public=test) to attach_public_test()
+    )
     checkpoint_exclude = ("store", "_probes", "public_test")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,7 +99,9 @@ class Felo(PersonalizedStrategy):
         self.feature_samples = o.feature_samples if self.samples else 0
         model = args[0] if args else kwargs.get("model")
         models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
-        self._probes = {arch: copy.deepcopy(m) for arch, m in models.items()}  # the server runs the group models in these
+        self._probes = {
+            arch: copy.deepcopy(m) for arch, m in models.items()
+        }  # the server runs the group models in these
         self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
         self.global_eval_every, self.total_rounds = o.global_eval_every, o.total_rounds
         widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in self.schemas.items()}
@@ -99,8 +113,13 @@ class Felo(PersonalizedStrategy):
         self.feature_dim = next(iter(widths.values()))
         self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
         self.warmup_rounds = math.ceil(o.warmup * o.total_rounds)
-        self.args = FeloArgs(alpha=o.alpha, mse_weight=self.mse_weight, temperature=o.temperature,
-                             feature_dim=self.feature_dim, feature_samples=self.feature_samples)
+        self.args = FeloArgs(
+            alpha=o.alpha,
+            mse_weight=self.mse_weight,
+            temperature=o.temperature,
+            feature_dim=self.feature_dim,
+            feature_samples=self.feature_samples,
+        )
         self.store = KnowledgeStore(self.num_classes, self.feature_dim, o.feature_cap, o.logit_cap, o.window)
         self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
         self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
@@ -144,12 +163,16 @@ class Felo(PersonalizedStrategy):
         self.known = self.store.mask()
         self.class_logits = self.store.class_logits()
         self.class_features = self.next_class_features(server_round)
-        record.update({
-            "distill": int(distilled),
-            "known_classes": int(self.known.sum()),
-            "log_keys": ["known_classes"],
-        })
-        if self.public_test is not None and (server_round % self.global_eval_every == 0 or server_round == self.total_rounds):
+        record.update(
+            {
+                "distill": int(distilled),
+                "known_classes": int(self.known.sum()),
+                "log_keys": ["known_classes"],
+            }
+        )
+        if self.public_test is not None and (
+            server_round % self.global_eval_every == 0 or server_round == self.total_rounds
+        ):
             accs = {arch: self.global_accuracy(arch, arch) for arch in self.schemas}
             record.update({f"global_acc@{a}": v for a, v in accs.items()})
             record["global_acc"] = float(np.mean(list(accs.values())))
@@ -176,12 +199,14 @@ class Felo(PersonalizedStrategy):
         assert self.public_test is not None
         images, labels = self.public_test
         extractor = self._group_model(extractor_arch)
-        classifier = extractor if classifier_arch == extractor_arch else self._group_model(classifier_arch)  # one load per model
+        classifier = (
+            extractor if classifier_arch == extractor_arch else self._group_model(classifier_arch)
+        )  # one load per model
         head = list(classifier.groups.values())[-1]
         correct = 0
         for start in range(0, len(labels), batch):
-            z = extractor.features(images[start:start + batch]).flatten(1)
-            correct += int((head(z).argmax(1) == labels[start:start + batch]).sum())
+            z = extractor.features(images[start : start + batch]).flatten(1)
+            correct += int((head(z).argmax(1) == labels[start : start + batch]).sum())
         return correct / len(labels)
 
     def transfer_matrix(self) -> dict[str, dict[str, float]]:
@@ -193,7 +218,11 @@ class Felo(PersonalizedStrategy):
         return self.store.class_features()
 
     def run_summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"warmup_rounds": self.warmup_rounds, "feature_dim": self.feature_dim, "known_classes": int(self.known.sum())}
+        out: dict[str, Any] = {
+            "warmup_rounds": self.warmup_rounds,
+            "feature_dim": self.feature_dim,
+            "known_classes": int(self.known.sum()),
+        }
         out.update(global_test_numbers(self.history))  # the paper's numbers: final, and the second half's mean
         if self.public_test is not None:
             matrix = self.transfer_matrix()
@@ -219,7 +248,9 @@ class FedHe(Felo):
     name = "fedhe"
     mse_weight = 0.0
     evaluates_on_public = False  # no group models: each client keeps its own ...
-    clients_evaluate_on_public = True  # ... so the clients score them on the global test set at the end (final_global_acc)
+    clients_evaluate_on_public = (
+        True  # ... so the clients score them on the global test set at the end (final_global_acc)
+    )
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)
@@ -237,7 +268,9 @@ class VeloOptions(FeloOptions):
     cvae_epochs: int = option(10, "epochs over the stored features per training", low=1)
     cvae_batch: int = option(50, "the CVAE's batch size", low=2)
     cvae_lr: float = option(1e-3, "the CVAE's Adam step", above=0)
-    cvae_loss: str = option("elbo", "elbo: per-sample sums, batch mean | code: the paper's code (MSE mean + KL sum)", choices=CVAE_LOSSES)
+    cvae_loss: str = option(
+        "elbo", "elbo: per-sample sums, batch mean | code: the paper's code (MSE mean + KL sum)", choices=CVAE_LOSSES
+    )
     cvae_label_dim: int = option(512, "label embedding width", low=1)
     cvae_hidden: int = option(1024, "hidden width", low=1)
     cvae_latent: int = option(512, "latent width", low=1)
@@ -260,7 +293,9 @@ class Velo(Felo):
         self.cvae_lr, self.cvae_loss = o.cvae_lr, o.cvae_loss
         self.cvae_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         torch_state = torch.get_rng_state()
-        torch.manual_seed(int(self.seed) + 7177)  # the CVAE's initial weights: from the run's seed, not the global stream
+        torch.manual_seed(
+            int(self.seed) + 7177
+        )  # the CVAE's initial weights: from the run's seed, not the global stream
         self.cvae = CVAE(self.feature_dim, self.num_classes, o.cvae_label_dim, o.cvae_hidden, o.cvae_latent)
         torch.set_rng_state(torch_state)
         self.cvae_gen = torch.Generator().manual_seed(int(self.seed) + 7919)
@@ -272,14 +307,24 @@ class Velo(Felo):
             feats, labels = self.store.labelled_features()
             if len(labels) >= 2:
                 self.cvae.to(self.cvae_device)
-                losses = train_cvae(self.cvae, torch.from_numpy(feats), torch.from_numpy(labels), self.cvae_gen,
-                                    self.cvae_epochs, self.cvae_batch, self.cvae_lr, self.cvae_loss)
+                losses = train_cvae(
+                    self.cvae,
+                    torch.from_numpy(feats),
+                    torch.from_numpy(labels),
+                    self.cvae_gen,
+                    self.cvae_epochs,
+                    self.cvae_batch,
+                    self.cvae_lr,
+                    self.cvae_loss,
+                )
                 self.cvae.to("cpu")
                 self.cvae_trained += 1
                 self.cvae_history.append(losses[-1])
         if not self.cvae_trained:
             return self.store.class_features()
-        draw = torch.Generator().manual_seed(int(self.seed) * 100_003 + server_round)  # one draw per round, same for all
+        draw = torch.Generator().manual_seed(
+            int(self.seed) * 100_003 + server_round
+        )  # one draw per round, same for all
         synthetic, _ = self.cvae.synthesize(draw)
         synthetic = synthetic.numpy().astype(np.float32)
         # how near S is to the class means the CVAE imitates (the round's record: s_rel_dist, s_nearest_own)
@@ -305,5 +350,8 @@ class Velo(Felo):
         super().load_extra_state(state)
 
     def run_summary(self) -> dict[str, Any]:
-        return {**super().run_summary(), "cvae_trainings": self.cvae_trained,
-                "cvae_last_loss": self.cvae_history[-1] if self.cvae_history else None}
+        return {
+            **super().run_summary(),
+            "cvae_trainings": self.cvae_trained,
+            "cvae_last_loss": self.cvae_history[-1] if self.cvae_history else None,
+        }

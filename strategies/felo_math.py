@@ -24,7 +24,9 @@ WINDOWS = ("all", "latest_per_client")
 class KnowledgeStore:
     """Per-class stores of feature vectors [D] and logit vectors [C], with their means."""
 
-    def __init__(self, num_classes: int, feature_dim: int, feature_cap: int = 5000, logit_cap: int = 50000, window: str = "all") -> None:
+    def __init__(
+        self, num_classes: int, feature_dim: int, feature_cap: int = 5000, logit_cap: int = 50000, window: str = "all"
+    ) -> None:
         if window not in WINDOWS:
             raise ValueError(f"knowledge window must be one of {list(WINDOWS)}, got {window!r}")
         if feature_cap < 1 or logit_cap < 1:
@@ -66,14 +68,23 @@ class KnowledgeStore:
 
     def add_samples(self, client_id: int, f: np.ndarray, y: np.ndarray) -> None:
         """Per-sample features f [N, D] with labels y [N] (-1: a padding row, skipped) into the
-        classes' feature FIFOs (the "samples" upload, Felo/Velo paper, the authors' code's per-sample feature upload; window "all" only)."""
+        classes' feature FIFOs (the "samples" upload, Felo/Velo paper, the authors' code's per-sample feature upload;
+        window "all" only)."""
         if self.window != "all":
-            raise ValueError("per-sample features need the knowledge window 'all' (a FIFO per class), not 'latest_per_client'")
+            raise ValueError(
+                "per-sample features need the knowledge window 'all' (a FIFO per class), not 'latest_per_client'"
+            )
         f, y = np.asarray(f, np.float32), np.asarray(y)
         if f.ndim != 2 or f.shape[1] != self.feature_dim or y.shape != (len(f),):
-            raise ValueError(f"client {client_id}'s feature samples have shapes {f.shape} and {y.shape}, expected [N, {self.feature_dim}] and [N]")
+            raise ValueError(
+                f"client {client_id}'s feature samples have shapes {f.shape} and {y.shape}, expected [N, "
+                f"{self.feature_dim}] and [N]"
+            )
         if not np.isfinite(f).all() or ((y < -1) | (y >= self.num_classes)).any():
-            raise ValueError(f"client {client_id}'s feature samples hold NaN/infinite values or labels outside [-1, {self.num_classes})")
+            raise ValueError(
+                f"client {client_id}'s feature samples hold NaN/infinite values or labels outside [-1, "
+                f"{self.num_classes})"
+            )
         for row, c in zip(f, y.tolist()):
             if c >= 0:
                 self.features[c].append(row.copy())

@@ -89,7 +89,9 @@ class MethodHooks:
         out = {}
         for cid in client_ids:
             arrays = self.arrays_of(cid)
-            out[cid] = {k: arrays[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)}
+            out[cid] = {
+                k: arrays[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)
+            }
         return out
 
     def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
@@ -151,6 +153,6 @@ class MethodHooks:
 
     def sample(self, server_round: int) -> list[int]:
         """This round's client ids: a seeded uniform draw, the same stream for every method
-        (so methods compare on one client sample stream). Override to sample differently (FedCPMD: per cluster, from :meth:`draw`)."""
+        (so methods compare on one client sample stream). Override to sample differently (FedCPMD: per cluster, from
+        :meth:`draw`)."""
         return self.draw(range(self.num_clients), self.sample_size())
-

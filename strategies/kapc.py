@@ -38,7 +38,16 @@ from protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
 from .aggregation import mixing_average
 from .base import PersonalizedStrategy
 from .diagnostics import Panel
-from .kapc_math import CUBE_INITS, CUBE_LRS, cube_step, downlink_mask, heard_mixing, initial_cube, slice_rows, write_back
+from .kapc_math import (
+    CUBE_INITS,
+    CUBE_LRS,
+    cube_step,
+    downlink_mask,
+    heard_mixing,
+    initial_cube,
+    slice_rows,
+    write_back,
+)
 from .model_distance import gram_matrix
 from .options import MethodOptions, option
 from .validation import ClientUpdate
@@ -49,24 +58,35 @@ class KAPCOptions(MethodOptions):
     lam: float = option(1.0, "coaching weight lambda (the paper at alpha 0.1: 1)", low=0)
     beta: float = option(0.005, "pull of R toward uniform (the paper at alpha 0.1: 0.005)", low=0)
     cube_lr: float | str = option(
-        "centered", "eta_r per layer: centered = 1 / (beta + 2 lam lambda_max(C G^l C)) on the Gram of the clients' "
+        "centered",
+        "eta_r per layer: centered = 1 / (beta + 2 lam lambda_max(C G^l C)) on the Gram of the clients' "
         "deviations; theory = the same on the raw Gram; a number = a fixed step (the paper's 0.01)",
-        choices=CUBE_LRS, above=0,
+        choices=CUBE_LRS,
+        above=0,
     )
     cube_steps: int = option(1, "E_r, cube iterations per round", low=0)
-    cube_init: str = option("random", "the cube's start: random (U[0,1), rows normalized) or uniform", choices=CUBE_INITS)
-    write_back: str = option("scaled", "scaled (mass-preserving) or literal (write, then renormalize)", choices=("scaled", "literal"))
+    cube_init: str = option(
+        "random", "the cube's start: random (U[0,1), rows normalized) or uniform", choices=CUBE_INITS
+    )
+    write_back: str = option(
+        "scaled", "scaled (mass-preserving) or literal (write, then renormalize)", choices=("scaled", "literal")
+    )
     bls: bool = option(False, "bidirectional layer selection (method kapc_bls turns it on)")
     mu: float = option(0.7, "BLS downlink: skip layer l for client i when R[i,l,i] > mu", low=0, high=1)
-    omega_min: int | None = option(None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1)
+    omega_min: int | None = option(
+        None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1
+    )
     masked_reg: str = option(
-        "start", "what a layer the server does not send (BLS mask, unheard, after Omega) is pulled toward: start (the "
+        "start",
+        "what a layer the server does not send (BLS mask, unheard, after Omega) is pulled toward: start (the "
         "client's own round-start layer, a proximal term with weight lambda) or none (no pull: it trains on CE alone)",
         choices=KAPC_MASKED_REGS,
     )
     unheard: str = option(
-        "skip", "co-participants the server has no upload of a layer from: skip (left out of s_i; a layer with none is "
-        "not sent) or initial (the initial model stands in, the literal reading)", choices=("skip", "initial"),
+        "skip",
+        "co-participants the server has no upload of a layer from: skip (left out of s_i; a layer with none is "
+        "not sent) or initial (the initial model stands in, the literal reading)",
+        choices=("skip", "initial"),
     )
 
 
@@ -115,12 +135,18 @@ class KAPC(PersonalizedStrategy):
     def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
         if not self.bls:
             return None
-        return [[k for keys in self.layers[:omega] for k in keys] for omega in range(self.omega_min, len(self.layers) + 1)]
+        return [
+            [k for keys in self.layers[:omega] for k in keys] for omega in range(self.omega_min, len(self.layers) + 1)
+        ]
 
     def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
         return KAPCArgs(
-            lam=self.lam, mask=self._sent.get(client_id, []), bls=self.bls, omega_min=self.omega_min,
-            first=bool(self.q[client_id] == 0), masked_reg=self.options.masked_reg,
+            lam=self.lam,
+            mask=self._sent.get(client_id, []),
+            bls=self.bls,
+            omega_min=self.omega_min,
+            first=bool(self.q[client_id] == 0),
+            masked_reg=self.options.masked_reg,
         )
 
     def stored(self, client_id: int) -> dict[str, np.ndarray]:
@@ -141,7 +167,9 @@ class KAPC(PersonalizedStrategy):
         self._cube_delta = np.abs(block - before).mean(axis=(0, 2))  # per layer: how far this round moved R
         write_back(self.cube, ids, block, self.write_back)
         mask = downlink_mask(
-            block, self.mu if self.bls else None, [self.q[c] == 0 for c in ids],
+            block,
+            self.mu if self.bls else None,
+            [self.q[c] == 0 for c in ids],
             prefix=[int(self.omega_of[c]) for c in ids] if self.bls else None,
         )
         out: dict[int, dict[str, np.ndarray]] = {c: {} for c in ids}
@@ -169,7 +197,10 @@ class KAPC(PersonalizedStrategy):
         """Store each client's uploaded layers (the rest stays stale); no global model."""
         for u in updates:
             if u.arrays:
-                self.models[u.client_id] = {**self.models.get(u.client_id, {}), **u.arrays}  # the reply's arrays, not a copy
+                self.models[u.client_id] = {
+                    **self.models.get(u.client_id, {}),
+                    **u.arrays,
+                }  # the reply's arrays, not a copy
             self.q[u.client_id] += 1
         # mean_client_acc, the paper's round metric (unweighted, trained models), is in every method's record
         record: dict[str, Any] = {"log_keys": ["mean_client_acc", "cube_delta"]}

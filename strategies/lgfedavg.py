@@ -22,7 +22,9 @@ def lower_groups(groups: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class LGFedAvgOptions(MethodOptions):
-    local_groups: list[str] | None = option(None, "the personal (local) groups (null: the lower groups, e.g. LeNet-5's conv1, conv2)")
+    local_groups: list[str] | None = option(
+        None, "the personal (local) groups (null: the lower groups, e.g. LeNet-5's conv1, conv2)"
+    )
 
 
 class LGFedAvg(PersonalizedStrategy):

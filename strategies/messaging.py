@@ -11,9 +11,9 @@ from flwr.serverapp import Grid
 # seconds a message outlives the wait for its reply: the SuperLink then drops it, so a SuperNode
 # that reconnects after its round closed is not handed training whose reply would be discarded
 TTL_MARGIN_S = 60.0
-# How often the ServerApp asks the SuperLink for replies. Flower's own send_and_receive waits 3 s
-# between pulls, so a deployment round that ends 0.1 s after a pull idled up to 3 s more; a pull
-# is one small request to the SuperLink.
+# How often the ServerApp asks the SuperLink for replies (seconds). Flower's own send_and_receive
+# waits several times longer between pulls, so a deployment round idled after its last reply; a
+# pull is one small request to the SuperLink (docs/deployment.md, "What a round costs").
 REPLY_POLL_S = 0.5
 
 

@@ -109,4 +109,3 @@ def store_state(store: Mapping[int, Arrays]) -> dict[str, dict[str, np.ndarray]]
 def store_from_state(state: Mapping[str, Arrays]) -> dict[int, dict[str, np.ndarray]]:
     """Inverse of :func:`store_state`."""
     return {int(c): copy_arrays(a) for c, a in state.items()}
-

@@ -17,7 +17,9 @@ from .options import MethodOptions, option
 
 @dataclass(frozen=True)
 class MOONOptions(MethodOptions):
-    mu: float = option(1.0, "weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)", low=0)
+    mu: float = option(
+        1.0, "weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)", low=0
+    )
     tau: float = option(0.5, "temperature of the contrastive term", above=0)
 
 

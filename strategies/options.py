@@ -41,8 +41,14 @@ def option(
     """A field of a :class:`MethodOptions` dataclass: ``low``/``high`` are inclusive bounds,
     ``above``/``below`` strict ones; ``choices`` the allowed values (``None`` always allowed
     when the annotation admits it)."""
-    meta = {"doc": doc, "choices": tuple(choices) if choices is not None else None,
-            "low": low, "high": high, "above": above, "below": below}
+    meta = {
+        "doc": doc,
+        "choices": tuple(choices) if choices is not None else None,
+        "low": low,
+        "high": high,
+        "above": above,
+        "below": below,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -112,7 +118,10 @@ class MethodOptions:
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default for f in fields(cls)}
+        return {
+            f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in fields(cls)
+        }
 
     @classmethod
     def build(cls, method: str, values: Mapping[str, Any]) -> MethodOptions:
@@ -125,7 +134,8 @@ class MethodOptions:
             return cls(**values)
         except OptionError as e:
             raise OptionError(
-                f"method {method!r}: {e}; set method.{e.option}=<value> (`pflower methods {method}` lists the options)", e.option
+                f"method {method!r}: {e}; set method.{e.option}=<value> (`pflower methods {method}` lists the options)",
+                e.option,
             ) from None
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,16 +148,29 @@ class MethodOptions:
         rows = []
         for f in fields(cls):
             default = defaults[f.name]
-            rows.append({
-                "option": f.name, "type": type_name(hints[f.name]),
-                "default": "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default),
-                "allowed": allowed(f), "doc": f.metadata.get("doc", ""),
-            })
+            rows.append(
+                {
+                    "option": f.name,
+                    "type": type_name(hints[f.name]),
+                    "default": "null"
+                    if default is None
+                    else str(default).lower()
+                    if isinstance(default, bool)
+                    else str(default),
+                    "allowed": allowed(f),
+                    "doc": f.metadata.get("doc", ""),
+                }
+            )
         return rows
 
 
 # the bounds a field may declare: metadata key, its comparison, how it reads
-BOUNDS = (("low", operator.ge, ">="), ("above", operator.gt, ">"), ("high", operator.le, "<="), ("below", operator.lt, "<"))
+BOUNDS = (
+    ("low", operator.ge, ">="),
+    ("above", operator.gt, ">"),
+    ("high", operator.le, "<="),
+    ("below", operator.lt, "<"),
+)
 
 
 def out_of_range(f: dataclasses.Field, value: Any) -> str | None:

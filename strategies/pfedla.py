@@ -38,9 +38,12 @@ class HyperNetwork(nn.Module):
         self.num_clients, self.num_layers = num_clients, num_layers
         self.embedding = nn.Parameter(torch.randn(embedding_dim))
         self.mlp = nn.Sequential(
-            nn.Linear(embedding_dim, hidden_dim), nn.ReLU(),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(embedding_dim, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
         )
         self.heads = nn.Linear(hidden_dim, num_layers * num_clients)
 
@@ -172,7 +175,9 @@ class PFedLA(PersonalizedStrategy):
                 hypernet_update(hypernet, c, self.hn_lr)
                 self.hypernets[u.client_id] = {k: v.detach().numpy().copy() for k, v in hypernet.state_dict().items()}
             record["local_update_norm"] = float(np.mean(np.sqrt(gap)))
-            record["self_alpha_mean"] = float(np.mean([self.alpha(u.client_id)[:, u.client_id].mean() for u in updates]))
+            record["self_alpha_mean"] = float(
+                np.mean([self.alpha(u.client_id)[:, u.client_id].mean() for u in updates])
+            )
         for u in trained:
             self.models[u.client_id] = u.arrays
         return {"stored_models": len(self.models), **record}

@@ -39,7 +39,9 @@ def row_normalized(arrays: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.
     has norm 1), i.e. pFedSim's ``cosine_similarity(W_i, W_j, dim=-1).mean()``. Biases and
     other 1-D tensors are left out, as in the authors' code (classifier.weight only).
     """
-    rows = [np.asarray(arrays[k], dtype=np.float64).reshape(len(arrays[k]), -1) for k in keys if np.ndim(arrays[k]) >= 2]
+    rows = [
+        np.asarray(arrays[k], dtype=np.float64).reshape(len(arrays[k]), -1) for k in keys if np.ndim(arrays[k]) >= 2
+    ]
     if not rows:
         raise ValueError(f"pFedSim needs a weight matrix among {list(keys)}")
     stacked = np.concatenate(rows)
@@ -70,7 +72,9 @@ class PFedSimOptions(MethodOptions):
     rho_general: float = option(0.5, "warm-up share of the rounds (the papers: 0.5)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     warmup: int | None = option(None, "the warm-up in rounds (overrides rho_general)", low=0)
-    weighting: str = option("pfedsim", "how similarities weigh the bodies: pfedsim (-log(1 - S)) or linear", choices=WEIGHTINGS)
+    weighting: str = option(
+        "pfedsim", "how similarities weigh the bodies: pfedsim (-log(1 - S)) or linear", choices=WEIGHTINGS
+    )
 
 
 class PFedSim(PersonalizedStrategy):

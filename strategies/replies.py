@@ -16,18 +16,21 @@ from typing import Any
 
 from flwr.app import Message
 from flwr.common import log
-from flwr.common.constant import ErrorCode
 
 from models.schema import Template
+from protocol.compat import ErrorCode
 from protocol.wire import WIRE_EXTRA_PREFIX
 
 from .client_directory import ClientInfo, FederationError
 from .round_ledger import RoundLedger
 from .validation import ClientUpdate, InvalidReply, record_bytes, validate_reply
 
-
 # the error codes of a ClientApp that ran (or was to run) and failed, as Flower's engines set them
-CLIENT_APP_FAILED = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRASHED)
+CLIENT_APP_FAILED = (
+    ErrorCode.LOAD_CLIENT_APP_EXCEPTION,
+    ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+    ErrorCode.CLIENT_APP_CRASHED,
+)
 
 
 class ClientsFailed(FederationError):
@@ -36,7 +39,11 @@ class ClientsFailed(FederationError):
 
 
 def collect_replies(
-    server_round: int, replies: Iterable[Message], task: str, ledger: RoundLedger, clients: Mapping[int, ClientInfo],
+    server_round: int,
+    replies: Iterable[Message],
+    task: str,
+    ledger: RoundLedger,
+    clients: Mapping[int, ClientInfo],
     expected_uploads: Callable[[int], list[Template]],
 ) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
     """Valid updates in client-id order and the dropped replies, for the batch in ``ledger``.
@@ -70,7 +77,7 @@ def collect_replies(
                 expected_test_size=info.num_test if info else None,
             )
             extra = [k for k in update.arrays if k.startswith(WIRE_EXTRA_PREFIX)]
-            update.extra = {k[len(WIRE_EXTRA_PREFIX):]: update.arrays.pop(k) for k in extra}
+            update.extra = {k[len(WIRE_EXTRA_PREFIX) :]: update.arrays.pop(k) for k in extra}
             updates.append(update)
             if task == "train" and info is not None:  # it saved its state before it replied
                 info.state_round = max(info.state_round, server_round)

@@ -18,7 +18,8 @@ from flwr.common import log
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
 
-# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this module)
+# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this
+# module)
 Strategy = Any
 
 
@@ -83,7 +84,8 @@ def check_client_state(lost: list[int], resumed_after: int, state_dir: str | Non
         return []
     how = (
         f"the run keeps client state under {state_dir}; it holds none for these clients"
-        if state_dir else "the run kept client state only in its processes' memory (client_state_dir: null)"
+        if state_dir
+        else "the run kept client state only in its processes' memory (client_state_dir: null)"
     )
     message = (
         f"cannot resume after round {resumed_after} exactly: client(s) {id_list(lost)} trained before and hold no "

@@ -32,6 +32,7 @@ def format_value(value: Any) -> str:
 
 def format_round(record: Mapping[str, Any], num_rounds: int) -> str:
     """One human line per round, printed while the run goes."""
+
     def pct(key: str) -> str:
         return f"{100 * record[key]:6.2f}%" if key in record else "   n/a "
 

@@ -33,7 +33,10 @@ class LRSchedule:
         if not self.gamma > 0:
             raise ValueError(f"lr_schedule.gamma must be > 0, got {self.gamma}")
         if any(not m > 0 for m in self.milestones):
-            raise ValueError(f"lr_schedule.milestones must be > 0 (round numbers, or fractions of the rounds), got {list(self.milestones)}")
+            raise ValueError(
+                f"lr_schedule.milestones must be > 0 (round numbers, or fractions of the rounds), got "
+                f"{list(self.milestones)}"
+            )
         if self.kind == "multistep" and any(m < 1 for m in self.milestones) and not self.rounds:
             raise ValueError("lr_schedule: fractional milestones need the run's rounds")
 

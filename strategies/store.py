@@ -12,8 +12,8 @@ after it are removed when the store is read back.
 from __future__ import annotations
 
 import shutil
-from logging import INFO, WARNING
 from collections.abc import Iterator, Mapping, MutableMapping
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,9 @@ class ClientStore(MutableMapping[int, dict[str, np.ndarray]]):
         store._index = {int(c): (str(f), [str(k) for k in keys]) for c, (f, keys) in state["index"].items()}
         missing = [f for f, _ in store._index.values() if not (store.directory / f).is_dir()]  # type: ignore[operator]
         if missing:
-            raise FileNotFoundError(f"server store {store.directory} lacks {missing[:3]}: it does not belong to this checkpoint")
+            raise FileNotFoundError(
+                f"server store {store.directory} lacks {missing[:3]}: it does not belong to this checkpoint"
+            )
         store._pinned = {f for f, _ in store._index.values()}
         for path in store.directory.iterdir():  # type: ignore[union-attr]
             if path.name not in store._pinned:  # written after the checkpoint (a crash), or half-written

@@ -14,7 +14,8 @@ from protocol import wire
 from protocol.roles import RoleArgs
 from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this module)
+# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this
+# module)
 Strategy = Any
 
 
@@ -49,9 +50,13 @@ def task_spec(s: Strategy, client_id: int, server_round: int, task: str) -> Task
 def hello_spec(client_spec: Mapping[str, Any], schema: ModelSchema) -> TaskSpec:
     """The discovery query every node answers (its client id, state, announced model)."""
     return TaskSpec(
-        run=str(client_spec.get("run", "")), seed=int(client_spec.get("seed", 0)),
-        model=dict(schema.spec), arch=schema.arch, data=dict(client_spec.get("data", {})),
-        train=dict(client_spec.get("train", {})), task="query",
+        run=str(client_spec.get("run", "")),
+        seed=int(client_spec.get("seed", 0)),
+        model=dict(schema.spec),
+        arch=schema.arch,
+        data=dict(client_spec.get("data", {})),
+        train=dict(client_spec.get("train", {})),
+        task="query",
         client_state_dir=client_spec.get("client_state_dir"),
     )
 
@@ -71,7 +76,9 @@ def task_message(
     arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
     for k, v in extra.items():
         arrays[WIRE_EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
-    groups = {group_of(k) for k in down} | {group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template}
+    groups = {group_of(k) for k in down} | {
+        group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template
+    }
     config = ConfigRecord({wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()})
     content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: config})
     return Message(content=content, message_type=message_type, dst_node_id=node_id, ttl=ttl), arrays, groups

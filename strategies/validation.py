@@ -46,7 +46,8 @@ def validate_reply(
     *,
     node_id: int,
     expected_client: int | None,
-    expected_arrays: Mapping[str, tuple[tuple[int, ...], np.dtype]] | Sequence[Mapping[str, tuple[tuple[int, ...], np.dtype]]],
+    expected_arrays: Mapping[str, tuple[tuple[int, ...], np.dtype]]
+    | Sequence[Mapping[str, tuple[tuple[int, ...], np.dtype]]],
     expected_train_size: int | None = None,
     expected_test_size: int | None = None,
 ) -> ClientUpdate:

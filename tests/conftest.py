@@ -88,5 +88,3 @@ def tiny_overrides() -> list[str]:
         "partition.min_size=20",
         "alpha=1.0",
     ]
-
-

@@ -23,9 +23,15 @@ class CrashingGrid(InProcessGrid):
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
-        rounds = {int(m.content.config_records["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"}
+        rounds = {
+            int(m.content.config_records["config"]["server-round"])
+            for m in messages
+            if m.metadata.message_type == "train"
+        }
         if self.crash_at in rounds:
             if self.after_replies:
                 super().send_and_receive(messages, timeout=timeout)
-            raise Crash(f"server killed {'after the replies of' if self.after_replies else 'before'} round {self.crash_at}")
+            raise Crash(
+                f"server killed {'after the replies of' if self.after_replies else 'before'} round {self.crash_at}"
+            )
         return super().send_and_receive(messages, timeout=timeout)

@@ -18,7 +18,9 @@ for _module in pkgutil.iter_modules(__path__):
 
 def build_role(name: str, args: dict[str, Any]) -> Role:
     if name not in ROLES:
-        raise ValueError(f"unknown client role {name!r}; this ClientApp knows {sorted(ROLES)} (update pflower on the node)")
+        raise ValueError(
+            f"unknown client role {name!r}; this ClientApp knows {sorted(ROLES)} (update pflower on the node)"
+        )
     return ROLES[name](args)
 
 

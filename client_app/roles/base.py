@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import RoleArgs, SGDArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, train
 
 
@@ -27,7 +27,9 @@ class RoleContext:
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)  # role tensors kept between rounds
     personal_keys: list[str] = field(default_factory=list)  # single keys of shared groups kept here (FedBN)
     # arrays besides model tensors, keyed "<name>/<key>" (on the wire "extra/<name>/<key>"):
-    received_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent by the server (FedFomo: others' models)
+    received_extra: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # sent by the server (FedFomo: others' models)
     upload_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # sent back; the server validates them (FedAP)
     # the model keys this reply uploads: the most the server asked for; a role may choose fewer, as
     # long as the set is one the strategy declared (uplink_sets: BLS's layer prefixes)
@@ -88,8 +90,13 @@ class SGDRole(Role):
             return model
         tuned = copy.deepcopy(model)
         train(
-            tuned, data.x_train, data.y_train, replace(train_args, epochs=epochs, steps=None),
-            params=self.finetune_params(tuned, ctx), generator=ctx.generator, device=ctx.device,
+            tuned,
+            data.x_train,
+            data.y_train,
+            replace(train_args, epochs=epochs, steps=None),
+            params=self.finetune_params(tuned, ctx),
+            generator=ctx.generator,
+            device=ctx.device,
         )
         return tuned
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import DittoArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot
@@ -28,7 +28,7 @@ PREFIX = "ditto."
 def personal_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     """A copy of ``model`` holding the persisted personal model v (the copy itself on first contact)."""
     v = copy.deepcopy(model)
-    saved = {k[len(PREFIX):]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+    saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
     if saved:
         v.load_state_dict(saved)
     return v
@@ -45,8 +45,13 @@ class DittoRole(Role):
         v = personal_model(model, ctx)
         reference = snapshot(model)  # the received global w^t
         personal_loss = train(
-            v, data.x_train, data.y_train, personal_args,
-            loss_fn=proximal_loss(reference, lam), generator=ctx.generator, device=ctx.device,
+            v,
+            data.x_train,
+            data.y_train,
+            personal_args,
+            loss_fn=proximal_loss(reference, lam),
+            generator=ctx.generator,
+            device=ctx.device,
         )
         loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
         ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in v.state_dict().items()})

@@ -21,5 +21,9 @@ class FedAMPRole(ProximalRole):
     args_type = FedAMPArgs
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
-        cloud = {k[len(CLOUD_PREFIX):]: t.to(ctx.device) for k, t in ctx.received_extra.items() if k.startswith(CLOUD_PREFIX)}
+        cloud = {
+            k[len(CLOUD_PREFIX) :]: t.to(ctx.device)
+            for k, t in ctx.received_extra.items()
+            if k.startswith(CLOUD_PREFIX)
+        }
         return cloud or snapshot(model)  # no cloud model sent: no pull

@@ -15,16 +15,18 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from models.schema import batchnorm_layers
 from protocol.roles import FedAPArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext, SGDRole
 
 
 @torch.no_grad()
-def bn_input_stats(model: nn.Module, x: torch.Tensor, device: torch.device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+def bn_input_stats(
+    model: nn.Module, x: torch.Tensor, device: torch.device, batch_size: int = 256
+) -> dict[str, torch.Tensor]:
     """{"bn_mean/<i>", "bn_var/<i>"}: channel mean and (population) variance of each BN layer's input."""
     layers = batchnorm_layers(model)
     sums = [torch.zeros(m.num_features, dtype=torch.float64) for m in layers]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FedBabuArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import RoleContext, SGDRole
 from .fedrep import head_groups, split_parameters
+
 
 class FedBabuRole(SGDRole):
     name = "fedbabu"
@@ -23,7 +24,9 @@ class FedBabuRole(SGDRole):
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         body, _ = split_parameters(model, head_groups(self.args, ctx))
-        loss = train(model, data.x_train, data.y_train, train_args, params=body, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train, data.y_train, train_args, params=body, generator=ctx.generator, device=ctx.device
+        )
         return {"train_loss": loss}
 
     def finetune_params(self, model: nn.Module, ctx: RoleContext) -> list[nn.Parameter] | None:

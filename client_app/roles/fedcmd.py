@@ -33,13 +33,21 @@ class FedCMDRole(Role):
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         if self.args.phase != 1:
-            return {"train_loss": train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)}
+            return {
+                "train_loss": train(
+                    model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device
+                )
+            }
         return train_and_vote(model, data, train_args, ctx, self.scorer(model, data), self.args.selection_timing)
 
     def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
         """This client's layer scorer (FedCMD's rule: W2, min-max labels, no floor, no tie prior)."""
         return LayerScorer(
-            model.group_names, list(self.args.candidates), self.args.score_mode, self.args.w2_mode, self.args.granularity
+            model.group_names,
+            list(self.args.candidates),
+            self.args.score_mode,
+            self.args.w2_mode,
+            self.args.granularity,
         )
 
 
@@ -51,8 +59,13 @@ def train_and_vote(
     check_option("selection_timing", timing, SELECTION_TIMINGS)
     if timing == "during_training":
         loss = train(
-            model, data.x_train, data.y_train, train_args,
-            loss_fn=_scoring_loss(scorer), generator=ctx.generator, device=ctx.device,
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            loss_fn=_scoring_loss(scorer),
+            generator=ctx.generator,
+            device=ctx.device,
         )
     else:
         loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FedCPMDArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs
 from .base import RoleContext
 from .fedcmd import FedCMDRole

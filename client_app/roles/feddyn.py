@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FedDynArgs
 
-from federated_data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot
@@ -40,7 +40,10 @@ def feddyn_loss(reference: Mapping[str, torch.Tensor], g: Mapping[str, torch.Ten
 
 
 def updated_state(
-    g: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], alpha: float
+    g: Mapping[str, torch.Tensor],
+    trained: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    alpha: float,
 ) -> dict[str, torch.Tensor]:
     """g_k - alpha (w_k - reference_k) for every key of ``g``."""
     return {k: g[k] - alpha * (trained[k] - reference[k]) for k in g}
@@ -55,8 +58,13 @@ class FedDynRole(Role):
         reference = snapshot(model)  # the received global model
         g = {k: ctx.extra_state.get(PREFIX + k, torch.zeros_like(ref)).to(ref.device) for k, ref in reference.items()}
         loss = train(
-            model, data.x_train, data.y_train, train_args,
-            loss_fn=feddyn_loss(reference, g, alpha), generator=ctx.generator, device=ctx.device,
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            loss_fn=feddyn_loss(reference, g, alpha),
+            generator=ctx.generator,
+            device=ctx.device,
         )
         new_g = updated_state(g, snapshot(model), reference, alpha)
         ctx.extra_state.update({PREFIX + k: v.detach().cpu() for k, v in new_g.items()})

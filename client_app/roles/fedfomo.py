@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, evaluate, train
 from .base import Role, RoleContext
 from .proximal import snapshot
@@ -74,8 +74,12 @@ class FedFomoRole(Role):
             own_loss = evaluate(model, x_val, y_val, device=ctx.device)[1] / n_val
             raw, weights = fomo_weights(own_loss, losses, [distance(theta, own) for theta in others.values()])
             if weights.sum() > 0:
-                model.load_state_dict(fomo_combine(own, [{k: t[k] for k in own} for t in others.values()], weights), strict=False)
+                model.load_state_dict(
+                    fomo_combine(own, [{k: t[k] for k in own} for t in others.values()], weights), strict=False
+                )
             metrics.update({f"{FOMO_WEIGHT_METRIC}{cid}": float(w) for cid, w in zip(others, raw)})
             metrics["fomo_helpful"] = float((raw > 0).sum())
-        loss = train(model, data.x_train[n_val:], data.y_train[n_val:], train_args, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train[n_val:], data.y_train[n_val:], train_args, generator=ctx.generator, device=ctx.device
+        )
         return {"train_loss": loss, **metrics}

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FedRepArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 
@@ -46,8 +46,13 @@ class FedRepRole(Role):
         metrics: dict[str, float] = {}
         for part, params, epochs in (("head", head, train_args.epochs - body_epochs), ("body", body, body_epochs)):
             loss = train(
-                model, data.x_train, data.y_train, replace(train_args, epochs=epochs, steps=None),
-                params=params, generator=ctx.generator, device=ctx.device,
+                model,
+                data.x_train,
+                data.y_train,
+                replace(train_args, epochs=epochs, steps=None),
+                params=params,
+                generator=ctx.generator,
+                device=ctx.device,
             )
             if math.isfinite(loss):  # a part trained for 0 epochs reports nothing
                 metrics[f"{part}_loss"] = loss

@@ -5,7 +5,8 @@ One forward pass per batch gives the features (``model.features``: every group b
 classifier, flattened) and the logits; the per-class sums of both are taken from these training
 passes (train-mode BN, before each step, warm-up included) and sent up as class means with their
 counts (or, with ``feature_samples`` N, the last N per-sample features and their labels
-instead of the class means, Felo/Velo paper, the authors' code's per-sample feature upload). The loss is Eq. 1 (client_app/roles/felo_knowledge.py); without knowledge from the
+instead of the class means, Felo/Velo paper, the authors' code's per-sample feature upload). The loss is Eq. 1
+(client_app/roles/felo_knowledge.py); without knowledge from the
 server (the warm-up rounds, or before any class is known) it is CE alone.
 """
 
@@ -14,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import FeloArgs
 
-from federated_data import ClientData
 from ..training import train
 from .base import Role, RoleContext
 from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss
@@ -30,7 +31,7 @@ class FeloRole(Role):
 
     def fit(self, model: nn.Module, data: ClientData, train_args, ctx: RoleContext) -> dict[str, float]:  # noqa: ANN001
         head = list(model.groups.values())[-1]
-        received = {k[len(KNOWLEDGE):]: v for k, v in ctx.received_extra.items() if k.startswith(KNOWLEDGE)}
+        received = {k[len(KNOWLEDGE) :]: v for k, v in ctx.received_extra.items() if k.startswith(KNOWLEDGE)}
         knowledge = None
         if received:
             needed = {"S", "P", "M"} if self.args.mse_weight > 0 else {"P", "M"}
@@ -48,7 +49,9 @@ class FeloRole(Role):
                 "give every architecture the same model.feature_dim"
             )
         acc = ClassKnowledge(num_classes, feature_dim, ctx.device)
-        samples = FeatureSamples(self.args.feature_samples, feature_dim, ctx.device) if self.args.feature_samples else None
+        samples = (
+            FeatureSamples(self.args.feature_samples, feature_dim, ctx.device) if self.args.feature_samples else None
+        )
         sums = {"ce": 0.0, "mse": 0.0, "kl": 0.0}
         steps = [0]
         alpha, mse_weight, temperature = self.args.alpha, self.args.mse_weight, self.args.temperature
@@ -65,7 +68,9 @@ class FeloRole(Role):
             steps[0] += 1
             return loss
 
-        loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+        )
         s, p, n = acc.means()
         ctx.upload_extra.update({KNOWLEDGE + "p": p, KNOWLEDGE + "n": n})
         if samples is not None:
@@ -73,4 +78,8 @@ class FeloRole(Role):
             ctx.upload_extra.update({KNOWLEDGE + "f": f, KNOWLEDGE + "y": labels})
         elif self.args.mse_weight > 0:
             ctx.upload_extra[KNOWLEDGE + "s"] = s
-        return {"train_loss": loss, **{f"{k}_loss": v / max(steps[0], 1) for k, v in sums.items()}, "distill": float(knowledge is not None)}
+        return {
+            "train_loss": loss,
+            **{f"{k}_loss": v / max(steps[0], 1) for k, v in sums.items()},
+            "distill": float(knowledge is not None),
+        }

@@ -1,4 +1,5 @@
-"""Felo/Velo's client-side math (Felo/Velo paper, Algorithm 1, client side): per-class knowledge and the distillation terms.
+"""Felo/Velo's client-side math (Felo/Velo paper, Algorithm 1, client side): per-class knowledge and the distillation
+terms.
 
 A client sends the server, per class, the mean of the features and of the logits its training
 forward passes produced this round (train-mode BN, taken before each optimizer step, every local
@@ -39,7 +40,8 @@ class ClassKnowledge:
 
 class FeatureSamples:
     """The last ``capacity`` per-sample training features and their labels (the "samples"
-    upload, Felo/Velo paper, the authors' code's per-sample feature upload): a ring buffer on the model's device, read out oldest first and
+    upload, Felo/Velo paper, the authors' code's per-sample feature upload): a ring buffer on the model's device, read
+    out oldest first and
     padded with label -1 to the fixed upload shape [capacity, D]."""
 
     def __init__(self, capacity: int, feature_dim: int, device: torch.device | str = "cpu") -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from models.schema import layer_dims, parameter_layers
 from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
-from federated_data import ClientData
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 from .proximal import proximal_loss, snapshot
@@ -36,7 +36,9 @@ def _logsumexp(values: Sequence[float]) -> float:
     return top + math.log(sum(math.exp(v - top) for v in values))
 
 
-def log_bound(omega: int, d: Sequence[int], n: Sequence[int], b: Sequence[float], tau: Sequence[float], classes: int | None = None) -> float:
+def log_bound(
+    omega: int, d: Sequence[int], n: Sequence[int], b: Sequence[float], tau: Sequence[float], classes: int | None = None
+) -> float:
     """log of the per-layer generalization term of the first ``omega`` layers (Eq. 29):
     log(d^Omega) + Omega log 2 + sum_{l<=Omega} log B^l + logsumexp_l[log tau^l - log 2B^l +
     1/2 sum_{p=l+1..Omega} log n^p] - log Omega. With ``classes`` (Omega = L, the full bound) c
@@ -58,8 +60,16 @@ def criterion(omega: int, d, n, b_hat, tau_hat, b_full, tau_full, classes: int) 
 
 
 def select_omega(
-    d: Sequence[int], n: Sequence[int], b_cur: Sequence[float], tau_cur: Sequence[float], b_max: np.ndarray,
-    tau_max: np.ndarray, omega_prev: int, first: bool, omega_min: int, classes: int,
+    d: Sequence[int],
+    n: Sequence[int],
+    b_cur: Sequence[float],
+    tau_cur: Sequence[float],
+    b_max: np.ndarray,
+    tau_max: np.ndarray,
+    omega_prev: int,
+    first: bool,
+    omega_min: int,
+    classes: int,
 ) -> tuple[int, bool]:
     """ALG4: (Omega, whether the floor ``omega_min`` stopped the walk down). Updates b_max/tau_max
     in place when this round's regularizer counts as full (first participation or Omega_prev = L)."""
@@ -101,11 +111,15 @@ class KAPCRole(Role):
                 targets[k] = ctx.received_extra[REGULARIZER_PREFIX + k].to(ctx.device) if sent else start[k]
         # lambda ||w - s||^2 = (2 lambda)/2 ||w - s||^2; with masked_reg "none" the layers not sent train on CE
         # alone (their round-start target still stands in for s in the bound's tau, Eq. 20's convention)
-        pulled = targets if self.args.masked_reg == "start" else {
-            k: targets[k] for sent, keys in zip(mask, layers) if sent for k in keys
-        }
+        pulled = (
+            targets
+            if self.args.masked_reg == "start"
+            else {k: targets[k] for sent, keys in zip(mask, layers) if sent for k in keys}
+        )
         loss_fn = proximal_loss(pulled, 2.0 * self.args.lam)
-        loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+        )
         metrics = {"train_loss": loss, "omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
         if self.args.bls:
             omega, floor, reset = self._omega(model, layers, targets, data.num_classes, ctx)
@@ -128,11 +142,22 @@ class KAPCRole(Role):
         tau_max = state.get(STATE + "tmax", torch.zeros(len(layers), dtype=torch.float64)).numpy().copy()
         prev = int(state.get(STATE + "omega", torch.tensor([len(layers)])).item())
         omega, floor = select_omega(
-            [d for d, _ in dims], [n for _, n in dims], b_cur, tau_cur, b_max, tau_max, prev,
-            self.args.first, self.args.omega_min, classes,
+            [d for d, _ in dims],
+            [n for _, n in dims],
+            b_cur,
+            tau_cur,
+            b_max,
+            tau_max,
+            prev,
+            self.args.first,
+            self.args.omega_min,
+            classes,
         )
-        state.update({
-            STATE + "bmax": torch.from_numpy(b_max), STATE + "tmax": torch.from_numpy(tau_max),
-            STATE + "omega": torch.tensor([omega]),
-        })
+        state.update(
+            {
+                STATE + "bmax": torch.from_numpy(b_max),
+                STATE + "tmax": torch.from_numpy(tau_max),
+                STATE + "omega": torch.tensor([omega]),
+            }
+        )
         return omega, floor, bool(self.args.first or prev >= len(layers))  # select_omega's reset condition

@@ -21,9 +21,9 @@ from torch import nn
 
 from protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTORS, W2_MODES, check_choice
 
-
 _SELECTOR_ALIASES = {"paper": "eq7", "code": "fedcmd_code", "eq7": "eq7", "fedcmd_code": "fedcmd_code", "eq6": "eq6"}
 _DISTANCE_ALIASES = {"gaussian": "w2", "mean_only": "w2_mean"}
+
 
 # ----------------------------------------------------------------------------- statistics
 class GaussianFit(NamedTuple):
@@ -89,7 +89,8 @@ def gaussian_fit(m: Moments, sigma_floor: float = 0.0) -> GaussianFit:
     unchanged (which is why min-max makes the score scale-free).
 
     A constant tensor (max = min): with ``sigma_floor = 0`` (FedCMD) it is marked ``constant``
-    and every distance to it is 0 [C]; with a floor (FedCPMD, FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11): "set the values
+    and every distance to it is 0 [C]; with a floor (FedCPMD, FedCPMD paper, layer-wise knowledge representation (Eqs.
+    6-11): "set the values
     to 0") it is N(0, floor^2). The floor also bounds sigma from below for every other tensor.
     """
     span = m.hi - m.lo
@@ -134,7 +135,8 @@ def w2(a: GaussianFit, b: GaussianFit, mode: str = "gaussian") -> float:
 
 
 def bhattacharyya_coefficient(a: GaussianFit, b: GaussianFit) -> float:
-    """BC = sqrt(2 s1 s2 / (s1^2 + s2^2)) exp(-(m1 - m2)^2 / (4 (s1^2 + s2^2))) (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))."""
+    """BC = sqrt(2 s1 s2 / (s1^2 + s2^2)) exp(-(m1 - m2)^2 / (4 (s1^2 + s2^2))) (FedCPMD paper, layer-wise knowledge
+    representation (Eqs. 6-11))."""
     var = a.sigma**2 + b.sigma**2
     if var <= 0.0:
         return 1.0 if a.mu == b.mu else 0.0
@@ -146,7 +148,8 @@ JS_POINTS = 2001  # FedCPMD paper, layer-wise knowledge representation (Eqs. 6-1
 
 def jensen_shannon(a: GaussianFit, b: GaussianFit, points: int = JS_POINTS) -> float:
     """JS(P, Q) = KL(P||M)/2 + KL(Q||M)/2, M = (P + Q)/2, natural log, in [0, ln 2]: no closed form,
-    so the trapezoid rule on [min mu - 8 max sigma, max mu + 8 max sigma] (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))."""
+    so the trapezoid rule on [min mu - 8 max sigma, max mu + 8 max sigma] (FedCPMD paper, layer-wise knowledge
+    representation (Eqs. 6-11))."""
     if a.sigma <= 0.0 or b.sigma <= 0.0:
         return 0.0 if (a.mu, a.sigma) == (b.mu, b.sigma) else math.log(2.0)
     spread = 8.0 * max(a.sigma, b.sigma)
@@ -180,7 +183,12 @@ def distance(a: GaussianFit, b: GaussianFit, name: str = "w2") -> float:
 
 
 def layer_score(
-    out: GaussianFit, prev: GaussianFit, x: GaussianFit, y: GaussianFit, score_mode: str = "paper", w2_mode: str = "gaussian"
+    out: GaussianFit,
+    prev: GaussianFit,
+    x: GaussianFit,
+    y: GaussianFit,
+    score_mode: str = "paper",
+    w2_mode: str = "gaussian",
 ) -> float:
     """s_l of a candidate with output fit ``out`` and previous-output fit ``prev`` (FedCMD paper).
 
@@ -202,7 +210,9 @@ def layer_score(
         return abs((oy - ox) - (py - px))
     if selector == "fedcmd_code":
         return abs(abs(oy - py) - abs(ox - px))
-    raise ValueError(f"score_mode must be one of {SCORE_MODES} (FedCPMD selector: {list(SELECTORS)}), got {score_mode!r}")
+    raise ValueError(
+        f"score_mode must be one of {SCORE_MODES} (FedCPMD selector: {list(SELECTORS)}), got {score_mode!r}"
+    )
 
 
 def candidate_scores(
@@ -219,9 +229,7 @@ def candidate_scores(
     preceding group's output (for fc1 of LeNet-5, the flattened conv2 block), or the input
     itself for the first group.
     """
-    return [
-        layer_score(fits[g], fits[g - 1] if g > 0 else x, x, y, score_mode, w2_mode) for g in candidate_index
-    ]
+    return [layer_score(fits[g], fits[g - 1] if g > 0 else x, x, y, score_mode, w2_mode) for g in candidate_index]
 
 
 def batch_vote(scores: Sequence[float], prior: int | None = None) -> int:

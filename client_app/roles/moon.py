@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from federated_data import ClientData
 from protocol.roles import MOONArgs
 
-from federated_data import ClientData
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
 
@@ -48,7 +48,9 @@ def moon_loss(global_model: nn.Module, prev_model: nn.Module, mu: float, tau: fl
         logits = list(model.groups.values())[-1](z)
         with torch.no_grad():
             z_glob, z_prev = global_model.features(x), prev_model.features(x)
-        return F.cross_entropy(logits, y) + mu * contrastive_term(z.flatten(1), z_glob.flatten(1), z_prev.flatten(1), tau)
+        return F.cross_entropy(logits, y) + mu * contrastive_term(
+            z.flatten(1), z_glob.flatten(1), z_prev.flatten(1), tau
+        )
 
     return loss
 
@@ -56,7 +58,7 @@ def moon_loss(global_model: nn.Module, prev_model: nn.Module, mu: float, tau: fl
 def previous_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     """A frozen copy holding this client's model after its last round (the received one at first)."""
     prev = copy.deepcopy(model)
-    saved = {k[len(PREFIX):]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+    saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
     if saved:
         prev.load_state_dict(saved)
     return frozen(prev)
@@ -69,6 +71,8 @@ class MOONRole(Role):
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         mu, tau = self.args.mu, self.args.tau
         loss_fn = moon_loss(frozen(copy.deepcopy(model)), previous_model(model, ctx), mu, tau)
-        loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+        )
         ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})
         return {"train_loss": loss}

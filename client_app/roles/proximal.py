@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from federated_data import ClientData
 from protocol.roles import ProximalArgs
 
-from federated_data import ClientData
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import RoleContext, SGDRole
 
@@ -51,7 +51,9 @@ class ProximalRole(SGDRole):
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         loss_fn = proximal_loss(self.reference(model, ctx), self.args.mu)
-        loss = train(model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device)
+        loss = train(
+            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+        )
         return {"train_loss": loss}
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:

@@ -309,10 +309,14 @@ class Cluster:
         node list a ServerApp samples from."""
         proc = subprocess.run(
             [str(BIN / "flwr"), "supernode", "ls", self.topo.name, "--format", "json"],
-            env=self.env("cli"), capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env=self.env("cli"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
         )
         try:
-            nodes = json.loads(proc.stdout[proc.stdout.index("{"):])["nodes"]
+            nodes = json.loads(proc.stdout[proc.stdout.index("{") :])["nodes"]
         except (ValueError, KeyError):
             raise AssertionError(f"flwr supernode ls: unexpected output\n{proc.stdout}{proc.stderr}") from None
         wanted = str(self.node_id(i))
@@ -395,7 +399,8 @@ class Cluster:
 
 
 CLIENT_LINE = re.compile(
-    r"client (\d+) round (\d+): test_before ([\d.]+) test_after ([\d.]+) \((\d+) test samples\), (\d+) state tensors restored"
+    r"client (\d+) round (\d+): test_before ([\d.]+) test_after ([\d.]+) \((\d+) test samples\), (\d+) state tensors "
+    r"restored"
 )
 
 

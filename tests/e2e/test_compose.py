@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from e2e_cluster import BIN, ROOT, client_rounds, free_port, load_script, wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,7 +68,9 @@ def pick_base() -> str:
         return os.environ["PFLOWER_BASE"]
     if _ok(["docker", "image", "inspect", OFFLINE_BASE]):
         return OFFLINE_BASE
-    if _ok(["docker", "image", "inspect", "python:3.11-slim"]) or _ok(["docker", "pull", "python:3.11-slim"], timeout=120):
+    if _ok(["docker", "image", "inspect", "python:3.11-slim"]) or _ok(
+        ["docker", "pull", "python:3.11-slim"], timeout=120
+    ):
         return "python:3.11-slim"
     try:
         return offline.make_base(OFFLINE_BASE)
@@ -81,7 +82,9 @@ def cpu_torch_on_disk() -> str | None:
     """``torch==<v>+cpu`` when a CPU wheel of torch lies in one of pip's find-links directories
     (a few hundred MB instead of PyPI's CUDA-bundling wheels, which are several GB)."""
     links = os.environ.get("PIP_FIND_LINKS", "")
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True
+    )
     dirs = [d for d in (links + " " + (out.stdout if out.returncode == 0 else "")).split() if Path(d).is_dir()]
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     for d in dirs:
@@ -120,7 +123,9 @@ class Demo:
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         out = subprocess.run([*self.compose, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and out.returncode != 0:
-            raise AssertionError(f"{' '.join(args)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            raise AssertionError(
+                f"{' '.join(args)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+            )
         return out
 
     def logs(self, service: str) -> str:
@@ -130,10 +135,22 @@ class Demo:
     def prepare(self) -> None:
         py = sys.executable
         n = self.topo.nodes
-        subprocess.run([py, str(ROOT / "scripts/gen_certs.py"), "--out", str(self.tmp / "certs"), "--nodes", str(n)], check=True, capture_output=True)
         subprocess.run(
-            [py, str(ROOT / "scripts/export_partitions.py"), "--out", str(self.tmp / "data"), f"num_clients={n}", *self.topo.data_overrides],
-            check=True, capture_output=True,
+            [py, str(ROOT / "scripts/gen_certs.py"), "--out", str(self.tmp / "certs"), "--nodes", str(n)],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                py,
+                str(ROOT / "scripts/export_partitions.py"),
+                "--out",
+                str(self.tmp / "data"),
+                f"num_clients={n}",
+                *self.topo.data_overrides,
+            ],
+            check=True,
+            capture_output=True,
         )
         (self.tmp / "outputs").mkdir()
         (self.tmp / "outputs").chmod(0o777)  # the ServerApp's user writes here
@@ -151,7 +168,10 @@ class Demo:
         log = open(self.tmp / "flwr-run.log", "w")
         return subprocess.Popen(
             [str(BIN / "flwr"), "run", ".", self.project, "--stream", "--run-config", run_config],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
     def run_dir(self) -> Path | None:
@@ -171,7 +191,9 @@ def demo(tmp_path_factory):
         pytest.skip("no Docker engine answers `docker info` (Debian: apt-get install docker.io, then start dockerd)")
     compose = compose_command()
     if compose is None:
-        pytest.skip("neither `docker compose` (v2) nor docker-compose (Debian: apt-get install docker-compose) is installed")
+        pytest.skip(
+            "neither `docker compose` (v2) nor docker-compose (Debian: apt-get install docker-compose) is installed"
+        )
     timings: dict[str, float | int | str] = {}
     t0 = time.monotonic()
     base = pick_base()
@@ -191,21 +213,42 @@ def demo(tmp_path_factory):
         t = time.monotonic()
         d.run("up", "-d", timeout=300)
         for i in range(d.topo.nodes):
-            wait_for(lambda i=i: "SuperNode ID:" in d.logs(f"supernode-{i}") or None, 180, f"supernode-{i} to be accepted", interval=2)
+            wait_for(
+                lambda i=i: "SuperNode ID:" in d.logs(f"supernode-{i}") or None,
+                180,
+                f"supernode-{i} to be accepted",
+                interval=2,
+            )
         timings["up_s"] = round(time.monotonic() - t, 1)
         # from the host: a TLS connection to the published port, then the topology's demo job
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts/federation.py"), "connection", d.project,
-             "--address", f"127.0.0.1:{d.port}", "--root-certificates", str(d.tmp / "certs/ca.crt")],
-            env=d.env, check=True, capture_output=True,
+            [
+                sys.executable,
+                str(ROOT / "scripts/federation.py"),
+                "connection",
+                d.project,
+                "--address",
+                f"127.0.0.1:{d.port}",
+                "--root-certificates",
+                str(d.tmp / "certs/ca.crt"),
+            ],
+            env=d.env,
+            check=True,
+            capture_output=True,
         )
-        config = d.topo.run_config(output_dir="/outputs", rounds=ROUNDS, overrides=f"method.kp=1 round_timeout={ROUND_TIMEOUT}")
+        config = d.topo.run_config(
+            output_dir="/outputs", rounds=ROUNDS, overrides=f"method.kp=1 round_timeout={ROUND_TIMEOUT}"
+        )
         t_run = time.monotonic()
         run = d.flwr_run(config)
         deadline = t_run + RUN_DEADLINE
         # restart SuperNode 1 once it has replied in round RESTART_AFTER_ROUND
-        wait_for(lambda: RESTART_AFTER_ROUND in client_rounds(d.logs("supernode-1")) or run.poll() is not None,
-                 RUN_DEADLINE, f"supernode-1's round-{RESTART_AFTER_ROUND} reply", interval=2)
+        wait_for(
+            lambda: RESTART_AFTER_ROUND in client_rounds(d.logs("supernode-1")) or run.poll() is not None,
+            RUN_DEADLINE,
+            f"supernode-1's round-{RESTART_AFTER_ROUND} reply",
+            interval=2,
+        )
         assert run.poll() is None, (d.tmp / "flwr-run.log").read_text()[-4000:]
         before_restart = client_rounds(d.logs("supernode-1"))
         t = time.monotonic()
@@ -250,8 +293,12 @@ def test_each_node_trained_on_its_own_data(demo):
 
 
 def test_no_superseded_pflower_image_is_left_behind(demo):
-    out = subprocess.run(["docker", "images", "-q", "--filter", "dangling=true", "--filter", f"label={offline.IMAGE_LABEL}"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["docker", "images", "-q", "--filter", "dangling=true", "--filter", f"label={offline.IMAGE_LABEL}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.split() == [], out.stdout
     for tag in ("pflower-server:latest", "pflower-edge:latest", offline.DEPS_TAG):
         assert _ok(["docker", "image", "inspect", tag]), tag

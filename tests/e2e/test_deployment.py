@@ -33,9 +33,9 @@ import sys
 import time
 
 import pytest
+from e2e_cluster import Cluster, NetNS, Proc, client_rounds, train_messages_received, wait_for
 
 from client_app.state import read_state_file
-from e2e_cluster import Cluster, NetNS, Proc, client_rounds, train_messages_received, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,9 @@ KP = 1  # phase 1 (layer vote) is round 1; from round 2 on l* stays on the clien
 TRAIN = {"local_epochs": 3, "batch_size": 16}
 
 
-def run_config(cluster: Cluster, rounds: int, overrides: str = f"method.kp={KP}", timeout: int = ROUND_TIMEOUT, **extra: object) -> str:
+def run_config(
+    cluster: Cluster, rounds: int, overrides: str = f"method.kp={KP}", timeout: int = ROUND_TIMEOUT, **extra: object
+) -> str:
     return cluster.topo.run_config(
         output_dir=cluster.place.output_dir,
         rounds=rounds,
@@ -90,7 +92,11 @@ def run_until_node_has_round(cluster: Cluster, rounds: int, node: int, rnd: int)
     t_run = time.monotonic()
     run = cluster.flwr_run(run_config(cluster, rounds))
     proc = cluster.procs[f"supernode-{node}"]
-    wait_for(lambda: train_messages_received(proc.text()) >= rnd or not run.alive(), RUN_DEADLINE, f"round {rnd} at node {node}")
+    wait_for(
+        lambda: train_messages_received(proc.text()) >= rnd or not run.alive(),
+        RUN_DEADLINE,
+        f"round {rnd} at node {node}",
+    )
     assert run.alive(), run.text()[-4000:]
     return run, t_run, t_run + RUN_DEADLINE
 
@@ -141,13 +147,17 @@ def loopback(tmp_path_factory):
         # its first reply after the restart, then the round record that accepted it
         first = wait_for(
             lambda: min(client_rounds(restarted.text()), default=None) or not run.alive(),
-            deadline - time.monotonic(), "node 1's first reply",
+            deadline - time.monotonic(),
+            "node 1's first reply",
         )
-        assert first is not True, f"the run ended before node 1 (restarted {time.monotonic() - t_restart:.0f} s ago) replied"
+        assert first is not True, (
+            f"the run ended before node 1 (restarted {time.monotonic() - t_restart:.0f} s ago) replied"
+        )
         t_reply = time.monotonic()
         wait_for(
             lambda: any(r["round"] >= first and 1 in r["clients"] for r in cluster.rounds()) or not run.alive(),
-            deadline - time.monotonic(), "the server to accept node 1's reply",
+            deadline - time.monotonic(),
+            "the server to accept node 1's reply",
         )
         t_accepted = time.monotonic()
         finish(cluster, run, deadline)
@@ -245,8 +255,10 @@ def test_killed_supernode_round_completes_and_restart_restores_personal_layers(l
     untrained = loopback["before_kill"][1]["test_before"]
     assert abs(untrained - untrained_accuracy(cluster, 1)) < 1e-3
     before = loopback["before_kill"][2]["test_after"]  # round 2: its last reply before the kill
-    print(f"[e2e] node 1: untrained {untrained:.3f}, test_after before kill {before:.3f}, "
-          f"test_before after restart (round {first}) {after['test_before']:.3f}")
+    print(
+        f"[e2e] node 1: untrained {untrained:.3f}, test_after before kill {before:.3f}, "
+        f"test_before after restart (round {first}) {after['test_before']:.3f}"
+    )
     assert after["test_before"] >= untrained + 0.2
     assert after["test_before"] >= 0.75 * before
 
@@ -254,9 +266,10 @@ def test_killed_supernode_round_completes_and_restart_restores_personal_layers(l
 def untrained_accuracy(cluster: Cluster, client: int) -> float:
     """Accuracy of the run's initial model (same seed) on a client's own test split."""
     import yaml
-    from federated_data import DataSpec
+
     from client_app.runtime import client_data
     from client_app.training import evaluate
+    from federated_data import DataSpec
     from models import build_model
 
     cfg = yaml.safe_load((cluster.run_dir() / "config.yaml").read_text())
@@ -271,6 +284,7 @@ def untrained_accuracy(cluster: Cluster, client: int) -> float:
 
 def data_spec(cfg: dict) -> dict:
     from omegaconf import OmegaConf
+
     from server_app.config import data_spec_dict
 
     return data_spec_dict(OmegaConf.create(cfg))
@@ -310,8 +324,12 @@ def namespaced(tmp_path_factory):
         t_round2 = time.monotonic()
         # the link stays down until the SuperLink has marked the node offline, so that "online"
         # afterwards means a heartbeat over the restored link (not a stale online_until)
-        wait_for(lambda: cluster.node_status(2) == "offline" or not run.alive(), deadline - time.monotonic(),
-                 "the SuperLink to mark node 2 offline", interval=2)
+        wait_for(
+            lambda: cluster.node_status(2) == "offline" or not run.alive(),
+            deadline - time.monotonic(),
+            "the SuperLink to mark node 2 offline",
+            interval=2,
+        )
         t_offline = time.monotonic()
         netns.restore(2)
         # back when the SuperLink lists it online again: the node list the strategy samples from
@@ -333,7 +351,13 @@ def namespaced(tmp_path_factory):
             round_time_s=[round(r.get("round_time_s", 0), 1) for r in cluster.rounds()],
         )
         write_timings(cluster, timings)
-        yield {"cluster": cluster, "run": run, "netns": netns, "rounds": rounds, "rounds_before_rejoin": rounds_before_rejoin}
+        yield {
+            "cluster": cluster,
+            "run": run,
+            "netns": netns,
+            "rounds": rounds,
+            "rounds_before_rejoin": rounds_before_rejoin,
+        }
     finally:
         cluster.close()
 
@@ -347,7 +371,7 @@ def test_namespaced_deployment_runs_over_tls(namespaced):
     # the nodes really reached the SuperLink from their own namespaces' addresses
     link_log = cluster.procs["superlink"].text()
     for i in range(3):
-        assert f'{namespaced["netns"].address(i)}:' in link_log, i
+        assert f"{namespaced['netns'].address(i)}:" in link_log, i
     assert cluster.place.superlink_address == namespaced["netns"].gateway
 
 
@@ -369,7 +393,7 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
     # may have sampled before), and in the final evaluation
     k = namespaced["rounds_before_rejoin"]
     assert "Connection successful after" in cluster.procs["supernode-2"].text()
-    later = cluster.rounds()[k + 1:]
+    later = cluster.rounds()[k + 1 :]
     assert later, f"node 2 was online again only after round {k} of {namespaced['rounds']}: no later round to check"
     for r in later:
         assert 2 in r["clients"], (k, r)
@@ -380,20 +404,30 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
 
 METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     "fedcpmd": (2, {"method": "fedcpmd"}, "method.kp=1"),  # a vote round, a clustered round
-    "kapc_bls": (2, {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1}, ""),  # round 2 leaves the layers after Omega out
+    "kapc_bls": (
+        2,
+        {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1},
+        "",
+    ),  # round 2 leaves the layers after Omega out
     # the nodes partition the shared digits themselves (client-id, no data-dir): the server keeps a
     # public hold-out; h_th = 0 with psi = 0.5 would halve the shared prefix at every re-clustering,
     # but two clients are too few for the Hopkins statistic (m < 3: no clustering)
-    "fedtsdp": (2, {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
-                "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5"),
+    "fedtsdp": (
+        2,
+        {"method": "fedtsdp", "dataset": "digits", "local_epochs": 1},
+        "dataset.public=holdout dataset.public_fraction=0.2 method.h_th=0.0 method.psi=0.5",
+    ),
     # the two nodes run different architectures, a ResNet10 and a LeNet-5, both ending in a 32-wide
     # feature (a ResNet crosses the wire; a second ResNet only made the run slower); the server's CVAE trains after
     # round 1 and round 2's clients get its synthetic class features; the group models are
     # evaluated on a public hold-out and crossed for the transfer check
-    "velo": (2, {"method": "velo", "dataset": "digits", "model": "mixed"},
-             "optimizer=adam lr=0.001 local_steps=3 method.warmup=0.0 method.cvae_hidden=32 method.cvae_latent=8 "
-             "method.cvae_label_dim=8 method.cvae_epochs=2 dataset.public=holdout dataset.public_fraction=0.2 ~model.archs "
-             '"+model.archs={r10: {name: resnet10, feature_dim: 32}, le: {name: lenet5, feature_dim: 32}}"'),
+    "velo": (
+        2,
+        {"method": "velo", "dataset": "digits", "model": "mixed"},
+        "optimizer=adam lr=0.001 local_steps=3 method.warmup=0.0 method.cvae_hidden=32 method.cvae_latent=8 "
+        "method.cvae_label_dim=8 method.cvae_epochs=2 dataset.public=holdout dataset.public_fraction=0.2 ~model.archs "
+        '"+model.archs={r10: {name: resnet10, feature_dim: 32}, le: {name: lenet5, feature_dim: 32}}"',
+    ),
 }
 METHOD_NODES = 2
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
@@ -407,7 +441,10 @@ def methods(tmp_path_factory):
     a fresh process per message)."""
     tmp = tmp_path_factory.mktemp("methods")
     cluster = Cluster(
-        tmp, nodes=METHOD_NODES, node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)}, isolation="process"
+        tmp,
+        nodes=METHOD_NODES,
+        node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)},
+        isolation="process",
     )
     try:
         cluster.prepare(DATA)
@@ -415,7 +452,9 @@ def methods(tmp_path_factory):
         runs = {}
         for method, (rounds, extra, overrides) in METHOD_RUNS.items():
             t0 = time.monotonic()
-            run = cluster.flwr_run(run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}")
+            run = cluster.flwr_run(
+                run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}"
+            )
             finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
             runs[method] = (run, time.monotonic() - t0)
         write_timings(cluster, {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()})
@@ -462,7 +501,9 @@ def test_warm_clientapps_start_without_importing_torch_again(methods):
     which a fresh flwr-clientapp process does first (4.5-5.7 s of cold start in benchmarks/)."""
     apps_log = methods["cluster"].procs["clientapp-0"].text()
     cold = [float(x) for x in re.findall(r"cold start ([0-9.]+) s", apps_log)]
-    assert len(cold) >= sum(rounds for rounds, _, _ in METHOD_RUNS.values()), apps_log[-3000:]  # one per training message
+    assert len(cold) >= sum(rounds for rounds, _, _ in METHOD_RUNS.values()), apps_log[
+        -3000:
+    ]  # one per training message
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
     torch_import = time.monotonic() - t0
@@ -473,7 +514,11 @@ def test_warm_clientapps_start_without_importing_torch_again(methods):
 def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
     summary, rounds = finished_summary(methods, "kapc_bls")
     # round 1: the server has heard from nobody, so it sends no regularizer (unheard=skip)
-    assert rounds[0]["bytes_down"] == 0 and rounds[0]["unheard_layers"] == METHOD_NODES * 5 and rounds[0]["masked_layers"] == 0
+    assert (
+        rounds[0]["bytes_down"] == 0
+        and rounds[0]["unheard_layers"] == METHOD_NODES * 5
+        and rounds[0]["masked_layers"] == 0
+    )
     # round 2: each client is coached on the layers it uploaded (Omega = L - 1 at a first
     # participation), never on the classifier after them (Eq. 20), so it gets at most what it sent
     assert rounds[1]["unheard_layers"] == 0 and rounds[1]["masked_layers"] >= METHOD_NODES
@@ -503,7 +548,9 @@ def test_a_warm_superexec_serves_its_supernode_again_after_the_node_restarts(met
     restart_until_active(cluster, 0, time.monotonic() + 200)
     served_before = len(re.findall(r"cold start", superexec.text()))
     t0 = time.monotonic()
-    run = cluster.flwr_run(run_config(cluster, 1, "", METHOD_ROUND_TIMEOUT, method="fedavg"), log_name="flwr-run-after-restart")
+    run = cluster.flwr_run(
+        run_config(cluster, 1, "", METHOD_ROUND_TIMEOUT, method="fedavg"), log_name="flwr-run-after-restart"
+    )
     finish(cluster, run, t0 + RUN_DEADLINE)
     assert run.popen.returncode == 0, run.text()[-3000:]
     assert [(r["round"], r["clients"]) for r in cluster.rounds("fedavg")] == [(1, list(range(METHOD_NODES)))]

@@ -13,14 +13,36 @@ from test_simulation import BIN, SMALL, check_run_dir, run_dirs
 
 pytestmark = pytest.mark.slow
 
-METHODS = ("fedprox", "fedrep", "fedbabu", "fedbn", "lgfedavg", "pfedsim", "ditto",
-           "fedamp", "cfl", "feddyn", "fedfomo", "fedap", "moon", "pfedla")
+METHODS = (
+    "fedprox",
+    "fedrep",
+    "fedbabu",
+    "fedbn",
+    "lgfedavg",
+    "pfedsim",
+    "ditto",
+    "fedamp",
+    "cfl",
+    "feddyn",
+    "fedfomo",
+    "fedap",
+    "moon",
+    "pfedla",
+)
 ALL = ["conv1", "conv2", "fc1", "fc2", "classifier"]
 
 
 def test_pflower_sim_sweep_runs_every_baseline(tmp_path):
     out = tmp_path / "outputs"
-    cmd = [str(BIN / "pflower"), "sim", "-m", f"method={','.join(METHODS)}", f"output_dir={out}", *SMALL, "backend=serial"]
+    cmd = [
+        str(BIN / "pflower"),
+        "sim",
+        "-m",
+        f"method={','.join(METHODS)}",
+        f"output_dir={out}",
+        *SMALL,
+        "backend=serial",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = run_dirs(out)

@@ -12,8 +12,15 @@ pytestmark = pytest.mark.slow
 
 def test_fedcmd_simulation_goes_through_both_phases(compose, tmp_path):
     cfg = compose(
-        "method=fedcmd", "method.kp=2", "dataset=digits", "num_clients=6", "rounds=4", "fraction=0.5",
-        "local_epochs=1", "partition.min_size=20", "alpha=0.5",
+        "method=fedcmd",
+        "method.kp=2",
+        "dataset=digits",
+        "num_clients=6",
+        "rounds=4",
+        "fraction=0.5",
+        "local_epochs=1",
+        "partition.min_size=20",
+        "alpha=0.5",
     )
     summary = simulate(cfg)
     run_dir = Path(summary["run_dir"])

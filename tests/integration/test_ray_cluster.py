@@ -17,12 +17,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from integration.test_simulation import without_timings
 
 BIN = Path(sys.executable).parent
-SMALL = ["num_clients=4", "rounds=2", "local_epochs=1", "fraction=1.0", "partition.min_size=20", "alpha=1.0",
-         "method=fedper", "progress=false"]
+SMALL = [
+    "num_clients=4",
+    "rounds=2",
+    "local_epochs=1",
+    "fraction=1.0",
+    "partition.min_size=20",
+    "alpha=1.0",
+    "method=fedper",
+    "progress=false",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +46,9 @@ def metrics(out: Path) -> list[dict]:
 
 
 def sim(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "pflower"), "sim", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [str(BIN / "pflower"), "sim", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +67,22 @@ def cluster():
         # a short directory: Ray's unix sockets live under it (the path limit is 107 bytes)
         ray_tmp = Path(tempfile.mkdtemp(prefix="prc", dir="/tmp"))
         port = free_port()
-        head = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "gcs_server_port": port, "include_dashboard": False, "temp_dir": str(ray_tmp),
-            "node_ip_address": "127.0.0.1",
-        })
+        head = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "gcs_server_port": port,
+                "include_dashboard": False,
+                "temp_dir": str(ray_tmp),
+                "node_ip_address": "127.0.0.1",
+            },
+        )
         pids: list[int] = []
         try:
             worker = head.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-            pids = [p.process.pid for node in (head.head_node, worker) for ps in node.all_processes.values() for p in ps]
+            pids = [
+                p.process.pid for node in (head.head_node, worker) for ps in node.all_processes.values() for p in ps
+            ]
             assert head.address.endswith(f":{port}")
             yield f"127.0.0.1:{port}"
         finally:
@@ -86,7 +102,9 @@ def cluster_state(address: str) -> tuple[dict[str, str], set[str]]:
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         actors = ray._private.state.actors()
-        clients = {a_id: a["Address"]["NodeID"] for a_id, a in actors.items() if "ClientAppActor" in a["ActorClassName"]}
+        clients = {
+            a_id: a["Address"]["NodeID"] for a_id, a in actors.items() if "ClientAppActor" in a["ActorClassName"]
+        }
         return clients, {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     finally:
         ray.shutdown()
@@ -116,8 +134,20 @@ def test_a_sweep_runs_two_at_a_time_on_the_cluster_with_the_numbers_of_one_by_on
     the same seed run alone on this machine."""
     before, _ = cluster_state(cluster)
     env = {**os.environ, "RAY_ADDRESS": ""}
-    sweep = sim(["-m", "seed=1,2", "--jobs", "2", *SMALL, "backend=ray", f"ray.address={cluster}",
-                 f"output_dir={tmp_path / 'cluster'}"], tmp_path, env)
+    sweep = sim(
+        [
+            "-m",
+            "seed=1,2",
+            "--jobs",
+            "2",
+            *SMALL,
+            "backend=ray",
+            f"ray.address={cluster}",
+            f"output_dir={tmp_path / 'cluster'}",
+        ],
+        tmp_path,
+        env,
+    )
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     assert "[run 1/2]" in sweep.stdout and "[run 2/2]" in sweep.stdout
     ran, alive = new_actor_nodes(cluster, before)
@@ -128,7 +158,8 @@ def test_a_sweep_runs_two_at_a_time_on_the_cluster_with_the_numbers_of_one_by_on
     by_seed = {}
     for run in (tmp_path / "cluster").glob("*/*"):
         by_seed[yaml.safe_load((run / "config.yaml").read_text())["seed"]] = [
-            without_timings(json.loads(x)) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            without_timings(json.loads(x)) for x in (run / "metrics.jsonl").read_text().splitlines()
+        ]
     assert sorted(by_seed) == [1, 2]
     for seed in (1, 2):
         assert by_seed[seed] == metrics(tmp_path / f"local{seed}"), seed
@@ -153,10 +184,20 @@ def test_flwr_run_joins_the_cluster_named_by_ray_address(cluster, tmp_path):
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     # SMALL as run config: its flwr keys, and the rest as hydra overrides
-    run_config = (f"method='fedper' num_clients=4 rounds=2 local_epochs=1 fraction=1.0 output_dir='{out}' "
-                  "overrides='partition.min_size=20 alpha=1.0 progress=false'")
-    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config",
-           "num-supernodes=4 client-resources-num-cpus=1"]
+    run_config = (
+        f"method='fedper' num_clients=4 rounds=2 local_epochs=1 fraction=1.0 output_dir='{out}' "
+        "overrides='partition.min_size=20 alpha=1.0 progress=false'"
+    )
+    cmd = [
+        "flwr",
+        "run",
+        ".",
+        "--stream",
+        "--run-config",
+        run_config,
+        "--federation-config",
+        "num-supernodes=4 client-resources-num-cpus=1",
+    ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -185,6 +226,8 @@ def test_a_bad_ray_address_fails_in_seconds_with_one_line(tmp_path):
     took = time.monotonic() - t0
     assert proc.returncode == 2 and took < 20, (proc.returncode, took)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == [f"pflower: ray.address=127.0.0.1:{port}: no Ray head answers there (Connection refused); start one "
-                     f"with `ray start --head --port {port}` on that machine, or fix the address"], proc.stderr
+    assert lines == [
+        f"pflower: ray.address=127.0.0.1:{port}: no Ray head answers there (Connection refused); start one "
+        f"with `ray start --head --port {port}` on that machine, or fix the address"
+    ], proc.stderr
     assert not any(tmp_path.glob("*/*"))

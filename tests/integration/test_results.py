@@ -11,7 +11,15 @@ pytestmark = pytest.mark.slow
 def test_fedper_beats_fedavg_on_digits_alpha_0_1(compose):
     # 10 rounds of 2 epochs (was 20 of 5: 4 min of a CI worker): measured 0.77 vs 0.35 (headline
     # over the last 5 rounds), a margin far above the 0.05 asked
-    common = ["dataset=digits", "alpha=0.1", "num_clients=20", "rounds=10", "fraction=0.5", "local_epochs=2", "headline_window=5"]
+    common = [
+        "dataset=digits",
+        "alpha=0.1",
+        "num_clients=20",
+        "rounds=10",
+        "fraction=0.5",
+        "local_epochs=2",
+        "headline_window=5",
+    ]
     headline = {}
     for method in ("fedavg", "fedper"):
         summary = run_experiment(InProcessGrid(20), compose(*common, f"method={method}"))

@@ -53,7 +53,15 @@ def test_pflower_sim_sweep_runs_fedavg_and_fedper_under_ray(tmp_path):
     assert all(p["bytes_down"] < a["bytes_down"] for p, a in zip(fedper, fedavg))
 
 
-TIMING_KEYS = {"round_time_s", "client_train_s", "client_eval_s", "server_s", "wall_time_s", "mean_round_time_s", "client_eval_share"}
+TIMING_KEYS = {
+    "round_time_s",
+    "client_train_s",
+    "client_eval_s",
+    "server_s",
+    "wall_time_s",
+    "mean_round_time_s",
+    "client_eval_share",
+}
 
 
 def without_timings(record: dict) -> dict:
@@ -71,12 +79,26 @@ def test_a_ray_run_and_a_serial_run_with_the_same_seed_write_the_same_numbers(tm
     for attempt in ("ray", "serial"):
         out = tmp_path / attempt
         backend = [f"backend={attempt}"]
-        cmd = [str(BIN / "pflower"), "sim", "-m", "method=fedavg,pfedsim", f"output_dir={out}", *SMALL, "fraction=1.0", *backend]
+        cmd = [
+            str(BIN / "pflower"),
+            "sim",
+            "-m",
+            "method=fedavg,pfedsim",
+            f"output_dir={out}",
+            *SMALL,
+            "fraction=1.0",
+            *backend,
+        ]
         proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs = run_dirs(out)
-        records.append({m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 2)] for m in ("fedavg", "pfedsim")})
-        summaries = {m: without_timings(json.loads((runs[f"{m}-digits"] / "summary.json").read_text())) for m in ("fedavg", "pfedsim")}
+        records.append(
+            {m: [without_timings(r) for r in check_run_dir(runs[f"{m}-digits"], 2)] for m in ("fedavg", "pfedsim")}
+        )
+        summaries = {
+            m: without_timings(json.loads((runs[f"{m}-digits"] / "summary.json").read_text()))
+            for m in ("fedavg", "pfedsim")
+        }
         records[-1]["summaries"] = [{k: v for k, v in s.items() if k != "run_dir"} for s in summaries.values()]
     assert records[1] == records[0]
     assert records[0]["pfedsim"][-1]["phase"] == "personal"  # the server's state was in play
@@ -86,8 +108,17 @@ def test_pflower_sim_runs_a_federation_of_three_architectures(tmp_path):
     """model=mixed under Flower's simulation engine: each client trains its own architecture and
     FedAvg averages only clients of the same one (metrics per architecture in every record)."""
     out = tmp_path / "outputs"
-    cmd = [str(BIN / "pflower"), "sim", "method=fedavg", "model=mixed", "num_clients=6", "fraction=1.0", "backend=ray",
-           f"output_dir={out}", *[o for o in SMALL if not o.startswith(("num_clients", "fraction"))]]
+    cmd = [
+        str(BIN / "pflower"),
+        "sim",
+        "method=fedavg",
+        "model=mixed",
+        "num_clients=6",
+        "fraction=1.0",
+        "backend=ray",
+        f"output_dir={out}",
+        *[o for o in SMALL if not o.startswith(("num_clients", "fraction"))],
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = check_run_dir(run_dirs(out)["fedavg-digits"], 2)
@@ -114,8 +145,19 @@ def test_flwr_run_dot(tmp_path):
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    run_config = " ".join(["method='fedavg'", *SMALL[:4], f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"])
-    cmd = ["flwr", "run", ".", "--stream", "--run-config", run_config, "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+    run_config = " ".join(
+        ["method='fedavg'", *SMALL[:4], f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"]
+    )
+    cmd = [
+        "flwr",
+        "run",
+        ".",
+        "--stream",
+        "--run-config",
+        run_config,
+        "--federation-config",
+        "num-supernodes=4 client-resources-num-cpus=1",
+    ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr
@@ -126,11 +168,22 @@ def test_flwr_run_dot(tmp_path):
         check_run_dir(runs["fedavg-digits"], 2)
 
         # a bad value: one `pflower:` line in the streamed log, no traceback, the run marked failed, no run directory
-        bad = ["flwr", "run", ".", "--stream", "--run-config", f"method='nosuch' output_dir='{out}'", "--federation-config", "num-supernodes=4"]
+        bad = [
+            "flwr",
+            "run",
+            ".",
+            "--stream",
+            "--run-config",
+            f"method='nosuch' output_dir='{out}'",
+            "--federation-config",
+            "num-supernodes=4",
+        ]
         proc = subprocess.run(bad, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr
         assert "pflower: unknown method 'nosuch'; valid:" in log and "Traceback" not in log, log[-3000:]
-        listed = subprocess.run(["flwr", "ls", "--format", "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            ["flwr", "ls", "--format", "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         statuses = [r["status"] for r in json.loads(listed.stdout)["runs"]]
         assert sorted(statuses) == ["finished:completed", "finished:failed"], listed.stdout
         assert list(run_dirs(out)) == ["fedavg-digits"]
@@ -138,7 +191,10 @@ def test_flwr_run_dot(tmp_path):
         # `pflower superlink status|stop` find this FLWR_HOME's SuperLink and its working directory, stop only it
         pflower = str(BIN / "pflower")
         status = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
-        assert f"Control API 127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}" in status.stdout and f"working directory {ROOT} " in status.stdout, status.stdout
+        assert (
+            f"Control API 127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}" in status.stdout
+            and f"working directory {ROOT} " in status.stdout
+        ), status.stdout
         stopped = subprocess.run([pflower, "superlink", "stop"], env=env, capture_output=True, text=True, timeout=60)
         assert stopped.returncode == 0 and stopped.stdout.startswith("stopped the local SuperLink"), stopped.stdout
         after = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
@@ -186,18 +242,48 @@ def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_g
         f.write("# the second checkout's branch\n")
     quick = ["--run-config", f"method='nosuch' output_dir='{out}'", "--federation-config", "num-supernodes=4"]
     try:
-        first = subprocess.run(["flwr", "run", ".", "--stream", *quick], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        first = subprocess.run(
+            ["flwr", "run", ".", "--stream", *quick], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
         assert "pflower: unknown method 'nosuch'" in first.stdout + first.stderr  # the SuperLink now runs from ROOT
-        proc = subprocess.run(["flwr", "run", ".", "--stream", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            ["flwr", "run", ".", "--stream", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600
+        )
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0, log[-3000:]  # Flower's status says nothing of the run
-        assert f"this local SuperLink was started from another checkout ({ROOT}" in log and "strategies/fedper.py" in log, log[-3000:]
+        assert (
+            f"this local SuperLink was started from another checkout ({ROOT}" in log and "strategies/fedper.py" in log
+        ), log[-3000:]
         assert "unknown method" not in log  # refused before the config is read
-        run_config = " ".join(["method='fedavg'", "num_clients=4", "rounds=1", "local_epochs=1", f"output_dir='{out}'", "overrides='partition.min_size=20 alpha=1.0'"])
-        ok = subprocess.run([str(BIN / "pflower"), "run", "--run-config", run_config, "--federation-config",
-                             "num-supernodes=4 client-resources-num-cpus=1"], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        run_config = " ".join(
+            [
+                "method='fedavg'",
+                "num_clients=4",
+                "rounds=1",
+                "local_epochs=1",
+                f"output_dir='{out}'",
+                "overrides='partition.min_size=20 alpha=1.0'",
+            ]
+        )
+        ok = subprocess.run(
+            [
+                str(BIN / "pflower"),
+                "run",
+                "--run-config",
+                run_config,
+                "--federation-config",
+                "num-supernodes=4 client-resources-num-cpus=1",
+            ],
+            cwd=second,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert ok.returncode == 0 and "finished:completed" in ok.stdout, (ok.stdout + ok.stderr)[-3000:]
-        bad = subprocess.run([str(BIN / "pflower"), "run", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600)
+        bad = subprocess.run(
+            [str(BIN / "pflower"), "run", *quick], cwd=second, env=env, capture_output=True, text=True, timeout=600
+        )
         assert bad.returncode == 1 and "finished:failed" in bad.stderr, (bad.stdout + bad.stderr)[-3000:]
     finally:
         stop_local_superlink(env)

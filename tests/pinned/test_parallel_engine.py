@@ -9,9 +9,9 @@ import json
 
 import pytest
 import torch
-
 from grid_faults import Crash, CrashingGrid
-from pinned.cases import CASES, first_difference, fingerprint, load_pinned, overrides, run_case
+
+from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides, run_case
 from server_app.config import compose_config
 from server_app.inprocess import InProcessGrid
 from server_app.parallel import ParallelGrid
@@ -47,7 +47,8 @@ def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, 
     n = int(cfg.num_clients)
     crashing = (
         CrashingParallelGrid(n, workers=2, client_threads=1, crash_at=3)
-        if first_half == "parallel" else CrashingGrid(n, record=False, client_threads=1, crash_at=3)
+        if first_half == "parallel"
+        else CrashingGrid(n, record=False, client_threads=1, crash_at=3)
     )
     with pytest.raises(Crash):
         run_experiment(crashing, cfg)
@@ -82,9 +83,7 @@ def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
 
 
 def test_bad_worker_counts_are_refused():
-    from server_app.config import resolve_workers
-
-    from server_app.config import CUDA_AUTO_WORKERS, default_workers
+    from server_app.config import CUDA_AUTO_WORKERS, default_workers, resolve_workers
 
     assert resolve_workers("auto") == default_workers() and resolve_workers(3) == 3 and resolve_workers("2") == 2
     assert resolve_workers("auto", on_cuda=True) == min(default_workers(), CUDA_AUTO_WORKERS)
@@ -108,9 +107,13 @@ def test_workers_started_from_a_fork_server_write_the_pinned_numbers():
 
 @pytest.mark.parametrize(
     "cuda_ready, run_device, node_devices, expected",
-    [(False, "cpu", (None, None), "fork"), (True, "cpu", (None, None), "forkserver"),
-     (False, "cuda", (None, None), "forkserver"), (False, "cpu", ("cuda", None), "forkserver"),
-     (False, "cuda", ("cpu", "cpu"), "fork")],
+    [
+        (False, "cpu", (None, None), "fork"),
+        (True, "cpu", (None, None), "forkserver"),
+        (False, "cuda", (None, None), "forkserver"),
+        (False, "cpu", ("cuda", None), "forkserver"),
+        (False, "cuda", ("cpu", "cpu"), "fork"),
+    ],
 )
 def test_the_start_follows_whether_the_clients_use_cuda(monkeypatch, cuda_ready, run_device, node_devices, expected):
     """The GPU case without a GPU: workers that will compute on CUDA (the run's device, or a

@@ -14,12 +14,15 @@ PINNED = load_pinned()
 
 
 def test_every_method_has_a_pinned_case():
+    from pinned.cases import method_of
     from strategies import STRATEGIES
 
-    from pinned.cases import method_of
-
-    assert set(STRATEGIES) <= {method_of(c) for c in CASES}, "a method without a pinned case: add it to tests/pinned/cases.py"
-    assert set(PINNED) == set(CASES), "pinned_numbers.json and CASES disagree: run python -m tests.pinned.cases --update"
+    assert set(STRATEGIES) <= {method_of(c) for c in CASES}, (
+        "a method without a pinned case: add it to tests/pinned/cases.py"
+    )
+    assert set(PINNED) == set(CASES), (
+        "pinned_numbers.json and CASES disagree: run python -m tests.pinned.cases --update"
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -52,7 +55,9 @@ def test_the_numerics_can_be_set_from_the_shell(monkeypatch):
     from pinned import numerics
 
     root = Path(__file__).resolve().parents[2]
-    words = subprocess.run([sys.executable, "-m", "tests.pinned.numerics"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    words = subprocess.run(
+        [sys.executable, "-m", "tests.pinned.numerics"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert dict(w.split("=", 1) for w in words) == numerics.PORTABLE
     for key, value in numerics.PORTABLE.items():
         monkeypatch.setenv(key, value)

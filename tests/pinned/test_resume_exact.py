@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from grid_faults import Crash, CrashingGrid
-from pinned.cases import CASES, first_difference, fingerprint, load_pinned, overrides
+
+from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides
 from server_app.config import compose_config
 from server_app.inprocess import InProcessGrid
 from server_app.results import read_metrics

@@ -42,5 +42,8 @@ def trained_states(grid: InProcessGrid) -> dict[int, dict[str, np.ndarray]]:
 
 
 def train_messages(grid: InProcessGrid, server_round: int):
-    return [m for m in grid.sent if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == server_round]
-
+    return [
+        m
+        for m in grid.sent
+        if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == server_round
+    ]

@@ -40,12 +40,12 @@ class FedThrow(PersonalizedStrategy):
         return ProximalArgs(mu=self.options.mu)
 '''
 YAML = "name: fedthrow\nmu: 0.5   # proximal weight\n"  # step 2
-OWN_TEST = '''from strategies import STRATEGIES
+OWN_TEST = """from strategies import STRATEGIES
 
 
 def test_fedthrow_is_registered_with_its_option():
     assert STRATEGIES["fedthrow"].options_type().mu == 0.5
-'''  # step 3
+"""  # step 3
 
 
 def copy_repository(dest: Path) -> Path:
@@ -64,8 +64,14 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout (git ls-files)")
     page = PAGE.read_text()
-    for step in ("strategies/<name>.py", "conf/method/<name>.yaml", "tests/unit/test_<name>.py",
-                 "tests/pinned/cases.py", "python -m tests.pinned.cases --update <name>", "pflower methods --write-docs"):
+    for step in (
+        "strategies/<name>.py",
+        "conf/method/<name>.yaml",
+        "tests/unit/test_<name>.py",
+        "tests/pinned/cases.py",
+        "python -m tests.pinned.cases --update <name>",
+        "pflower methods --write-docs",
+    ):
         assert step in page, f"the page's checklist lost {step!r}"
     assert "self.mu" not in page, "FedProx has no attribute mu: the page must use self.options.mu"
     repo = copy_repository(tmp_path / "repo")
@@ -87,9 +93,21 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
     docs = run("-m", "server_app.cli", "methods", "--write-docs")  # step 5
     assert docs.returncode == 0, docs.stdout[-2000:] + docs.stderr[-2000:]
     checks = run(
-        "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o", "addopts=",
-        "tests/unit/test_fedthrow.py", "tests/unit/test_method_declarations.py", "tests/unit/test_protocol.py",
-        "tests/pinned/test_pinned_numbers.py", "-k", "not test_numbers_equal_the_pinned_ones or fedthrow",
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "0",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "tests/unit/test_fedthrow.py",
+        "tests/unit/test_method_declarations.py",
+        "tests/unit/test_protocol.py",
+        "tests/pinned/test_pinned_numbers.py",
+        "-k",
+        "not test_numbers_equal_the_pinned_ones or fedthrow",
     )
     assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
     assert " passed" in checks.stdout and "failed" not in checks.stdout.splitlines()[-1]

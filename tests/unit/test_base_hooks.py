@@ -16,7 +16,6 @@ from test_strategy_base import make, run, sent_keys
 
 from client_app.roles import ROLES, SGDRole
 from server_app.inprocess import InProcessGrid, personal_state
-from strategies import STRATEGIES
 from strategies.fedavg import FedAvg
 from strategies.fedcmd import FedCMD
 from strategies.fedper import FedPer
@@ -24,7 +23,11 @@ from strategies.replies import ClientsFailed
 
 
 def specs(grid: InProcessGrid, message_type: str = "train") -> list[dict]:
-    return [json.loads(m.content.config_records["config"]["spec"]) for m in grid.sent if m.metadata.message_type == message_type]
+    return [
+        json.loads(m.content.config_records["config"]["spec"])
+        for m in grid.sent
+        if m.metadata.message_type == message_type
+    ]
 
 
 # ----------------------------------------------------------------------------- what a client keeps
@@ -61,7 +64,11 @@ def test_a_group_that_turns_personal_keeps_the_clients_own_value_only_with_whole
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=1)
     trained = {cid: personal_state(grid.contexts[grid.node_of_client[cid]]) for cid in range(4)}
-    assert all(set(fc2) <= set(s) for s in trained.values()) if keeps_own else not any(set(fc2) & set(s) for s in trained.values())
+    assert (
+        all(set(fc2) <= set(s) for s in trained.values())
+        if keeps_own
+        else not any(set(fc2) & set(s) for s in trained.values())
+    )
     strategy.start(grid, num_rounds=2)  # round 2: fc2 is personal, nothing of it is sent
     assert sorted(seen) == [0, 1, 2, 3] and all(".fc2." not in k for keys in sent_keys(grid)[4:] for k in keys)
     for cid, values in seen.items():
@@ -245,15 +252,23 @@ def test_replies_are_aggregated_in_client_id_order_whatever_order_they_arrive_in
 # ----------------------------------------------------------------------------- learning rate and server evaluation
 def test_the_learning_rate_of_each_round_reaches_the_clients(compose, tiny_overrides):
     _, strategy = make(
-        compose, tiny_overrides, "method=fedavg", "rounds=4", "lr=0.1",
-        "lr_schedule.kind=multistep", "lr_schedule.milestones=[0.5,3]", "lr_schedule.gamma=0.5",
+        compose,
+        tiny_overrides,
+        "method=fedavg",
+        "rounds=4",
+        "lr=0.1",
+        "lr_schedule.kind=multistep",
+        "lr_schedule.milestones=[0.5,3]",
+        "lr_schedule.gamma=0.5",
     )
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=4)
     by_round = {}
     for m in grid.sent:
         if m.metadata.message_type == "train":
-            by_round[int(m.content.config_records["config"]["server-round"])] = json.loads(m.content.config_records["config"]["spec"])["train"]["lr"]
+            by_round[int(m.content.config_records["config"]["server-round"])] = json.loads(
+                m.content.config_records["config"]["spec"]
+            )["train"]["lr"]
     assert by_round == pytest.approx({1: 0.1, 2: 0.1, 3: 0.05, 4: 0.025})  # milestones: round 2 (0.5 x 4), round 3
 
 

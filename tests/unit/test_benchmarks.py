@@ -13,7 +13,9 @@ from strategies import STRATEGIES  # noqa: E402
 
 def test_quick_run_times_every_case_at_every_size(capsys):
     results = ss.main(["--quick"])  # LeNet-5, n = 2 and 4, one round each, nothing written
-    assert [(r["strategy"], r["model"], r["n"]) for r in results] == [(c, "lenet5", n) for c in ss.CASES for n in (2, 4)]
+    assert [(r["strategy"], r["model"], r["n"]) for r in results] == [
+        (c, "lenet5", n) for c in ss.CASES for n in (2, 4)
+    ]
     failed = [r for r in results if r["status"] != "ok"]
     assert not failed, failed
     assert all(r["total_s"] > 0 and r["runs"] == 1 and r["input_bytes"] > 0 for r in results)
@@ -47,5 +49,7 @@ def test_every_method_with_its_own_server_math_has_a_case(monkeypatch):
 
 def test_exponent_fit_and_skip_over_budget():
     assert abs(ss.exponent([(10, 1.0), (100, 100.0), (1000, 10000.0)]) - 2.0) < 1e-9
-    res = ss.benchmark(["fedavg"], ["resnet18"], [1000], repeats=1, budget=2**30, case_seconds=1, timeout=10, progress=False)
+    res = ss.benchmark(
+        ["fedavg"], ["resnet18"], [1000], repeats=1, budget=2**30, case_seconds=1, timeout=10, progress=False
+    )
     assert res[0]["status"] == "skipped" and "inputs need 41.7 GiB" in res[0]["reason"]

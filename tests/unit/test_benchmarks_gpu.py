@@ -28,7 +28,9 @@ def test_the_sampler_keeps_peaks_and_the_mean_utilisation(tmp_path, monkeypatch)
     fake.write_text(
         "#!/bin/sh\n"
         f'n=$(cat {counter}); case "$1" in\n'
-        '  --query-gpu=*) n=$((n+1)); echo $n > ' + str(counter) + '; if [ $n -eq 1 ]; then echo "1000, 20"; else echo "3000, 60"; fi ;;\n'
+        "  --query-gpu=*) n=$((n+1)); echo $n > "
+        + str(counter)
+        + '; if [ $n -eq 1 ]; then echo "1000, 20"; else echo "3000, 60"; fi ;;\n'
         '  --query-compute-apps=*) if [ $n -eq 1 ]; then echo "11, 500"; else printf "11, 520\\n12, 900\\n"; fi ;;\n'
         "esac\n"
     )

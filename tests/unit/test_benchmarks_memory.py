@@ -34,8 +34,20 @@ def test_the_command_benchmark_measures_a_real_pflower_sim(tmp_path):
     from benchmarks.memory import main
 
     out = tmp_path / "memory.md"
-    args = ["--backends", "serial", "--repeats", "1", "--out", str(out),
-            "method=fedavg", "num_clients=3", "rounds=1", "local_epochs=1", "partition.min_size=20", "alpha=1.0"]
+    args = [
+        "--backends",
+        "serial",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        "method=fedavg",
+        "num_clients=3",
+        "rounds=1",
+        "local_epochs=1",
+        "partition.min_size=20",
+        "alpha=1.0",
+    ]
     assert main(args) == 0
     text = out.read_text()
     row = [line for line in text.splitlines() if line.startswith("| 1 | serial |")]

@@ -35,7 +35,15 @@ from strategies.checkpoint import (
 )
 from strategies.fedper import FedPer
 
-ROUND_KEYS = ("clients", "test_before_acc", "test_before_loss", "test_after_acc", "train_loss", "bytes_down", "bytes_up")
+ROUND_KEYS = (
+    "clients",
+    "test_before_acc",
+    "test_before_loss",
+    "test_after_acc",
+    "train_loss",
+    "bytes_down",
+    "bytes_up",
+)
 
 
 def run_dirs(out: Path) -> set[Path]:
@@ -70,7 +78,9 @@ def assert_same(a, b, path="state"):
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{path}[{i}]")
     elif isinstance(a, (np.ndarray, torch.Tensor)) or isinstance(a, float):
-        np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), rtol=0, atol=1e-6, err_msg=path)
+        np.testing.assert_allclose(
+            np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), rtol=0, atol=1e-6, err_msg=path
+        )
     else:
         assert a == b, (path, a, b)
 
@@ -84,10 +94,27 @@ CASES = {
     "fedcpmd": ["method=fedcpmd", "method.kp=1"],  # votes, clusters and stored bodies restored in phase 2
     "kapc_bls": ["method=kapc_bls", "model=cnn_kapc"],  # the cube, stale layers, participation counts, BLS statistics
     # re-clusterings every round: clusters, public sampling weights, its own generator, the shared-unit counter
-    "fedtsdp": ["method=fedtsdp", "dataset.public=holdout", "fraction=1.0", "method.h_th=0.0", "method.eps1=0.005", "method.eps2=inf"],
+    "fedtsdp": [
+        "method=fedtsdp",
+        "dataset.public=holdout",
+        "fraction=1.0",
+        "method.h_th=0.0",
+        "method.eps1=0.005",
+        "method.eps2=inf",
+    ],
     # the class-knowledge store, the CVAE's weights and its generator (a training every round)
-    "velo": ["method=velo", "fraction=1.0", "method.warmup=0.25", "method.cvae_hidden=32", "method.cvae_latent=8",
-             "method.cvae_label_dim=8", "method.cvae_epochs=2", "optimizer=adam", "lr=0.003", "local_steps=4"],
+    "velo": [
+        "method=velo",
+        "fraction=1.0",
+        "method.warmup=0.25",
+        "method.cvae_hidden=32",
+        "method.cvae_latent=8",
+        "method.cvae_label_dim=8",
+        "method.cvae_epochs=2",
+        "optimizer=adam",
+        "lr=0.003",
+        "local_steps=4",
+    ],
 }
 
 
@@ -374,7 +401,9 @@ NEW = ("fedamp", "cfl", "feddyn", "fedfomo", "fedap", "moon", "pfedla")
 # ----------------------------------------------------------------------------- server state
 @pytest.mark.parametrize("method", NEW)
 def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overrides, method):
-    extra = {"fedap": ["method.warmup=1"], "cfl": ["method.start_round=1", "method.eps1=100", "method.eps2=0"]}.get(method, [])
+    extra = {"fedap": ["method.warmup=1"], "cfl": ["method.start_round=1", "method.eps1=100", "method.eps2=0"]}.get(
+        method, []
+    )
     args = (compose, tiny_overrides, f"method={method}", "fraction=1.0", *extra)
     _, strategy = make(*args)
     grid = InProcessGrid(4)
@@ -391,8 +420,9 @@ def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overri
         down, again = strategy.downlink(cid, 3), fresh.downlink(cid, 3)
         extra_down, extra_again = strategy.extra_downlinks([cid], 3)[cid], fresh.extra_downlinks([cid], 3)[cid]
         assert set(down) == set(again) and all(np.array_equal(down[k], again[k]) for k in down)
-        assert set(extra_down) == set(extra_again) and all(np.array_equal(extra_down[k], extra_again[k]) for k in extra_down)
-
+        assert set(extra_down) == set(extra_again) and all(
+            np.array_equal(extra_down[k], extra_again[k]) for k in extra_down
+        )
 
 
 def test_numpy_generators_are_checkpointed_by_their_state():

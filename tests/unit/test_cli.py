@@ -36,8 +36,18 @@ def test_serial_backend_runs_every_client_in_this_process(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     out = tmp_path / "out"
-    args = ["sim", "backend=serial", "method=fedper", "num_clients=3", "rounds=2", "local_epochs=1", "fraction=1.0",
-            "partition.min_size=20", "alpha=1.0", f"output_dir={out}"]
+    args = [
+        "sim",
+        "backend=serial",
+        "method=fedper",
+        "num_clients=3",
+        "rounds=2",
+        "local_epochs=1",
+        "fraction=1.0",
+        "partition.min_size=20",
+        "alpha=1.0",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0
     (run,) = out.glob("*/*")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -54,8 +64,20 @@ def test_an_experiment_runs_with_another_method(tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    args = ["sim", "experiment=fedcpmd_fmnist", "method=fedavg", "dataset=digits", "backend=serial", "num_clients=3",
-            "rounds=1", "local_epochs=1", "fraction=1.0", "partition.min_size=20", "alpha=1.0", f"output_dir={out}"]
+    args = [
+        "sim",
+        "experiment=fedcpmd_fmnist",
+        "method=fedavg",
+        "dataset=digits",
+        "backend=serial",
+        "num_clients=3",
+        "rounds=1",
+        "local_epochs=1",
+        "fraction=1.0",
+        "partition.min_size=20",
+        "alpha=1.0",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0, capsys.readouterr().err
     (run,) = out.glob("*/*")
     assert yaml.safe_load((run / "config.yaml").read_text())["method"] == {"name": "fedavg", "finetune_epochs": 0}

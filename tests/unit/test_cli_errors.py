@@ -23,9 +23,15 @@ CASES = [
     (["method=fedavg", "method.warmup=0.5"], ["method 'fedavg' has no option 'warmup'", "conf/method/fedavg.yaml"]),
     (["method.feature_upload=samples"], ["method 'fedcmd' has no option 'feature_upload'", "conf/method/fedcmd.yaml"]),
     (["method=fedcpmd", "method.ablaton=x"], ["unknown key 'method.ablaton'", "did you mean method.ablation?"]),
-    (["method=felo", "method.feature_upload=all"], ["feature_upload must be one of ['class_mean', 'samples']", "'all'"]),
+    (
+        ["method=felo", "method.feature_upload=all"],
+        ["feature_upload must be one of ['class_mean', 'samples']", "'all'"],
+    ),
     (["method=nosuch"], ["unknown method 'nosuch'", "fedavg", "kapc"]),
-    (["experiment=fedcmd_fmnist", "model=resnet18"], ["model 'resnet18' has no option 'fc_layers'", "~model.fc_layers"]),
+    (
+        ["experiment=fedcmd_fmnist", "model=resnet18"],
+        ["model 'resnet18' has no option 'fc_layers'", "~model.fc_layers"],
+    ),
     (["model=nosuch"], ["unknown model 'nosuch'", "lenet5"]),
     (["-m", "method=fedavg,nosuch"], ["unknown method 'nosuch'"]),  # every value of a sweep is checked
     (["method=fedcmd", "rounds=3"], ["FedCMD kp=20 leaves no phase-2 round", "set method.kp below rounds"]),
@@ -58,7 +64,9 @@ def test_a_suggestion_comes_from_the_chosen_method_only(tmp_path, capsys):
     from server_app.config import chosen_files, config_keys
 
     assert chosen_files(["experiment=fedcpmd_fmnist"])["method"] == "fedcpmd"  # an experiment's method counts
-    assert "method.ablation" in config_keys({"method": "fedcpmd"}) and "method.ablation" not in config_keys({"method": "fedcmd"})
+    assert "method.ablation" in config_keys({"method": "fedcpmd"}) and "method.ablation" not in config_keys(
+        {"method": "fedcmd"}
+    )
 
 
 def test_a_dataset_root_without_the_files_is_refused_before_anything_is_written(tmp_path, capsys):
@@ -81,7 +89,11 @@ SERVERAPP_CASES = [
     ({"nosuch_key": 1}, 4, ["unknown run-config key 'nosuch_key'", "valid keys"]),
     ({"method": "fedcmd", "rounds": 3}, 4, ["FedCMD kp=20 leaves no phase-2 round", "set method.kp below rounds"]),
     ({"fraction": 0.0}, 4, ["fraction must be in (0, 1]"]),
-    ({"method": "fedavg", "rounds": 1}, 3, ["3 SuperNodes but num_clients=4", "num-supernodes=4"]),  # after the run dir exists
+    (
+        {"method": "fedavg", "rounds": 1},
+        3,
+        ["3 SuperNodes but num_clients=4", "num-supernodes=4"],
+    ),  # after the run dir exists
     ({"resume": "/nonexistent/run"}, 4, ["cannot resume", "does not exist"]),
 ]
 
@@ -98,7 +110,13 @@ class Lines(logging.Handler):
 @pytest.mark.parametrize("run_config, nodes, expected", SERVERAPP_CASES, ids=[str(c) for c, _, _ in SERVERAPP_CASES])
 def test_a_bad_setting_under_flwr_run_is_one_log_line_and_a_failed_run(run_config, nodes, expected, tmp_path):
     out = tmp_path / "outputs"
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={**SMALL_RUN, "output_dir": str(out), **run_config})
+    context = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={**SMALL_RUN, "output_dir": str(out), **run_config},
+    )
     lines = Lines()
     FLOWER_LOGGER.addHandler(lines)
     try:
@@ -125,7 +143,10 @@ def test_a_sweep_is_refused_before_its_first_run_with_every_bad_combination(meth
     """Every combination builds its strategy first: FedAvg does not run for minutes before the sweep
     stops at FedCMD's kp (issue 28)."""
     out = tmp_path / "outputs"
-    assert main(["sim", "-m", f"method={methods}", "rounds=5", f"output_dir={out}", "num_clients=4", "dataset=digits"]) == 2
+    assert (
+        main(["sim", "-m", f"method={methods}", "rounds=5", f"output_dir={out}", "num_clients=4", "dataset=digits"])
+        == 2
+    )
     err = capsys.readouterr().err
     for method in bad:
         assert f"method={method}" in err and {"fedcmd": "FedCMD kp=20", "fedcpmd": "FedCPMD kp=60"}[method] in err, err
@@ -148,14 +169,23 @@ def test_flowers_exit_message_after_a_user_error_says_what_happened(tmp_path):
     pflower line that named the setting, that text is replaced (the exit code stays)."""
     from server_app.failures import USER_ERROR_EXIT
 
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                      run_config={**SMALL_RUN, "output_dir": str(tmp_path), "lr": "abc"})
+    context = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={**SMALL_RUN, "output_dir": str(tmp_path), "lr": "abc"},
+    )
     lines = Lines()
     FLOWER_LOGGER.addHandler(lines)
     try:
         with pytest.raises(USER_ERRORS):
             server_app_main(InProcessGrid(4), context)
-        log(logging.ERROR, "Exit Code: 700\n\nAn unhandled exception occurred when running the simulation.\n\nFor more information, visit: <x>")
+        log(
+            logging.ERROR,
+            "Exit Code: 700\n\nAn unhandled exception occurred when running the simulation.\n\nFor more information, "
+            "visit: <x>",
+        )
     finally:
         FLOWER_LOGGER.removeHandler(lines)
     messages = [r.getMessage() for r in lines.records if r.levelno >= logging.ERROR]

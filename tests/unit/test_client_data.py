@@ -54,6 +54,8 @@ def test_subsample_keeps_a_fixed_fraction_before_partitioning_and_refuses_bad_va
     first = torch.cat([load_client_data(spec, c).x_train for c in range(5)])
     for cached in (load_client_data, _pool, _partition):
         cached.cache_clear()
-    assert torch.equal(first, torch.cat([load_client_data(spec, c).x_train for c in range(5)]))  # the same subset, redrawn
+    assert torch.equal(
+        first, torch.cat([load_client_data(spec, c).x_train for c in range(5)])
+    )  # the same subset, redrawn
     with pytest.raises(ValueError, match="subsample"):
         partition_sizes(DataSpec(**{**SPEC.to_dict(), "options": SPEC.options, "subsample": 0.0}))

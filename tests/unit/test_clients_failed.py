@@ -36,7 +36,8 @@ class FailingGrid(InProcessGrid):
         for (msg, node), reply in zip(tasks, replies):
             config = msg.content.config_records.get("config") or {}
             hit = (
-                msg.metadata.message_type == "train" and int(config.get("server-round", 0)) >= self.from_round
+                msg.metadata.message_type == "train"
+                and int(config.get("server-round", 0)) >= self.from_round
                 and (self.clients is None or self.contexts[node].node_config["partition-id"] in self.clients)
             )
             out.append(self.reply(msg) if hit else reply)

@@ -16,7 +16,9 @@ def test_pyproject_run_config_matches_conf_defaults():
     defaults = _defaults()
     for key, value in declared.items():
         if key != "overrides":
-            assert defaults[key] == value, f"pyproject [tool.flwr.app.config] {key}={value!r} but conf/ says {defaults[key]!r}"
+            assert defaults[key] == value, (
+                f"pyproject [tool.flwr.app.config] {key}={value!r} but conf/ says {defaults[key]!r}"
+            )
 
 
 def test_run_config_becomes_overrides_only_where_it_differs():
@@ -26,7 +28,9 @@ def test_run_config_becomes_overrides_only_where_it_differs():
         "alpha=0.1",
         "method.finetune_epochs=2",
     ]
-    cfg = compose_config(overrides_from_run_config({"method": "fedavg", "alpha": 0.1, "overrides": "method.finetune_epochs=2"}))
+    cfg = compose_config(
+        overrides_from_run_config({"method": "fedavg", "alpha": 0.1, "overrides": "method.finetune_epochs=2"})
+    )
     assert cfg.method.name == "fedavg" and cfg.partition.alpha == 0.1 and cfg.method.finetune_epochs == 2
 
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 import federated_data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
 import federated_data.torchvision_sources as tvs
-from federated_data.idx import write_idx
 from federated_data import DATASETS, DatasetNotFoundError, dataset_info
+from federated_data.idx import write_idx
 
 TORCHVISION_NAMES = ("mnist", "emnist", "cifar10", "cifar100", "svhn", "cinic10", "tinyimagenet")
 FMNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
@@ -190,9 +190,7 @@ def test_digits_is_float_in_unit_range() -> None:
 # ----------------------------------------------------------------------------- CIFAR
 
 
-def _cifar_batch(
-    rng: np.random.Generator, n: int, label_key: str, num_classes: int, as_bytes: bool
-) -> dict:
+def _cifar_batch(rng: np.random.Generator, n: int, label_key: str, num_classes: int, as_bytes: bool) -> dict:
     rows = _random_images(rng, (n, 3072))
     batch = {"data": rows, label_key: rng.integers(0, num_classes, n).tolist(), "filenames": []}
     if as_bytes:  # how the Python 2 pickles read with encoding="bytes" look
@@ -319,9 +317,7 @@ def test_tinyimagenet_train_folders_and_annotated_val(tmp_path: Path) -> None:
     val = [(f"val_{i}.JPEG", wnids[k]) for i, k in enumerate([2, 0, 1, 0])]
     for fname, w in val:
         _save(base / "val" / "images" / fname, np.full((64, 64, 3), colors[w], np.uint8))
-    (base / "val" / "val_annotations.txt").write_text(
-        "".join(f"{fname}\t{w}\t0\t0\t63\t63\n" for fname, w in val)
-    )
+    (base / "val" / "val_annotations.txt").write_text("".join(f"{fname}\t{w}\t0\t0\t63\t63\n" for fname, w in val))
     _save(base / "test" / "images" / "test_0.JPEG", np.zeros((64, 64, 3), np.uint8))  # unlabelled
     splits = _read("tinyimagenet", tmp_path)
     _check_splits(splits, "tinyimagenet", {"train": 7, "test": 4})
@@ -356,15 +352,21 @@ def test_medmnist_npz_pools_val_into_train(tmp_path: Path, name: str, subdir: st
     arrays = _write_medmnist(tmp_path / subdir / f"{name}.npz", np.random.default_rng(8))
     splits = _read(name, tmp_path)
     _check_splits(splits, name, {"train": 7, "test": 3})
-    np.testing.assert_array_equal(splits["train"][0][:, 0], np.concatenate([arrays["train_images"], arrays["val_images"]]))
-    np.testing.assert_array_equal(splits["train"][1], np.concatenate([arrays["train_labels"], arrays["val_labels"]])[:, 0])
+    np.testing.assert_array_equal(
+        splits["train"][0][:, 0], np.concatenate([arrays["train_images"], arrays["val_images"]])
+    )
+    np.testing.assert_array_equal(
+        splits["train"][1], np.concatenate([arrays["train_labels"], arrays["val_labels"]])[:, 0]
+    )
     np.testing.assert_array_equal(splits["test"][1], arrays["test_labels"][:, 0])
 
 
 def test_medmnist_is_found_in_the_medmnist_package_cache(tmp_path: Path) -> None:
     _write_medmnist(Path.home() / ".medmnist" / "organamnist.npz", np.random.default_rng(9))
     assert len(DATASETS["organamnist"].reader(None)["test"][1]) == 3  # no dataset.root: the default places
-    with pytest.raises(DatasetNotFoundError, match="does not hold its files"):  # a root that lacks it: never another copy
+    with pytest.raises(
+        DatasetNotFoundError, match="does not hold its files"
+    ):  # a root that lacks it: never another copy
         _read("organamnist", tmp_path / "elsewhere")
 
 

@@ -28,10 +28,17 @@ topology = script("topology")
 
 def local_placement(tmp, **kw):
     return topology.Placement(
-        certs=str(tmp / "certs"), superlink_bind="127.0.0.1", superlink_address="127.0.0.1", port=40001,
-        database=str(tmp / "db"), python=sys.executable, scripts=str(ROOT / "scripts"),
-        node_data=lambda i: str(tmp / f"data{i}"), node_state=lambda i: str(tmp / f"state{i}"),
-        node_runtime_port=lambda i: 41000 + i, **kw,
+        certs=str(tmp / "certs"),
+        superlink_bind="127.0.0.1",
+        superlink_address="127.0.0.1",
+        port=40001,
+        database=str(tmp / "db"),
+        python=sys.executable,
+        scripts=str(ROOT / "scripts"),
+        node_data=lambda i: str(tmp / f"data{i}"),
+        node_state=lambda i: str(tmp / f"state{i}"),
+        node_runtime_port=lambda i: 41000 + i,
+        **kw,
     )
 
 
@@ -88,13 +95,17 @@ def test_process_isolation_gives_every_node_its_own_warm_superexec(tmp_path):
         assert names.index(f"clientapp-{i}") == names.index(f"supernode-{i}") + 1
         node = next(s for s in local if s.name == f"supernode-{i}")
         app = next(s for s in local if s.name == f"clientapp-{i}")
-        assert node.argv[node.argv.index("--isolation") + 1] == "process" and "--host" not in node.argv  # Runtime API on 127.0.0.1
+        assert (
+            node.argv[node.argv.index("--isolation") + 1] == "process" and "--host" not in node.argv
+        )  # Runtime API on 127.0.0.1
         assert app.argv == ["pflower-superexec", "--runtime-api-address", f"127.0.0.1:{41000 + i}", "--insecure"]
     compose = topology.compose_dict(topo)["services"]
     app = compose["clientapp-1"]
     assert app["network_mode"] == "service:supernode-1" and app["image"] == compose["supernode-1"]["image"]
     assert app["volumes"] == ["${PFLOWER_DEMO_DIR:-.}/data/client_1:/data:ro", "supernode-1-state:/state"]
-    assert [n for n, svc in compose.items() if "--insecure" in svc["command"]] == [f"clientapp-{i}" for i in range(topo.nodes)]
+    assert [n for n, svc in compose.items() if "--insecure" in svc["command"]] == [
+        f"clientapp-{i}" for i in range(topo.nodes)
+    ]
     assert set(topology.compose_gpu_dict(topo)["services"]) == {f"clientapp-{i}" for i in range(topo.nodes)}
     assert set(topology.compose_gpu_dict(topology.load())["services"]) == {f"supernode-{i}" for i in range(topo.nodes)}
 
@@ -107,7 +118,12 @@ def test_run_and_node_configs_parse_as_flower_reads_them(tmp_path):
     assert run["num_clients"] == topo.nodes and run["method"] == "fedcmd" and run["dataset"] == "local"
     assert run["output_dir"] == "/out dir"
     node = parse_config_args([topology.node_config(local_placement(tmp_path), 2, {"test-fault": "nan"})])
-    assert node == {"client-id": 2, "data-dir": str(tmp_path / "data2"), "state-dir": str(tmp_path / "state2"), "test-fault": "nan"}
+    assert node == {
+        "client-id": 2,
+        "data-dir": str(tmp_path / "data2"),
+        "state-dir": str(tmp_path / "state2"),
+        "test-fault": "nan",
+    }
 
 
 def test_demo_certificates_and_node_keys_are_what_flower_loads(tmp_path):
@@ -122,7 +138,9 @@ def test_demo_certificates_and_node_keys_are_what_flower_loads(tmp_path):
     server = x509.load_pem_x509_certificate(paths["server_cert"].read_bytes())
     ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    names = {str(v) for v in sans.get_values_for_type(x509.DNSName)} | {str(v) for v in sans.get_values_for_type(x509.IPAddress)}
+    names = {str(v) for v in sans.get_values_for_type(x509.DNSName)} | {
+        str(v) for v in sans.get_values_for_type(x509.IPAddress)
+    }
     assert {"localhost", "127.0.0.1", "superlink", "10.1.2.3", "link.example.org"} <= names
     for i in range(2):
         key = load_ssh_private_key(paths[f"node-{i}.key"].read_bytes(), None)  # as flower-supernode does
@@ -152,10 +170,16 @@ def test_connection_is_written_where_flwr_reads_it(tmp_path, monkeypatch):
         fed.write_connection("x", "192.0.2.10:9093")
 
 
-@pytest.mark.parametrize("fault, round_, match", [
-    ("shape", 1, "has shape"), ("nan", 1, "NaN"), ("count", 1, "does not match"),
-    ("shape,nan,count", 2, "NaN"), ("shape,nan,count", 6, "does not match"),
-])
+@pytest.mark.parametrize(
+    "fault, round_, match",
+    [
+        ("shape", 1, "has shape"),
+        ("nan", 1, "NaN"),
+        ("count", 1, "does not match"),
+        ("shape,nan,count", 2, "NaN"),
+        ("shape,nan,count", 6, "does not match"),
+    ],
+)
 def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match):
     from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
@@ -165,13 +189,22 @@ def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match
     tensors = {"w": np.ones((3, 4), np.float32), "b": np.zeros(3, np.float32)}
     metrics = {"client-id": 0, "num-examples": 50, "test_size": 10}
     _tamper(fault, round_, metrics, tensors)
-    content = RecordDict({
-        "arrays": ArrayRecord(array_dict={k: Array(v) for k, v in tensors.items()}),
-        "metrics": MetricRecord(metrics),
-    })
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(array_dict={k: Array(v) for k, v in tensors.items()}),
+            "metrics": MetricRecord(metrics),
+        }
+    )
     expected = {"w": ((3, 4), np.dtype(np.float32)), "b": ((3,), np.dtype(np.float32))}
     with pytest.raises(InvalidReply, match=match):
-        validate_reply(content, node_id=1, expected_client=0, expected_arrays=expected, expected_train_size=50, expected_test_size=10)
+        validate_reply(
+            content,
+            node_id=1,
+            expected_client=0,
+            expected_arrays=expected,
+            expected_train_size=50,
+            expected_test_size=10,
+        )
 
 
 def _dockerfile_sources() -> list[str]:
@@ -181,10 +214,14 @@ def _dockerfile_sources() -> list[str]:
 
 def _docker_context_keeps(path: str) -> bool:
     """Whether the root .dockerignore (an allowlist after `**`) sends ``path`` to the builder."""
-    rules = [r.strip() for r in (ROOT / ".dockerignore").read_text().splitlines() if r.strip() and not r.startswith("#")]
+    rules = [
+        r.strip() for r in (ROOT / ".dockerignore").read_text().splitlines() if r.strip() and not r.startswith("#")
+    ]
     assert rules[0] == "**", "the .dockerignore starts by excluding everything"
     top = path.rstrip("/").split("/")
-    return any(r.startswith("!") and r[1:].rstrip("/").split("/") == top[: len(r[1:].rstrip("/").split("/"))] for r in rules)
+    return any(
+        r.startswith("!") and r[1:].rstrip("/").split("/") == top[: len(r[1:].rstrip("/").split("/"))] for r in rules
+    )
 
 
 def test_dockerfile_copies_only_what_exists_and_the_context_sends_it_and_compose_builds_it():
@@ -217,8 +254,11 @@ def test_the_images_copy_every_package_the_installed_code_imports():
     for pkg in packages:
         for path in (ROOT / pkg).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                )
                 for module in names:
                     top = module.split(".")[0]
                     assert not (ROOT / top / "__init__.py").exists() or top in copied, (str(path), module)
@@ -242,7 +282,10 @@ def test_offline_base_reads_the_mirror_apt_uses(tmp_path):
     )
     assert offline.debian_mirror((str(deb822),)) == "http://mirror.example/debian"
     legacy = tmp_path / "sources.list"
-    legacy.write_text("deb http://security.example/debian-security bookworm-security main\ndeb [arch=amd64] http://m.example/debian/ bookworm main\n")
+    legacy.write_text(
+        "deb http://security.example/debian-security bookworm-security main\ndeb [arch=amd64] http://m.example/debian/ "
+        "bookworm main\n"
+    )
     assert offline.debian_mirror((str(legacy),)) == "http://m.example/debian"
     assert offline.debian_mirror((str(tmp_path / "missing"),)) == offline.DEFAULT_MIRROR
 
@@ -288,7 +331,9 @@ def test_a_wheel_built_from_source_has_the_same_bytes_every_time(tmp_path):
     src = tmp_path / "tinypkg-1.0"
     (src / "tinypkg").mkdir(parents=True)
     (src / "tinypkg" / "__init__.py").write_text("X = 1\n")
-    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='tinypkg', version='1.0', packages=['tinypkg'])\n")
+    (src / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tinypkg', version='1.0', packages=['tinypkg'])\n"
+    )
     (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
     sdist = tmp_path / "tinypkg-1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as tar:

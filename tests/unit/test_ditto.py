@@ -23,7 +23,7 @@ def test_ditto_keeps_a_personal_model_and_evaluates_it(client):
     assert role.eval_model(model, data, args, role_ctx) is not model  # first contact: a copy of the global
     metrics = role.fit(model, data, args, role_ctx)
     assert set(metrics) == {"train_loss", "personal_loss"}
-    personal = {k[len(PREFIX):]: v for k, v in role_ctx.extra_state.items()}
+    personal = {k[len(PREFIX) :]: v for k, v in role_ctx.extra_state.items()}
     assert set(personal) == set(model.state_dict())  # parameters and BN buffers
     assert not same(params(model, BODY + HEAD), {k: personal[k] for k in params(model, BODY + HEAD)})  # v != w
     assert not same(params(model, BODY + HEAD), params(received, BODY + HEAD))  # w was trained and is uploaded
@@ -44,4 +44,3 @@ def test_ditto_round_trip_persists_the_personal_model(compose, tiny_overrides):
         v = personal_state(c)["extra.ditto.groups.fc1.0.weight"]
         assert not np.array_equal(v, strategy.global_arrays["groups.fc1.0.weight"])  # personal != global
     assert strategy.final_metrics["final_clients"] == 4
-

@@ -19,7 +19,10 @@ def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")
     out = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -31,15 +34,23 @@ def test_the_readme_is_short_and_its_links_resolve():
     assert len(text.splitlines()) < 250
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     local = [link for link in links if not link.startswith(("http://", "https://", "mailto:"))]
-    assert local and all((ROOT / link).exists() for link in local), [link for link in local if not (ROOT / link).exists()]
+    assert local and all((ROOT / link).exists() for link in local), [
+        link for link in local if not (ROOT / link).exists()
+    ]
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in (ROOT / "docs").glob("*.md"):  # every top-level page is reachable from the site's navigation
         assert page.name in nav, page.name
 
 
 # a reproduction page docs/results/<prefix>_*.md belongs to the method page of its prefix
-REPRODUCTION_PAGES = {"fedcmd": "fedcmd", "fedcpmd": "fedcpmd", "fedtsdp": "fedtsdp", "felo": "felo_velo",
-                      "kapc": "kapc", "baselines": "baselines"}
+REPRODUCTION_PAGES = {
+    "fedcmd": "fedcmd",
+    "fedcpmd": "fedcpmd",
+    "fedtsdp": "fedtsdp",
+    "felo": "felo_velo",
+    "kapc": "kapc",
+    "baselines": "baselines",
+}
 
 
 def test_every_reproduction_page_is_linked_from_its_method_page():

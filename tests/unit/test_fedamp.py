@@ -34,7 +34,9 @@ def test_fedamp_attention_rows_sum_to_one_and_closer_models_weigh_more():
     assert xi[1, 0] > xi[1, 2] and xi[2, 1] > xi[2, 0]  # closer models get larger weights
     far = attention_matrix(1e6 * gram, self_weight=0.2, sigma=1.0)  # no underflow to an empty row
     np.testing.assert_allclose(far.sum(axis=1), 1.0) and np.testing.assert_allclose(far[0], [0.2, 0.8, 0.0])
-    cos = attention_matrix(gram_matrix([{"w": np.array(v)} for v in ([1.0, 0.0], [1.0, 1.0], [-1.0, 0.0])], ["w"]), 0.5, 1.0, "cosine")
+    cos = attention_matrix(
+        gram_matrix([{"w": np.array(v)} for v in ([1.0, 0.0], [1.0, 1.0], [-1.0, 0.0])], ["w"]), 0.5, 1.0, "cosine"
+    )
     s = np.exp([1 / math.sqrt(2), -1.0])
     np.testing.assert_allclose(cos[0], [0.5, *(0.5 * s / s.sum())])
 
@@ -51,7 +53,9 @@ def test_fedamp_client_loss_includes_the_pull_toward_the_cloud_model(client):
     x, y = data.x_train[:8], data.y_train[:8]
     with torch.no_grad():  # lam/2 * ||w - u||^2 with lam = 2
         extra = float(proximal_loss(reference, 2.0)(model, x, y) - cross_entropy(model, x, y))
-        assert extra == pytest.approx(sum(float(((p - cloud[k]) ** 2).sum()) for k, p in model.named_parameters()), rel=1e-4)
+        assert extra == pytest.approx(
+            sum(float(((p - cloud[k]) ** 2).sum()) for k, p in model.named_parameters()), rel=1e-4
+        )
     moved = {}
     for lam in (0.0, 10.0):
         m, c = copy.deepcopy(model), ctx()
@@ -78,5 +82,6 @@ def test_fedamp_sends_each_client_its_cloud_model_and_keeps_models_on_the_client
         models, row = strategy.cloud_weights(cid)
         assert len(row) == 4 and row[0] == 0.5 and row.sum() == pytest.approx(1.0)
         expected = weighted_average(models, row, keys=[k])[k]
-        np.testing.assert_allclose(m.content.array_records["arrays"]["extra/u/" + k].numpy(), expected, rtol=1e-5, atol=1e-7)
-
+        np.testing.assert_allclose(
+            m.content.array_records["arrays"]["extra/u/" + k].numpy(), expected, rtol=1e-5, atol=1e-7
+        )

@@ -20,14 +20,19 @@ def test_fedap_weights_and_model_momentum_on_hand_numbers(compose, tiny_override
     c = {"bn_mean/0": np.array([0.0, 0.0]), "bn_var/0": np.array([4.0, 1.0])}  # sqrt(var) differs by 1
     assert bn_distance(a, b) == pytest.approx(5.0) and bn_distance(a, c) == pytest.approx(1.0)
     two = {**a, "bn_mean/1": np.array([1.0]), "bn_var/1": np.array([1.0])}
-    assert bn_distance(two, {**c, "bn_mean/1": np.array([0.0]), "bn_var/1": np.array([1.0])}) == pytest.approx(2.0)  # sum over layers
+    assert bn_distance(two, {**c, "bn_mean/1": np.array([0.0]), "bn_var/1": np.array([1.0])}) == pytest.approx(
+        2.0
+    )  # sum over layers
     np.testing.assert_allclose(fedap_weights([5.0, 1.0], 0.5), [0.5, 0.5 / 6, 2.5 / 6])  # 1/d shares of 1 - mu
     np.testing.assert_allclose(fedap_weights([0.0, 2.0, 0.0], 0.5), [0.5, 0.25, 0.0, 0.25])
     assert fedap_weights([], 0.5).tolist() == [1.0]
     _, strategy = make(compose, tiny_overrides, "method=fedap", "method.warmup=0")
     keys = strategy.travelling_keys(strategy.groups, 0, 1)
     strategy.stats = {0: a, 1: b, 2: c}
-    strategy.models = {j: {k: np.full(strategy.template[k][0], v, np.float32) for k in keys} for j, v in ((0, 6.0), (1, 12.0), (2, 0.0))}
+    strategy.models = {
+        j: {k: np.full(strategy.template[k][0], v, np.float32) for k in keys}
+        for j, v in ((0, 6.0), (1, 12.0), (2, 0.0))
+    }
     down = strategy.downlink(0, 1)  # 0.5 * own + 1/12 * theta_1 + 5/12 * theta_2 = 3 + 1 + 0
     assert set(down) == set(keys) and not set(down) & set(strategy.bn_keys)
     assert all(np.allclose(v, 4.0) for v in down.values())
@@ -58,4 +63,3 @@ def test_fedap_warmup_then_statistics_once_then_bn_similarity_weights(compose, t
     assert set(strategy.stats) == {0, 1, 2, 3} and records[2]["clients_with_stats"] == 4
     w = strategy.weights(0)
     assert w[0] == 0.5 and sum(w.values()) == pytest.approx(1.0) and len(w) == 4
-

@@ -41,4 +41,3 @@ def test_fedbabu_never_sends_the_head_and_test_before_uses_the_fine_tuned_model(
                 assert all(np.array_equal(state[k], v) for k, v in initial_head.items())
         losses[epochs] = records[0]["test_before_loss"]
     assert losses[1] != pytest.approx(losses[0])  # same clients and models: only the fine-tuning differs
-

@@ -8,8 +8,8 @@ from test_strategy_base import make, run, sent_keys
 
 from client_app.runtime import fresh_model
 from models import buffer_keys
-from server_app.inprocess import InProcessGrid, personal_state
 from models.schema import batchnorm_keys
+from server_app.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- FedBN
@@ -29,4 +29,3 @@ def test_fedbn_bn_parameters_and_buffers_never_travel(compose, tiny_overrides):
     assert len(trained) >= 2 and all(bn <= set(s.keys()) for s in trained)  # persisted on the client
     gammas = [s["groups.conv1.1.weight"] for s in trained]
     assert not np.array_equal(gammas[0], gammas[1])  # and personal
-

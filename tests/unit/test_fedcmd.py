@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from server_app.inprocess import InProcessGrid, personal_state
 from server_app.config import ConfigError
+from server_app.inprocess import InProcessGrid, personal_state
 from server_app.runner import build
 from strategies.fedcmd import FedCMD, FedCMDState
 from strategies.fedcmd_math import flat_vector, personalized_posts, similarity_matrix
@@ -59,7 +59,11 @@ def test_two_phases_and_the_routing_of_the_personal_layer(compose, tiny_override
     assert "personal_layer" not in records[0]
     assert all(r["round_winner"] in strategy.state.candidates for r in records[:2])
     assert all(sum(r[f"client_votes_{c}"] for c in strategy.state.candidates) == len(r["clients"]) for r in records[:2])
-    assert strategy.run_summary() == {"personal_layer": layer, "round_winners": [r["round_winner"] for r in records[:2]], "kp": 2}
+    assert strategy.run_summary() == {
+        "personal_layer": layer,
+        "round_winners": [r["round_winner"] for r in records[:2]],
+        "kp": 2,
+    }
 
     phi_keys = set(strategy.keys([layer]))
     pre_keys = set(strategy.keys(strategy.pre_groups()))
@@ -124,8 +128,13 @@ def test_force_layer_classifier_without_wa_and_kp0_equals_fedper(compose, tiny_o
     common = ("rounds=3",)
     fedper = make(compose, tiny_overrides, "method=fedper", *common)
     fedcmd = make(
-        compose, tiny_overrides, "method=fedcmd", "method.kp=0", "method.force_layer=classifier",
-        "method.weighted_aggregation=false", *common,
+        compose,
+        tiny_overrides,
+        "method=fedcmd",
+        "method.kp=0",
+        "method.force_layer=classifier",
+        "method.weighted_aggregation=false",
+        *common,
     )
     rec_p = run(fedper, InProcessGrid(4), rounds=3)
     rec_c = run(fedcmd, InProcessGrid(4), rounds=3)
@@ -141,7 +150,14 @@ def test_force_layer_classifier_without_wa_and_kp0_equals_fedper(compose, tiny_o
 
 
 def test_without_wa_the_post_groups_are_fedavg_and_phi_stays_home(compose, tiny_overrides):
-    strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.force_layer=fc1", "method.weighted_aggregation=false")
+    strategy = make(
+        compose,
+        tiny_overrides,
+        "method=fedcmd",
+        "method.kp=1",
+        "method.force_layer=fc1",
+        "method.weighted_aggregation=false",
+    )
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
     assert records[0]["round_winner"] in strategy.state.candidates and strategy.state.personal_layer == "fc1"
@@ -154,8 +170,15 @@ def test_without_wa_the_post_groups_are_fedavg_and_phi_stays_home(compose, tiny_
 
 def test_after_training_dataset_granularity_code_scores(compose, tiny_overrides):
     strategy = make(
-        compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.selection_timing=after_training",
-        "method.granularity=dataset", "method.score_mode=code", "method.w2_mode=mean_only", "method.candidates=[fc2,classifier]",
+        compose,
+        tiny_overrides,
+        "method=fedcmd",
+        "method.kp=1",
+        "method.selection_timing=after_training",
+        "method.granularity=dataset",
+        "method.score_mode=code",
+        "method.w2_mode=mean_only",
+        "method.candidates=[fc2,classifier]",
     )
     records = run(strategy, InProcessGrid(4), rounds=1)
     cands = ["fc2", "classifier"]

@@ -109,7 +109,11 @@ def test_constant_tensors_and_one_class_batches_give_finite_scores():
     assert fit_tensor(torch.tensor([5.0])).constant
     g = torch.Generator().manual_seed(3)
     scorer = LayerScorer(["conv", "fc1", "fc2", "classifier"], ["fc1", "fc2", "classifier"])
-    scorer.observe(torch.rand(8, 1, 4, 4, generator=g), torch.full((8,), 3), [torch.rand(8, 5, generator=g), torch.zeros(8, 4), torch.rand(8, 3, generator=g), torch.ones(8, 2)])
+    scorer.observe(
+        torch.rand(8, 1, 4, 4, generator=g),
+        torch.full((8,), 3),
+        [torch.rand(8, 5, generator=g), torch.zeros(8, 4), torch.rand(8, 3, generator=g), torch.ones(8, 2)],
+    )
     m = scorer.metrics()
     assert all(math.isfinite(v) for v in m.values()) and 0 <= m["vote"] <= 2
 
@@ -132,7 +136,13 @@ def test_score_on_hand_built_fits_votes_fc2():
     # them W2(o,y) - W2(o,x) = 1 - 2 mu_o, hence s_l = 2 |mu_l - mu_{l-1}|:
     # conv2 0.30 -> fc1 0.45 (s 0.30) -> fc2 0.50 (s 0.10) -> classifier 0.70 (s 0.40).
     x, y = GaussianFit(0.2, 0.1), GaussianFit(0.8, 0.1)
-    fits = [GaussianFit(0.5, 0.1), GaussianFit(0.30, 0.1), GaussianFit(0.45, 0.1), GaussianFit(0.50, 0.1), GaussianFit(0.70, 0.1)]
+    fits = [
+        GaussianFit(0.5, 0.1),
+        GaussianFit(0.30, 0.1),
+        GaussianFit(0.45, 0.1),
+        GaussianFit(0.50, 0.1),
+        GaussianFit(0.70, 0.1),
+    ]
     scores = candidate_scores(fits, x, y, candidate_index=[2, 3, 4])  # conv1 conv2 fc1 fc2 classifier
     assert scores == pytest.approx([0.30, 0.10, 0.40])
     assert batch_vote(scores) == 1  # fc2
@@ -142,9 +152,13 @@ def test_paper_and_code_scores_by_hand():
     out, prev, x, y = GaussianFit(0.5, 0.1), GaussianFit(0.3, 0.1), GaussianFit(0.2, 0.1), GaussianFit(0.8, 0.3)
     oy, py = math.hypot(0.3, 0.2), math.hypot(0.5, 0.2)  # 0.36056, 0.53852
     ox, px = 0.3, 0.1
-    assert layer_score(out, prev, x, y, "paper") == pytest.approx(abs((oy - ox) - (py - px)))  # 0.06056 - 0.43852 -> 0.377961
+    assert layer_score(out, prev, x, y, "paper") == pytest.approx(
+        abs((oy - ox) - (py - px))
+    )  # 0.06056 - 0.43852 -> 0.377961
     assert layer_score(out, prev, x, y, "paper") == pytest.approx(0.377961, abs=1e-6)
-    assert layer_score(out, prev, x, y, "code") == pytest.approx(abs(abs(oy - py) - abs(ox - px)))  # |0.177961 - 0.2| = 0.022039
+    assert layer_score(out, prev, x, y, "code") == pytest.approx(
+        abs(abs(oy - py) - abs(ox - px))
+    )  # |0.177961 - 0.2| = 0.022039
     assert layer_score(out, prev, x, y, "code") == pytest.approx(0.022039, abs=1e-6)
     assert layer_score(out, prev, x, y, "paper", "mean_only") == pytest.approx(abs((0.3 - 0.3) - (0.5 - 0.1)))
     with pytest.raises(ValueError, match="score_mode"):
@@ -166,12 +180,17 @@ def test_scorer_agrees_with_an_independent_numpy_computation():
 
     fx, fy = fit(x), fit(y)
     fo = [fit(o) for o in outs]
-    expected = [abs((dist(fo[i], fy) - dist(fo[i], fx)) - (dist(fo[i - 1], fy) - dist(fo[i - 1], fx))) for i in (1, 2, 3)]
+    expected = [
+        abs((dist(fo[i], fy) - dist(fo[i], fx)) - (dist(fo[i - 1], fy) - dist(fo[i - 1], fx))) for i in (1, 2, 3)
+    ]
     scorer = LayerScorer(["conv", "fc1", "fc2", "classifier"], ["fc1", "fc2", "classifier"])
     scorer.observe(x, y, outs)
     m = scorer.metrics()
     assert [m[f"s_mean_{c}"] for c in ("fc1", "fc2", "classifier")] == pytest.approx(expected)
-    assert m["vote"] == int(np.argmin(expected)) and m[f"votes_{['fc1', 'fc2', 'classifier'][int(np.argmin(expected))]}"] == 1
+    assert (
+        m["vote"] == int(np.argmin(expected))
+        and m[f"votes_{['fc1', 'fc2', 'classifier'][int(np.argmin(expected))]}"] == 1
+    )
 
 
 def test_first_group_candidate_uses_the_input_as_previous_output():
@@ -253,9 +272,14 @@ def test_eq7_eq8_hand_computed_three_clients():
     r = 1 / math.sqrt(2)
     assert phi == pytest.approx(np.array([[1, r, 0], [r, 1, r], [0, r, 1]]), abs=1e-7)
     w = eq7_weights(phi)
-    assert w == pytest.approx(np.array([[0.58579, 0.41421, 0], [0.29289, 0.41421, 0.29289], [0, 0.41421, 0.58579]]), abs=1e-5)
+    assert w == pytest.approx(
+        np.array([[0.58579, 0.41421, 0], [0.29289, 0.41421, 0.29289], [0, 0.41421, 0.58579]]), abs=1e-5
+    )
     assert w.sum(axis=1) == pytest.approx(np.ones(3))
-    posts = [{"classifier.weight": np.full((2, 2), v, np.float32), "classifier.bias": np.array([v, -v], np.float32)} for v in (1.0, 2.0, 3.0)]
+    posts = [
+        {"classifier.weight": np.full((2, 2), v, np.float32), "classifier.bias": np.array([v, -v], np.float32)}
+        for v in (1.0, 2.0, 3.0)
+    ]
     out = personalized_posts(posts, phi)
     for got, want in zip(out, (1.41421, 2.0, 2.58579)):
         assert got["classifier.weight"] == pytest.approx(np.full((2, 2), want), abs=1e-5)
@@ -281,7 +305,12 @@ def test_role_votes_during_or_after_training(timing, granularity):
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     g = torch.Generator().manual_seed(7)
     data = type("D", (), {"x_train": torch.rand(40, 1, 28, 28, generator=g), "y_train": torch.full((40,), 2)})()
-    args = {"phase": 1, "candidates": ["fc1", "fc2", "classifier"], "selection_timing": timing, "granularity": granularity}
+    args = {
+        "phase": 1,
+        "candidates": ["fc1", "fc2", "classifier"],
+        "selection_timing": timing,
+        "granularity": granularity,
+    }
     ctx = RoleContext(torch.device("cpu"), g, 1, [])
     m = build_role("fedcmd", args).fit(model, data, TrainArgs(epochs=2, batch_size=16), ctx)
     assert all(math.isfinite(v) for v in m.values())  # one-class data: labels are constant

@@ -13,10 +13,10 @@ from scipy import integrate
 from scipy.stats import norm
 from test_strategy_base import make, run
 
+from client_app.roles.fedcpmd import FedCPMDRole
 from client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
-    Moments,
     ScoreRule,
     batch_vote,
     bhattacharyya_coefficient,
@@ -25,7 +25,6 @@ from client_app.roles.layer_stats import (
     layer_score,
     tensor_moments,
 )
-from client_app.roles.fedcpmd import FedCPMDRole
 from protocol.roles import FedCPMDArgs, RoleArgsError
 from server_app.inprocess import InProcessGrid
 from strategies.clustering import groups_by_label
@@ -47,7 +46,9 @@ def test_the_spec_worked_example():
     assert distance(P, Q, "w2") == pytest.approx(math.hypot(0.2, 0.1))
 
 
-@pytest.mark.parametrize("a, b", [(P, Q), (GaussianFit(0.1, 0.05), GaussianFit(0.12, 0.3)), (GaussianFit(0, 1), GaussianFit(3, 1))])
+@pytest.mark.parametrize(
+    "a, b", [(P, Q), (GaussianFit(0.1, 0.05), GaussianFit(0.12, 0.3)), (GaussianFit(0, 1), GaussianFit(3, 1))]
+)
 def test_distances_against_numerical_integration(a, b):
     def kl_half(p, q):  # p log(p / m), m = (p + q) / 2, guarded where p = 0
         m = 0.5 * (p + q)
@@ -118,8 +119,13 @@ def test_the_role_votes_during_training_and_a_probe_does_not_train(client):
     metrics = probe.fit(model, data, args, ctx_())
     assert metrics["probe"] == 1.0 and metrics["vote"] in (0.0, 1.0, 2.0) and metrics["scored_batches"] > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update, not even BN stats
-    voted = FedCPMDRole({"phase": 1, "candidates": ["fc1", "fc2", "classifier"], "distance": "bhattacharyya"}).fit(model, data, args, ctx_())
-    assert voted["vote"] in (0.0, 1.0, 2.0) and sum(voted[f"votes_{c}"] for c in ("fc1", "fc2", "classifier")) == voted["scored_batches"]
+    voted = FedCPMDRole({"phase": 1, "candidates": ["fc1", "fc2", "classifier"], "distance": "bhattacharyya"}).fit(
+        model, data, args, ctx_()
+    )
+    assert (
+        voted["vote"] in (0.0, 1.0, 2.0)
+        and sum(voted[f"votes_{c}"] for c in ("fc1", "fc2", "classifier")) == voted["scored_batches"]
+    )
     with pytest.raises(RoleArgsError, match="distance"):
         FedCPMDArgs(phase=1, candidates=["fc1"], distance="kl")
 
@@ -139,8 +145,15 @@ def test_cluster_sample_sizes():
 
 
 # ----------------------------------------------------------------------------- the strategy
-FAST = ["method=fedcpmd", "method.kp=2", "method.k_extra=0", "num_clients=6", "fraction=0.5", "rounds=5",
-        "dataset.options.num_samples=900"]
+FAST = [
+    "method=fedcpmd",
+    "method.kp=2",
+    "method.k_extra=0",
+    "num_clients=6",
+    "fraction=0.5",
+    "rounds=5",
+    "dataset.options.num_samples=900",
+]
 
 
 def test_phase_one_is_fedper_with_votes_and_is_extended_until_every_client_voted(compose, tiny_overrides, caplog):
@@ -161,8 +174,11 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
     records = run(strategy, grid, rounds=2)
     assert [r["phase"] for r in records] == [1, 1]
     classifier = set(strategy.keys(["classifier"]))
-    sent = [(json.loads(m.content.config_records["config"]["spec"]), set(m.content.array_records["arrays"].keys()))
-            for m in grid.sent if m.metadata.message_type == "train"]
+    sent = [
+        (json.loads(m.content.config_records["config"]["spec"]), set(m.content.array_records["arrays"].keys()))
+        for m in grid.sent
+        if m.metadata.message_type == "train"
+    ]
     assert all(s["personal"] == ["classifier"] and not keys & classifier for s, keys in sent)  # FedPer in phase 1
     # two groups of votes whatever the scores said: clients 0-2 chose fc1, 3-4 fc2; client 5 never voted
     strategy.votes = {c: [(1, "fc1" if c < 3 else "fc2")] for c in range(5)}
@@ -187,8 +203,11 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
         assert spec["personal"] == [layer] and keys == set(strategy.keys([g for g in strategy.groups if g != layer]))
     # the cluster bodies are FedAvgs of their own members' uploads only
     last = max(r["round"] for r in phase2)
-    replies = {int(r.content.metric_records["metrics"]["client-id"]): r for r in grid.replies
-               if r.metadata.message_type == "train" and not r.has_error()}
+    replies = {
+        int(r.content.metric_records["metrics"]["client-id"]): r
+        for r in grid.replies
+        if r.metadata.message_type == "train" and not r.has_error()
+    }
     ups = {c: r for c, r in replies.items() if c in strategy.history[-1]["clients"]}
     for c, layer in enumerate(strategy.cluster_layers):
         mine = [u for cid, u in ups.items() if strategy.clusters.of(cid) == c]
@@ -196,7 +215,9 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
             continue
         key = strategy.keys(["conv1"])[0]
         n = [u.content.metric_records["metrics"]["num-examples"] for u in mine]
-        expected = sum(w * u.content.array_records["arrays"][key].numpy().astype(np.float64) for w, u in zip(n, mine)) / sum(n)
+        expected = sum(
+            w * u.content.array_records["arrays"][key].numpy().astype(np.float64) for w, u in zip(n, mine)
+        ) / sum(n)
         np.testing.assert_allclose(strategy.clusters.models[c][key], expected, rtol=1e-5)
     assert last == 5 and len(strategy.history[-1]["cluster_acc"]) == 2
 
@@ -262,10 +283,25 @@ def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_righ
     for cid in range(6):
         classes = (0, 1) if cid < 3 else (8, 9)
         idx = rng.permutation(np.flatnonzero(np.isin(labels, classes)))[:90]
-        write_local_dir(tmp_path / f"c{cid}", (unit[idx[:60]], labels[idx[:60]]), (unit[idx[60:]], labels[idx[60:]]),
-                        name="digits", num_classes=10, client_id=cid)
-    cfg = compose("method=fedcpmd", "dataset=local", "num_clients=6", "fraction=1.0", "rounds=4", "local_epochs=2",
-                  "method.kp=3", "method.k_extra=0", "final_eval=false")
+        write_local_dir(
+            tmp_path / f"c{cid}",
+            (unit[idx[:60]], labels[idx[:60]]),
+            (unit[idx[60:]], labels[idx[60:]]),
+            name="digits",
+            num_classes=10,
+            client_id=cid,
+        )
+    cfg = compose(
+        "method=fedcpmd",
+        "dataset=local",
+        "num_clients=6",
+        "fraction=1.0",
+        "rounds=4",
+        "local_epochs=2",
+        "method.kp=3",
+        "method.k_extra=0",
+        "final_eval=false",
+    )
     from server_app.runner import build
 
     strategy = build(cfg, run_token="t")

@@ -24,7 +24,9 @@ from strategies.feddyn import feddyn_server_update
 # ----------------------------------------------------------------------------- FedDyn
 def test_feddyn_server_update_on_hand_numbers():
     g, h = {"w": np.array([1.0], np.float32)}, {"w": np.zeros(1)}
-    g1, h1 = feddyn_server_update(g, [{"w": np.array([2.0], np.float32)}, {"w": np.array([4.0], np.float32)}], h, 0.1, 4)
+    g1, h1 = feddyn_server_update(
+        g, [{"w": np.array([2.0], np.float32)}, {"w": np.array([4.0], np.float32)}], h, 0.1, 4
+    )
     # h = 0 - 0.1/4 * ((2 - 1) + (4 - 1)) = -0.1 ; global = mean 3 - h / 0.1 = 4
     assert h1["w"].tolist() == pytest.approx([-0.1]) and g1["w"].tolist() == pytest.approx([4.0])
     assert g1["w"].dtype == np.float32
@@ -41,7 +43,9 @@ def test_feddyn_client_loss_and_state_update_on_hand_numbers(client):
     assert float(linear_term(layer, g).detach()) == pytest.approx(0.5 - 2.0)
     x, y = torch.ones(1, 2), torch.zeros(1, dtype=torch.long)
     with torch.no_grad():  # CE - <g, w> + alpha/2 ||w - ref||^2 = CE + 1.5 + 0.05 * 2
-        assert float(feddyn_loss(ref, g, 0.1)(layer, x, y)) == pytest.approx(float(cross_entropy(layer, x, y)) + 1.5 + 0.1)
+        assert float(feddyn_loss(ref, g, 0.1)(layer, x, y)) == pytest.approx(
+            float(cross_entropy(layer, x, y)) + 1.5 + 0.1
+        )
     new = updated_state(g, {"weight": torch.tensor([[1.0, 2.0]])}, ref, 0.1)  # g - 0.1 (w - ref)
     assert torch.allclose(new["weight"], torch.tensor([[0.4, -1.1]]))
     # the role keeps g on the client: from 0, g = -alpha (w_trained - w_received)
@@ -64,4 +68,3 @@ def test_feddyn_round_trip_keeps_g_on_the_clients_and_h_on_the_server(compose, t
     expected, _ = feddyn_server_update(before, uploads, {k: np.zeros(v.shape) for k, v in before.items()}, 0.01, 4)
     assert all(np.allclose(strategy.global_arrays[k], expected[k], atol=1e-6) for k in expected)
     assert all(any(k.startswith("extra." + DYN_PREFIX) for k in s) for s in trained_states(grid).values())
-

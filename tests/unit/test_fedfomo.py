@@ -25,7 +25,9 @@ def test_fedfomo_weights_and_combination_on_hand_numbers():
     assert fomo_weights(1.0, [1.2], [1.0])[1].tolist() == [0.0]  # nobody helps: own model kept
     own = {"x": torch.tensor([0.0, 0.0])}
     others = [{"x": torch.tensor([3.0, 3.0])}, {"x": torch.tensor([-4.0, 0.0])}, {"x": torch.tensor([0.0, 6.0])}]
-    assert fomo_combine(own, others, w)["x"].tolist() == pytest.approx([1.0, 5.0], rel=1e-4)  # own + sum w_n (theta_n - own)
+    assert fomo_combine(own, others, w)["x"].tolist() == pytest.approx(
+        [1.0, 5.0], rel=1e-4
+    )  # own + sum w_n (theta_n - own)
 
 
 def test_fedfomo_a_better_downloaded_model_gets_a_positive_weight_a_worse_one_zero(client):
@@ -54,7 +56,8 @@ def test_fedfomo_downloads_other_clients_models_and_learns_affinities(compose, t
         cid = int(m.content["config"]["client-id"])
         names = {k.split("/")[1] for k in m.content.array_records["arrays"].keys()}
         assert len(names) == 2 and str(cid) not in names  # M = 2 others, never itself
-        assert all(k.startswith("extra/") and k.split("/", 2)[2] in keys for k in m.content.array_records["arrays"].keys())
+        assert all(
+            k.startswith("extra/") and k.split("/", 2)[2] in keys for k in m.content.array_records["arrays"].keys()
+        )
     assert np.count_nonzero(strategy.affinity) == 8 and np.all(np.diag(strategy.affinity) == 0)
     assert all(keys == k for k in replied_keys(grid))
-

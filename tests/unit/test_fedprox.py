@@ -24,7 +24,9 @@ def test_proximal_term_is_half_mu_squared_distance_on_a_hand_case():
     term = proximal_term(layer, ref, mu=0.5)  # 0.5/2 * (1 + 4 + 4)
     assert float(term.detach()) == pytest.approx(2.25)
     term.backward()  # gradient mu * (w - ref)
-    assert torch.allclose(layer.weight.grad, torch.tensor([[0.5, 1.0]])) and torch.allclose(layer.bias.grad, torch.tensor([1.0]))
+    assert torch.allclose(layer.weight.grad, torch.tensor([[0.5, 1.0]])) and torch.allclose(
+        layer.bias.grad, torch.tensor([1.0])
+    )
     # the loss adds it to cross-entropy; mu = 0 is cross-entropy itself
     x, y = torch.ones(3, 2), torch.zeros(3, dtype=torch.long)
     base = lambda m, xb, yb: m(xb).sum()  # noqa: E731
@@ -49,4 +51,3 @@ def test_fedprox_sends_mu_to_the_proximal_role(compose, tiny_overrides):
     spec = strategy.task_spec(0, 1, "train").to_json()
     assert '"role": "proximal"' in spec and '"mu": 0.01' in spec
     assert set(strategy.downlink(0, 1)) == set(strategy.global_arrays)
-

@@ -23,10 +23,11 @@ def test_fedrep_trains_the_head_first_then_the_body(client, monkeypatch):
         return loss
 
     monkeypatch.setattr(fedrep_role, "train", recording_train)
-    metrics = build_role("fedrep", {"head": HEAD, "body_epochs": 1}).fit(model, data, replace(args, epochs=3), ctx(HEAD))
+    metrics = build_role("fedrep", {"head": HEAD, "body_epochs": 1}).fit(
+        model, data, replace(args, epochs=3), ctx(HEAD)
+    )
     (head_args, head_fixed_1, body_fixed_1), (body_args, head_fixed_2, body_fixed_2) = phases
     assert head_args.epochs == 2 and body_args.epochs == 1  # E - e_body, then e_body
     assert not head_fixed_1 and body_fixed_1  # head epochs: the body does not change
     assert head_fixed_2 and not body_fixed_2  # body epoch: the head does not change
     assert set(metrics) == {"head_loss", "body_loss", "train_loss"}
-

@@ -1,4 +1,5 @@
-"""FedTSDP: the math on hand-made inputs with hand-worked expected values (FedTSDP paper, set-up, scaled to a CPU), and the
+"""FedTSDP: the math on hand-made inputs with hand-worked expected values (FedTSDP paper, set-up, scaled to a CPU), and
+the
 round through the in-process grid (prefix routing, personal units kept, re-clustering, h_th=inf = FedAvg)."""
 
 from __future__ import annotations
@@ -10,17 +11,27 @@ import math
 import numpy as np
 import pytest
 import torch
+from method_helpers import train_messages, trained_states
 from scipy.spatial.distance import jensenshannon
 from sklearn.metrics import adjusted_rand_score
 from test_strategy_base import make, run
 
 import client_app.runtime as runtime
-from method_helpers import trained_states, train_messages
 from server_app.config import ConfigError
 from server_app.inprocess import InProcessGrid
 from strategies.fedtsdp_math import (
-    amend_weights, decay_shared, dbscan_groups, default_m_tilde, draw_batch, hopkins, js_matrix, pair_spread, stage2_radius, two_stage,
-    upper_pairs, weight_distances,
+    amend_weights,
+    dbscan_groups,
+    decay_shared,
+    default_m_tilde,
+    draw_batch,
+    hopkins,
+    js_matrix,
+    pair_spread,
+    stage2_radius,
+    two_stage,
+    upper_pairs,
+    weight_distances,
 )
 
 TSDP = ["method=fedtsdp", "dataset.public=holdout", "dataset.public_fraction=0.2", "fraction=1.0"]
@@ -70,7 +81,9 @@ def test_dbscan_noise_becomes_singletons_and_two_stages_split_further():
 
 
 def test_stage2_radius_by_hand_and_the_median_mode_carries_across_scales():
-    d = np.array([[0.0, 1.0, 4.0, 2.0], [1.0, 0.0, 3.0, 5.0], [4.0, 3.0, 0.0, 6.0], [2.0, 5.0, 6.0, 0.0]])  # pair median 3.5
+    d = np.array(
+        [[0.0, 1.0, 4.0, 2.0], [1.0, 0.0, 3.0, 5.0], [4.0, 3.0, 0.0, 6.0], [2.0, 5.0, 6.0, 0.0]]
+    )  # pair median 3.5
     assert stage2_radius(d, 0.5) == 0.5 and stage2_radius(d, 0.5, "absolute") == 0.5
     assert stage2_radius(d, 0.5, "median") == pytest.approx(1.75)
     assert stage2_radius(d, math.inf, "median") == math.inf
@@ -142,7 +155,9 @@ def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
         np.testing.assert_array_equal(v, tsdp.global_arrays[k])
 
 
-def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_draw(compose, tiny_overrides, monkeypatch):
+def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_draw(
+    compose, tiny_overrides, monkeypatch
+):
     import strategies.fedtsdp as fedtsdp_module
 
     base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
@@ -194,8 +209,12 @@ def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(c
 def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_overrides):
     with pytest.raises(ConfigError, match=r"public unlabelled data on the server: set dataset.public=holdout"):
         make(compose, tiny_overrides, "method=fedtsdp")
-    for bad, message in (("method.psi=1.5", "psi must be > 0 and <= 1, got 1.5"), ("method.decay=log", "decay must be one of"),
-                         ("method.amend=x", "amend must be one of"), ("method.eps1=0", "eps1 must be > 0, got 0")):
+    for bad, message in (
+        ("method.psi=1.5", "psi must be > 0 and <= 1, got 1.5"),
+        ("method.decay=log", "decay must be one of"),
+        ("method.amend=x", "amend must be one of"),
+        ("method.eps1=0", "eps1 must be > 0, got 0"),
+    ):
         with pytest.raises(ValueError, match=message):
             make(compose, tiny_overrides, *TSDP, bad)
 
@@ -203,8 +222,16 @@ def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_override
 def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
     """The IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
     # a model without BatchNorm: FedTSDP averages BN statistics, FedAvg leaves them on the clients
-    data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=2", "fraction=1.0",
-            "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
+    data = [
+        "dataset=digits",
+        "num_clients=6",
+        "partition=iid",
+        "local_epochs=2",
+        "fraction=1.0",
+        "dataset.public=holdout",
+        "dataset.public_fraction=0.2",
+        "model=cnn_kapc",
+    ]
     _, avg = make(compose, data, "method=fedavg")
     _, tsdp = make(compose, data, "method=fedtsdp")
     ra, rt = run(avg, InProcessGrid(6), 3), run(tsdp, InProcessGrid(6), 3)
@@ -229,7 +256,9 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     monkeypatch.setattr(runtime, "client_data", swapped)
     seen = []
     recorder = fedtsdp.weight_distances_from_gram
-    monkeypatch.setattr(fedtsdp, "weight_distances_from_gram", lambda *a, **k: seen.append(recorder(*a, **k)) or seen[-1])
+    monkeypatch.setattr(
+        fedtsdp, "weight_distances_from_gram", lambda *a, **k: seen.append(recorder(*a, **k)) or seen[-1]
+    )
     data = ["dataset=digits", "num_clients=6", "partition=iid", "local_epochs=8", "lr=0.1", "momentum=0.5"]
     common = [*TSDP, "method.h_th=0.0", "method.eps1=inf"]
     _, probe = make(compose, data, *common, "method.eps2=1e-9")  # every client its own cluster: D is logged
@@ -249,7 +278,9 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     # the same radius given as a fraction of the participants' pair median (eps2_mode=median; one
     # stage-1 group here, so the logged distances are all pairs): same split, and the round logs
     # the radius it used (pflower report draws it instead of the option)
-    _, relative = make(compose, data, *common, "method.eps2_mode=median", f"method.eps2={(within + between) / 2 / np.median(pairs)}")
+    _, relative = make(
+        compose, data, *common, "method.eps2_mode=median", f"method.eps2={(within + between) / 2 / np.median(pairs)}"
+    )
     computed = len(seen)
     records = run(relative, InProcessGrid(6), rounds=1)
     assert len(seen) == computed + 1  # one stage-1 group of all six: the radius's matrix serves stage 2 too

@@ -6,26 +6,36 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from method_helpers import train_messages
+from test_strategy_base import make, run
 
 from server_app.config import ConfigError
 from server_app.inprocess import InProcessGrid
-from test_strategy_base import make, run
-
-from method_helpers import train_messages
 
 # three LeNet depths with one feature width: 2 clients each (blocks)
 ARCHS = [
-    "model=mixed", "~model.archs",
-    "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 32}, l3: {name: lenet5, fc_layers: 3, feature_dim: 32},"
+    "model=mixed",
+    "~model.archs",
+    "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 32}, l3: {name: lenet5, fc_layers: 3, feature_dim: "
+    "32},"
     " l4: {name: lenet5, fc_layers: 4, feature_dim: 32}}",
 ]
-FELO = ["num_clients=6", "fraction=1.0", "optimizer=adam", "lr=0.003", "local_steps=4", "batch_size=32", "method.warmup=0.25", *ARCHS]
+FELO = [
+    "num_clients=6",
+    "fraction=1.0",
+    "optimizer=adam",
+    "lr=0.003",
+    "local_steps=4",
+    "batch_size=32",
+    "method.warmup=0.25",
+    *ARCHS,
+]
 SMALL_CVAE = ["method.cvae_hidden=32", "method.cvae_latent=8", "method.cvae_label_dim=8", "method.cvae_epochs=2"]
 
 
 def extras(message) -> dict[str, np.ndarray]:
     arrays = message.content.array_records["arrays"]
-    return {k[len("extra/knowledge/"):]: arrays[k].numpy() for k in arrays.keys() if k.startswith("extra/knowledge/")}
+    return {k[len("extra/knowledge/") :]: arrays[k].numpy() for k in arrays.keys() if k.startswith("extra/knowledge/")}
 
 
 def train_replies(grid) -> list:
@@ -40,7 +50,14 @@ def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tin
     cfg, strategy = make(compose, tiny_overrides, "method=felo", "rounds=4", "method.total_rounds=4", *FELO)
     grid = InProcessGrid(6)
     records, sent_after = [], []  # the round's record, and the S and P the strategy then holds
-    strategy.start(grid, num_rounds=3, on_round=lambda r: (records.append(r), sent_after.append((strategy.class_features.copy(), strategy.class_logits.copy()))))
+    strategy.start(
+        grid,
+        num_rounds=3,
+        on_round=lambda r: (
+            records.append(r),
+            sent_after.append((strategy.class_features.copy(), strategy.class_logits.copy())),
+        ),
+    )
     assert strategy.warmup_rounds == 1 and strategy.feature_dim == 32
     assert [r["distill"] for r in records] == [0, 1, 1] and records[-1]["known_classes"] == 10
     assert not any(extras(m) for m in train_messages(grid, 1))  # the warm-up: CE only, no knowledge sent
@@ -60,16 +77,22 @@ def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tin
         n = np.array([float(r.content["metrics"]["num-examples"]) for r in rs])
         keys = strategy.schema(next(c for c, a in strategy.arch_of.items() if a == arch)).keys()
         for key in keys:
-            mean = sum(w * r.content.array_records["arrays"][key].numpy().astype(np.float64) for w, r in zip(n / n.sum(), rs))
+            mean = sum(
+                w * r.content.array_records["arrays"][key].numpy().astype(np.float64) for w, r in zip(n / n.sum(), rs)
+            )
             np.testing.assert_allclose(strategy.arch_arrays[arch][key], mean, rtol=1e-5, atol=1e-6)
         for r in rs:
             up = extras(r)
             assert up["s"].shape == (10, 32) and up["p"].shape == (10, 10) and up["n"].sum() > 0
-    assert set(strategy.arch_arrays["l2"]) != set(strategy.arch_arrays["l4"])  # no tensor is shared across architectures
+    assert set(strategy.arch_arrays["l2"]) != set(
+        strategy.arch_arrays["l4"]
+    )  # no tensor is shared across architectures
 
 
 def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
-    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=4", "method.total_rounds=4", *FELO, *SMALL_CVAE)
+    cfg, strategy = make(
+        compose, tiny_overrides, "method=velo", "rounds=4", "method.total_rounds=4", *FELO, *SMALL_CVAE
+    )
     grid = InProcessGrid(6)
     run(strategy, grid, 3)
     assert strategy.cvae_trained == 3  # every round t >= T_warm = 1 (interval 1), at its end
@@ -89,8 +112,16 @@ def test_velo_s_approaches_the_class_means_and_random_features_would_not(compose
     same size drawn at random give; random S would fail every assertion."""
     from strategies.felo_math import class_feature_distance
 
-    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=8", "method.total_rounds=8", *FELO, *SMALL_CVAE,
-                         "method.cvae_epochs=20")
+    cfg, strategy = make(
+        compose,
+        tiny_overrides,
+        "method=velo",
+        "rounds=8",
+        "method.total_rounds=8",
+        *FELO,
+        *SMALL_CVAE,
+        "method.cvae_epochs=20",
+    )
     records = run(strategy, InProcessGrid(6), 8)
     dist = [r["s_rel_dist"] for r in records if "s_rel_dist" in r]
     assert len(dist) >= 7 and dist[-1] < dist[0], dist
@@ -115,8 +146,17 @@ def test_class_feature_distance_by_hand():
 
 
 def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, tiny_overrides):
-    cfg, strategy = make(compose, tiny_overrides, "method=velo", "rounds=3", "method.total_rounds=3", *FELO, *SMALL_CVAE,
-                         "method.feature_upload=samples", "method.feature_samples=100")
+    cfg, strategy = make(
+        compose,
+        tiny_overrides,
+        "method=velo",
+        "rounds=3",
+        "method.total_rounds=3",
+        *FELO,
+        *SMALL_CVAE,
+        "method.feature_upload=samples",
+        "method.feature_samples=100",
+    )
     grid = InProcessGrid(6)
     records = run(strategy, grid, 2)
     for r in train_replies(grid):
@@ -131,7 +171,14 @@ def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, t
     # the uplink carries 100 x 32 floats + labels instead of 10 x 32 class means
     assert records[0]["bytes_up"] > 6 * (100 * 32 * 4 + 100 * 8)
     with pytest.raises((ConfigError, ValueError), match="feature_upload=samples needs"):
-        make(compose, tiny_overrides, "method=felo", *FELO, "method.feature_upload=samples", "method.window=latest_per_client")
+        make(
+            compose,
+            tiny_overrides,
+            "method=felo",
+            *FELO,
+            "method.feature_upload=samples",
+            "method.window=latest_per_client",
+        )
 
 
 def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
@@ -147,8 +194,16 @@ def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
 
 
 def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_end(compose, tiny_overrides):
-    cfg, strategy = make(compose, tiny_overrides, "method=fedhe", "rounds=2", "method.total_rounds=2", *FELO,
-                         "dataset.public=holdout", "dataset.public_fraction=0.2")
+    cfg, strategy = make(
+        compose,
+        tiny_overrides,
+        "method=fedhe",
+        "rounds=2",
+        "method.total_rounds=2",
+        *FELO,
+        "dataset.public=holdout",
+        "dataset.public_fraction=0.2",
+    )
     assert strategy.final_global_test and strategy.public_test is None  # no group models to score on the server
     grid = InProcessGrid(6)
     run(strategy, grid, 2)
@@ -166,7 +221,11 @@ def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_en
 
 
 def test_architectures_of_different_feature_widths_are_refused(compose, tiny_overrides):
-    archs = ["model=mixed", "~model.archs", "+model.archs={a: {name: lenet5, fc_layers: 3}, b: {name: lenet5, fc_layers: 2}}"]
+    archs = [
+        "model=mixed",
+        "~model.archs",
+        "+model.archs={a: {name: lenet5, fc_layers: 3}, b: {name: lenet5, fc_layers: 2}}",
+    ]
     with pytest.raises((ConfigError, ValueError), match="different widths"):
         make(compose, tiny_overrides, "method=felo", *archs)
 
@@ -174,18 +233,34 @@ def test_architectures_of_different_feature_widths_are_refused(compose, tiny_ove
 def test_group_models_are_evaluated_on_the_global_test_set_and_transfer_only_with_the_losses(compose, tiny_overrides):
     """The spec's transfer check: one architecture's extractor through another's classifier
     scores well above the kd_alpha = 0 control (group FedAvg only), whose features never align."""
+
     def transfer(alpha: float) -> tuple[dict, list]:
-        cfg, strategy = make(compose, tiny_overrides, "method=felo", "rounds=8", "method.total_rounds=8", f"method.alpha={alpha}",
-                             "dataset.public=holdout", "dataset.public_fraction=0.3", *FELO, "local_steps=10", "method.warmup=0.1")
+        cfg, strategy = make(
+            compose,
+            tiny_overrides,
+            "method=felo",
+            "rounds=8",
+            "method.total_rounds=8",
+            f"method.alpha={alpha}",
+            "dataset.public=holdout",
+            "dataset.public_fraction=0.3",
+            *FELO,
+            "local_steps=10",
+            "method.warmup=0.1",
+        )
         records = run(strategy, InProcessGrid(6), 8)
         return strategy.run_summary(), records
 
     felo, records = transfer(2.0)
     control, _ = transfer(0.0)
-    assert all(0 <= r["global_acc"] <= 1 and {"global_acc@l2", "global_acc@l3", "global_acc@l4"} <= set(r) for r in records)
+    assert all(
+        0 <= r["global_acc"] <= 1 and {"global_acc@l2", "global_acc@l3", "global_acc@l4"} <= set(r) for r in records
+    )
     assert records[-1]["global_acc"] > 0.3  # chance: 0.1
     assert felo["final_global_acc"] == records[-1]["global_acc"]
-    assert felo["global_acc_second_half"] == pytest.approx(np.mean([r["global_acc"] for r in records[4:]]))  # rounds 5-8
+    assert felo["global_acc_second_half"] == pytest.approx(
+        np.mean([r["global_acc"] for r in records[4:]])
+    )  # rounds 5-8
     print(f"[felo] transfer {felo['transfer_acc_mean']:.3f} vs control {control['transfer_acc_mean']:.3f}")
     # measured 0.42 against 0.14 (chance 0.10; 15 rounds: 0.63)
     assert felo["transfer_acc_mean"] > 0.3 and felo["transfer_acc_mean"] > control["transfer_acc_mean"] + 0.15

@@ -1,4 +1,5 @@
-"""Felo/Velo's math (Felo/Velo paper, set-up, scaled to a CPU unit tests 2, 3, 6, 7): the client's per-class knowledge, the
+"""Felo/Velo's math (Felo/Velo paper, set-up, scaled to a CPU unit tests 2, 3, 6, 7): the client's per-class knowledge,
+the
 distillation terms, the server's knowledge store and Velo's CVAE."""
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def test_the_store_is_a_capped_fifo_or_one_entry_per_client_and_checkpoints():
     for store, kwargs in ((fifo, dict(feature_cap=2, logit_cap=3)), (latest, dict(window="latest_per_client"))):
         copy = KnowledgeStore(num_classes=1, feature_dim=1, **kwargs)
         copy.load_state(store.state())
-        assert np.array_equal(copy.class_features(), store.class_features()) and np.array_equal(copy.class_logits(), store.class_logits())
+        assert np.array_equal(copy.class_features(), store.class_features()) and np.array_equal(
+            copy.class_logits(), store.class_logits()
+        )
         copy.add(7, [[10.0]], [[10.0]], [1])
         store.add(7, [[10.0]], [[10.0]], [1])
         assert np.array_equal(copy.class_features(), store.class_features())
@@ -144,7 +147,9 @@ def test_the_cvae_learns_and_its_samples_are_class_separable(kind):
     torch.manual_seed(0)
     model = CVAE(feature_dim=16, num_classes=10, label_dim=16, hidden=64, latent=8)
     gen = torch.Generator().manual_seed(0)
-    history = train_cvae(model, torch.from_numpy(feats), torch.from_numpy(labels), gen, epochs=40, batch_size=50, lr=3e-3, kind=kind)
+    history = train_cvae(
+        model, torch.from_numpy(feats), torch.from_numpy(labels), gen, epochs=40, batch_size=50, lr=3e-3, kind=kind
+    )
     assert history[-1] < 0.5 * history[0], history
     synth, synth_labels = model.synthesize(torch.Generator().manual_seed(1), per_class=20)
     class_means = np.stack([feats[labels == c].mean(0) for c in range(10)])

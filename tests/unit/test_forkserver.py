@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_preload_flag_is_taken_out_and_every_other_flag_is_flowers():
-    assert forkserver.split_preload(["--preload", "torch,colorsys", "--insecure"]) == (("torch", "colorsys"), ["--insecure"])
-    assert forkserver.split_preload(["--runtime-api-address", "a:1", "--preload=numpy"]) == (("numpy",), ["--runtime-api-address", "a:1"])
+    assert forkserver.split_preload(["--preload", "torch,colorsys", "--insecure"]) == (
+        ("torch", "colorsys"),
+        ["--insecure"],
+    )
+    assert forkserver.split_preload(["--runtime-api-address", "a:1", "--preload=numpy"]) == (
+        ("numpy",),
+        ["--runtime-api-address", "a:1"],
+    )
     assert forkserver.split_preload(["--insecure"]) == (forkserver.DEFAULT_PRELOAD, ["--insecure"])
     with pytest.raises(SystemExit, match="comma-separated list"):
         forkserver.split_preload(["--insecure", "--preload"])
@@ -105,17 +111,40 @@ def test_other_task_types_start_as_flower_starts_them(monkeypatch):
 
     executor = forkserver.ForkserverExecutor(("colorsys",))
     started = []
-    monkeypatch.setattr(executor._fallback, "launch", lambda spec: started.append(spec.task_type) or LaunchResult.accepted())
-    spec = ExecutionSpec(task_type=TaskType.SERVER_APP, runtime_api_address="127.0.0.1:1", token="ab" * 16, insecure=True,
-                         root_certificates_path=None, runtime_dependency_install=False, parent_pid=None, suppress_output=True, task_id=1)
+    monkeypatch.setattr(
+        executor._fallback, "launch", lambda spec: started.append(spec.task_type) or LaunchResult.accepted()
+    )
+    spec = ExecutionSpec(
+        task_type=TaskType.SERVER_APP,
+        runtime_api_address="127.0.0.1:1",
+        token="ab" * 16,
+        insecure=True,
+        root_certificates_path=None,
+        runtime_dependency_install=False,
+        parent_pid=None,
+        suppress_output=True,
+        task_id=1,
+    )
     assert executor.launch(spec).status == "accepted" and started == [TaskType.SERVER_APP]
     assert executor.running == 0  # nothing was forked
 
 
 def test_the_command_exits_with_the_fix_when_a_preload_module_is_missing():
     out = subprocess.run(
-        [sys.executable, "-m", "client_app.forkserver", "--preload", "no_such_module_xyz", "--runtime-api-address", "127.0.0.1:9", "--insecure"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "client_app.forkserver",
+            "--preload",
+            "no_such_module_xyz",
+            "--runtime-api-address",
+            "127.0.0.1:9",
+            "--insecure",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode != 0
     assert "could not import ['no_such_module_xyz']" in out.stderr and "--preload" in out.stderr

@@ -13,7 +13,6 @@ from test_strategy_base import make, run
 from models.schema import assign_archs
 from server_app.config import ConfigError
 from server_app.inprocess import InProcessGrid
-from strategies.fedavg import FedAvg
 from strategies.fedper import FedPer
 
 MIXED = ["model=mixed", "num_clients=6", "fraction=1.0"]  # lenet5 with 1 FC layer, with 3, and the KAPC CNN
@@ -30,7 +29,14 @@ def train_specs(grid):
 
 def test_every_client_gets_its_own_architectures_model_and_only_equals_are_averaged(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
-    assert strategy.arch_of == {0: "lenet5_1fc", 1: "lenet5_1fc", 2: "lenet5_3fc", 3: "lenet5_3fc", 4: "cnn_kapc", 5: "cnn_kapc"}
+    assert strategy.arch_of == {
+        0: "lenet5_1fc",
+        1: "lenet5_1fc",
+        2: "lenet5_3fc",
+        3: "lenet5_3fc",
+        4: "cnn_kapc",
+        5: "cnn_kapc",
+    }
     schemas = strategy.schemas
     assert schemas["lenet5_1fc"].groups == ("conv1", "conv2", "classifier") and "fc1" in schemas["lenet5_3fc"].groups
     grid = InProcessGrid(6)
@@ -41,7 +47,11 @@ def test_every_client_gets_its_own_architectures_model_and_only_equals_are_avera
         arch = strategy.arch_of[cid]
         assert spec["arch"] == arch and spec["model"] == schemas[arch].spec  # the client builds its own model
         assert keys == set(schemas[arch].keys())  # ... and receives that model's tensors
-    replies = {int(r.content.metric_records["metrics"]["client-id"]): r for r in grid.replies if r.metadata.message_type == "train"}
+    replies = {
+        int(r.content.metric_records["metrics"]["client-id"]): r
+        for r in grid.replies
+        if r.metadata.message_type == "train"
+    }
     for arch, members in (("lenet5_1fc", [0, 1]), ("lenet5_3fc", [2, 3]), ("cnn_kapc", [4, 5])):
         n = [replies[c].content.metric_records["metrics"]["num-examples"] for c in members]
         for key, value in strategy.arch_arrays[arch].items():
@@ -66,7 +76,9 @@ def test_a_reply_holding_another_architectures_tensors_is_rejected(compose, tiny
     grid.tamper = {0: swap}
     before = {k: v.copy() for k, v in strategy.arch_arrays["lenet5_1fc"].items()}
     records = run(strategy, grid, rounds=1)
-    assert [d["client"] for d in records[0]["dropped"]] == [0] and "array keys differ" in records[0]["dropped"][0]["reason"]
+    assert [d["client"] for d in records[0]["dropped"]] == [0] and "array keys differ" in records[0]["dropped"][0][
+        "reason"
+    ]
     # client 1 alone made lenet5_1fc's model: client 0's numbers are nowhere in it
     assert records[0]["clients"] == [1, 2, 3, 4, 5]
     assert not all(np.array_equal(before[k], strategy.arch_arrays["lenet5_1fc"][k]) for k in before)
@@ -109,7 +121,11 @@ def test_methods_for_one_architecture_refuse_a_mixed_config(compose, tiny_overri
     from server_app.runner import build_models
 
     with pytest.raises(ValueError, match="runs one architecture"):
-        FedPer(build_models(cfg), {**fedavg.client_spec, "archs": {a: s.spec for a, s in fedavg.schemas.items()}}, num_clients=6)
+        FedPer(
+            build_models(cfg),
+            {**fedavg.client_spec, "archs": {a: s.spec for a, s in fedavg.schemas.items()}},
+            num_clients=6,
+        )
     with pytest.raises(AttributeError, match="arch_arrays"):
         fedavg.global_arrays  # there is no one global model
 
@@ -153,7 +169,10 @@ def test_fedavg_across_architectures_keeps_heterogeneous_state_through_a_checkpo
     _, fresh = make(compose, tiny_overrides, "method=fedavg", *MIXED)
     fresh.load_state_dict(decode(tree, arrays, fresh.state_dict()))
     for arch in strategy.schemas:
-        assert all(np.array_equal(strategy.arch_arrays[arch][k], fresh.arch_arrays[arch][k]) for k in strategy.arch_arrays[arch])
+        assert all(
+            np.array_equal(strategy.arch_arrays[arch][k], fresh.arch_arrays[arch][k])
+            for k in strategy.arch_arrays[arch]
+        )
     assert fresh.arch_of == strategy.arch_of
     bad = dict(decode(tree, arrays))
     bad["arch_arrays"] = {"lenet5_3fc": bad["arch_arrays"]["lenet5_3fc"]}

@@ -20,8 +20,8 @@ from strategies.kapc_math import (
     centered,
     cube_gradient,
     cube_step,
-    heard_mixing,
     downlink_mask,
+    heard_mixing,
     project_rows,
     slice_rows,
     write_back,
@@ -36,7 +36,9 @@ def test_closed_form_gradient_equals_autograd():
     r = torch.tensor(project_rows(rng.random((m, m))), requires_grad=True)
     loss = lam * ((r @ x - x) ** 2).sum() + beta / 2 * ((r - 1.0 / m) ** 2).sum()
     loss.backward()
-    np.testing.assert_allclose(cube_gradient(r.detach().numpy(), (x @ x.T).numpy(), lam, beta), r.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(
+        cube_gradient(r.detach().numpy(), (x @ x.T).numpy(), lam, beta), r.grad.numpy(), rtol=1e-10
+    )
 
 
 def test_rows_stay_a_distribution_after_every_step_and_regularizers_are_convex_combinations():
@@ -115,8 +117,14 @@ def test_downlink_mask_by_self_weight_and_everything_at_first_contact():
     assert downlink_mask(block, 0.7, [False, True]).tolist() == [[False, True, False], [True, True, True]]
     assert downlink_mask(block, None, [False, False]).all()
     # Eq. 20: client 0 uploaded 2 layers last time, so its third goes toward its own weights, unsent
-    assert downlink_mask(block, None, [False, False], prefix=[2, 3]).tolist() == [[True, True, False], [True, True, True]]
-    assert downlink_mask(block, 0.7, [False, True], prefix=[2, 1]).tolist() == [[False, True, False], [True, True, True]]
+    assert downlink_mask(block, None, [False, False], prefix=[2, 3]).tolist() == [
+        [True, True, False],
+        [True, True, True],
+    ]
+    assert downlink_mask(block, 0.7, [False, True], prefix=[2, 1]).tolist() == [
+        [False, True, False],
+        [True, True, True],
+    ]
 
 
 def test_unheard_co_participants_are_left_out_of_the_mix_by_hand():
@@ -124,7 +132,9 @@ def test_unheard_co_participants_are_left_out_of_the_mix_by_hand():
     same, sendable = heard_mixing(w, [True, True, True])
     assert (same is w or np.array_equal(same, w)) and sendable.all()  # everyone heard: untouched
     mixed, sendable = heard_mixing(w, [True, False, True])  # client 1 never uploaded this layer
-    assert np.allclose(mixed, [[0.5 / 0.7, 0, 0.2 / 0.7], [0.1 / 0.4, 0, 0.3 / 0.4], [0.25, 0, 0.75]]) and sendable.all()
+    assert (
+        np.allclose(mixed, [[0.5 / 0.7, 0, 0.2 / 0.7], [0.1 / 0.4, 0, 0.3 / 0.4], [0.25, 0, 0.75]]) and sendable.all()
+    )
     mixed, sendable = heard_mixing(w, [False, True, False])
     assert sendable.tolist() == [True, True, True] and np.allclose(mixed[:, 1], 1.0)
     mixed, sendable = heard_mixing(w, [False, False, False])  # nobody heard: nothing to send
@@ -137,13 +147,20 @@ def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
     model = build_model("cnn_kapc", (1, 28, 28), 10, seed=0)
     trained = None
     for unheard in ("skip", "initial"):
-        strategy = build_strategy("kapc", model, {"model": {"name": "cnn_kapc"}}, num_clients=3, fraction=1.0, seed=0,
-                                  method_args={"cube_steps": 0, "unheard": unheard})
+        strategy = build_strategy(
+            "kapc",
+            model,
+            {"model": {"name": "cnn_kapc"}},
+            num_clients=3,
+            fraction=1.0,
+            seed=0,
+            method_args={"cube_steps": 0, "unheard": unheard},
+        )
         trained = trained or {k: v + 1.0 for k, v in strategy.global_arrays.items()}
         strategy.models[0] = trained  # client 0 has uploaded; clients 1 and 2 are new
         down = strategy.extra_downlinks([0, 1, 2], 5)
         for c in (0, 1, 2):
-            s = {k[len(REGULARIZER_PREFIX):]: v for k, v in down[c].items()}
+            s = {k[len(REGULARIZER_PREFIX) :]: v for k, v in down[c].items()}
             if unheard == "skip":  # the only heard model, whatever the weights
                 assert all(np.allclose(s[k], trained[k]) for k in trained)
             else:  # R[c, l, 0] of the trained model, the rest w^0: most of the pull is toward w^0
@@ -158,7 +175,13 @@ def direct_criterion(omega, d, n, b_hat, tau_hat, b, tau, c):
     layers = len(d)
     m_full = sum(tau[l] / (2 * b[l]) * math.prod(math.sqrt(x) for x in n[l + 1 :]) for l in range(layers))
     m_part = sum(tau_hat[l] / (2 * b_hat[l]) * math.prod(math.sqrt(x) for x in n[l + 1 : omega]) for l in range(omega))
-    lhs = layers * d[omega - 1] * m_part * math.prod(b_hat[:omega]) / (omega * c * 2 ** (layers - omega) * m_full * math.prod(b[:omega]))
+    lhs = (
+        layers
+        * d[omega - 1]
+        * m_part
+        * math.prod(b_hat[:omega])
+        / (omega * c * 2 ** (layers - omega) * m_full * math.prod(b[:omega]))
+    )
     return lhs < math.prod(b[omega:])
 
 
@@ -169,9 +192,14 @@ def test_log_space_criterion_equals_the_direct_formula():
         b_hat, tau_hat = rng.uniform(0.5, 3, 3), rng.uniform(0.01, 2, 3)
         b, tau = np.maximum(b_hat, rng.uniform(0.5, 3, 3)), np.maximum(tau_hat, rng.uniform(0.01, 2, 3))
         for omega in (1, 2, 3):
-            assert criterion(omega, d, n, b_hat, tau_hat, b, tau, 10) == direct_criterion(omega, d, n, b_hat, tau_hat, b, tau, 10)
+            assert criterion(omega, d, n, b_hat, tau_hat, b, tau, 10) == direct_criterion(
+                omega, d, n, b_hat, tau_hat, b, tau, 10
+            )
     assert log_bound(3, d, n, [1, 1, 1], [1, 1, 1], classes=10) == pytest.approx(
-        math.log(10) + 3 * math.log(2) + math.log(sum(1 / 2 * math.prod(math.sqrt(x) for x in n[l + 1 :]) for l in range(3))) - math.log(3)
+        math.log(10)
+        + 3 * math.log(2)
+        + math.log(sum(1 / 2 * math.prod(math.sqrt(x) for x in n[l + 1 :]) for l in range(3)))
+        - math.log(3)
     )
 
 
@@ -194,14 +222,23 @@ def test_alg4_walks():
 # ----------------------------------------------------------------------------- bytes and routing
 def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes():
     model = build_model("resnet18", (3, 32, 32), 10, seed=0)  # torchvision resnet18(num_classes=10)
-    strategy = build_strategy("kapc_bls", model, {"model": {"name": "resnet18"}}, num_clients=3, fraction=1.0, seed=0,
-                              method_args={"cube_init": "uniform", "cube_steps": 0})  # only the layer set below is masked
+    strategy = build_strategy(
+        "kapc_bls",
+        model,
+        {"model": {"name": "resnet18"}},
+        num_clients=3,
+        fraction=1.0,
+        seed=0,
+        method_args={"cube_init": "uniform", "cube_steps": 0},
+    )  # only the layer set below is masked
     assert len(strategy.layers) == 21
     assert strategy.extra_downlinks([0, 1, 2], 1)[0] == {}  # nobody heard from yet: nothing to coach with
     for c in range(3):
         strategy.models[c] = dict(strategy.global_arrays)  # each has uploaded its whole model once
     down = strategy.extra_downlinks([0, 1, 2], 1)[0]
-    assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(42.655, abs=5e-4)  # 11,181,642 parameters x 4 B
+    assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(
+        42.655, abs=5e-4
+    )  # 11,181,642 parameters x 4 B
     sizes = [sum(strategy.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
     sets = strategy.uplink_sets(0, 1)
     assert len(sets[0]) == sum(len(keys) for keys in strategy.layers[:19])  # omega_min = L - 2 = 19
@@ -225,9 +262,13 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
             if int(m.content["config"]["server-round"]) == 1:
                 assert keys == set()  # round 1: the server has heard from nobody, so it has nothing to coach with
             else:
-                assert keys == {"extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays}  # s_i only, as extras
+                assert keys == {
+                    "extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays
+                }  # s_i only, as extras
     assert records[0]["bytes_down"] == 0 and records[0]["unheard_layers"] == 4 * len(strategy.layers)
-    assert records[1]["bytes_down"] == records[1]["bytes_up"] and records[1]["unheard_layers"] == 0  # the full model both ways
+    assert (
+        records[1]["bytes_down"] == records[1]["bytes_up"] and records[1]["unheard_layers"] == 0
+    )  # the full model both ways
     assert strategy.q.tolist() == [2, 2, 2, 2] and len(strategy.models) == 4
     from strategies.evaluation import summarize
 
@@ -236,7 +277,9 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
 
 
 def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
-    _, strategy = make(compose, tiny_overrides, "method=kapc_bls", "model=cnn_kapc", "fraction=1.0", "rounds=3", "method.mu=0.0")
+    _, strategy = make(
+        compose, tiny_overrides, "method=kapc_bls", "model=cnn_kapc", "fraction=1.0", "rounds=3", "method.mu=0.0"
+    )
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=3)
     keys = [k for layer in strategy.layers for k in layer]
@@ -247,7 +290,9 @@ def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
     full = 4 * sum(v.nbytes for v in strategy.global_arrays.values())
     assert records[0]["bytes_down"] == 0 and records[0]["bytes_up"] < full  # round 1: nobody heard from yet
     assert records[1]["bytes_down"] < full and records[1]["unheard_layers"] == 0  # mu = 0 leaves the layers out
-    specs = [json.loads(m.content.config_records["config"]["spec"]) for m in grid.sent if m.metadata.message_type == "train"]
+    specs = [
+        json.loads(m.content.config_records["config"]["spec"]) for m in grid.sent if m.metadata.message_type == "train"
+    ]
     assert all(s["role_args"]["first"] for s in specs[:4]) and not any(s["role_args"]["first"] for s in specs[4:])
 
 
@@ -255,7 +300,12 @@ def test_lambda_zero_is_local_training_bit_for_bit(compose, tiny_overrides):
     histories = []
     for method in (["method=local"], ["method=kapc", "method.lam=0"]):
         _, strategy = make(compose, tiny_overrides, *method, "model=cnn_kapc")
-        histories.append([(r["clients"], r["test_before_acc"], r["test_after_acc"], r["train_loss"]) for r in run(strategy, InProcessGrid(4), 3)])
+        histories.append(
+            [
+                (r["clients"], r["test_before_acc"], r["test_after_acc"], r["train_loss"])
+                for r in run(strategy, InProcessGrid(4), 3)
+            ]
+        )
     assert histories[0] == histories[1]
 
 
@@ -264,6 +314,7 @@ def test_masked_reg_none_leaves_a_layer_not_sent_to_cross_entropy(compose, tiny_
     every layer is still pulled toward its round-start weights (here w^0) with weight lambda, so
     the round differs from Local's; with ``none`` the unsent layers train on CE alone: Local's round,
     bit for bit. From round 2 the coached layers make KAPC differ again."""
+
     def first_round(*method: str):
         _, strategy = make(compose, tiny_overrides, *method, "model=cnn_kapc", "fraction=1.0")
         return [(r["test_after_acc"], r["train_loss"]) for r in run(strategy, InProcessGrid(4), 2)]
@@ -302,9 +353,18 @@ def test_the_cube_moves_into_the_groups_at_the_default_settings_and_bls_saves_do
         assert within[layer] > 5 * between[layer], (layer, within, between)
     # self-weights above mu = 0.7 on some clients' fc1 (ALG3), besides the layers after Omega (Eq. 20)
     assert rounds[-1]["masked_by_layer"][2] >= 1 and rounds[0]["masked_layers"] == 0
-    sent = [sum(len(m.content.array_records["arrays"].keys()) for m in grid.sent
-                if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == rnd) for rnd in (1, 2, 12)]
+    sent = [
+        sum(
+            len(m.content.array_records["arrays"].keys())
+            for m in grid.sent
+            if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == rnd
+        )
+        for rnd in (1, 2, 12)
+    ]
     # round 1 sends nothing (the server has heard from nobody yet); round 2 every heard layer
     assert sent[0] == 0 and rounds[0]["bytes_down"] == 0, (sent, [r["bytes_down"] for r in rounds])
-    assert sent[2] < sent[1] and rounds[-1]["bytes_down"] < 0.8 * rounds[1]["bytes_down"], (sent, [r["bytes_down"] for r in rounds])
+    assert sent[2] < sent[1] and rounds[-1]["bytes_down"] < 0.8 * rounds[1]["bytes_down"], (
+        sent,
+        [r["bytes_down"] for r in rounds],
+    )
     assert summary["cube_delta_mean"] > 0.01 and (run_dir / "cube.png").stat().st_size > 5000

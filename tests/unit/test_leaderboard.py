@@ -22,21 +22,40 @@ from server_app.leaderboard import (
     write_page,
 )
 
-TINY = ["dataset=digits", "num_clients=4", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20",
-        "backend=serial", "alpha=1.0"]
+TINY = [
+    "dataset=digits",
+    "num_clients=4",
+    "fraction=1.0",
+    "rounds=2",
+    "local_epochs=1",
+    "partition.min_size=20",
+    "backend=serial",
+    "alpha=1.0",
+]
 
 
 def tiny_plan(tmp_path: Path, entries: dict) -> tuple[dict, Path]:
-    plan = {"out": str(tmp_path / "lb"), "metric": "headline_test_before_acc", "seeds": [1, 2], "one_seed": [1],
-            "protocols": {"tiny": {"experiment": "smoke", "entries": "all"}}, "entries": {"all": entries}}
+    plan = {
+        "out": str(tmp_path / "lb"),
+        "metric": "headline_test_before_acc",
+        "seeds": [1, 2],
+        "one_seed": [1],
+        "protocols": {"tiny": {"experiment": "smoke", "entries": "all"}},
+        "entries": {"all": entries},
+    }
     path = tmp_path / "leaderboard.yaml"
     path.write_text(yaml.safe_dump(plan))
     return load_plan(path), tmp_path / "lb"
 
 
 def test_the_plan_places_every_run_and_refuses_what_it_does_not_know(tmp_path):
-    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
-                                      "local": {"overrides": ["method=local", *TINY], "seeds": "one_seed"}})
+    plan, root = tiny_plan(
+        tmp_path,
+        {
+            "fedavg": {"overrides": ["method=fedavg", *TINY]},
+            "local": {"overrides": ["method=local", *TINY], "seeds": "one_seed"},
+        },
+    )
     jobs = plan_jobs(plan, root)
     assert [(j.entry, j.seed) for j in jobs] == [("fedavg", 1), ("fedavg", 2), ("local", 1)]
     assert jobs[1].root == root / "runs" / "tiny" / "fedavg" / "seed2" and jobs[1].status() == "new"
@@ -51,16 +70,18 @@ def test_the_plan_places_every_run_and_refuses_what_it_does_not_know(tmp_path):
 
 
 def test_a_bad_entry_stops_the_whole_plan_before_any_run(tmp_path):
-    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
-                                      "fedcmd": {"overrides": ["method=fedcmd", *TINY]}})  # kp=20 >= 2 rounds
+    plan, root = tiny_plan(
+        tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]}, "fedcmd": {"overrides": ["method=fedcmd", *TINY]}}
+    )  # kp=20 >= 2 rounds
     with pytest.raises(ConfigError, match=r"(?s)2 leaderboard run\(s\) cannot start.*tiny/fedcmd/seed1: FedCMD kp=20"):
         run_jobs(plan_jobs(plan, root))
     assert not (root / "runs").exists()
 
 
 def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numbers(tmp_path, capsys):
-    plan, root = tiny_plan(tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]},
-                                      "local": {"overrides": ["method=local", *TINY]}})
+    plan, root = tiny_plan(
+        tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]}, "local": {"overrides": ["method=local", *TINY]}}
+    )
     jobs = plan_jobs(plan, root)
     run_jobs(jobs)
     assert [j.status() for j in jobs] == ["done"] * 4
@@ -85,14 +106,23 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     assert f"Run time of the finished runs: {spent:.1f} h" in text and "unfinished" not in text
     assert time_budget([{"wall": 30.0}, {"wall": 90.0}], done=4, planned=10) == (120.0, 180.0)
     # a one-seed entry above the several-seed best is named, never the best
-    lone = mark_ties([{"entry": "solo", "mean": 99.0, "std": 0.0, "seeds": 1, "tie": False},
-                      {"entry": "a", "mean": 95.0, "std": 1.0, "seeds": 3}, {"entry": "b", "mean": 94.5, "std": 1.0, "seeds": 3}])
+    lone = mark_ties(
+        [
+            {"entry": "solo", "mean": 99.0, "std": 0.0, "seeds": 1, "tie": False},
+            {"entry": "a", "mean": 95.0, "std": 1.0, "seeds": 3},
+            {"entry": "b", "mean": 94.5, "std": 1.0, "seeds": 3},
+        ]
+    )
     assert [r["entry"] for r in lone if r["best"]] == ["a"] and lone[2]["tie"]
-    assert verdict(lone) == ("Best: **a**, 95.00 ± 1.00 over 3 seed(s). Above it on one seed only (no spread, so not a win): "
-                             "solo 99.00. Within the seed spread of it (a tie, not a win): b.")
+    assert verdict(lone) == (
+        "Best: **a**, 95.00 ± 1.00 over 3 seed(s). Above it on one seed only (no spread, so not a win): "
+        "solo 99.00. Within the seed spread of it (a tie, not a win): b."
+    )
     assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
-    assert (root / "tiny_accuracy_vs_round.png").exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
+    assert (
+        root / "tiny_accuracy_vs_round.png"
+    ).exists() and "![tiny_accuracy_vs_mib](../lb/tiny_accuracy_vs_mib.png)" in text
     assert "Read this" not in text
     plan["protocols"]["tiny"]["note"] = "Read this: the rows measure different models."
     plan["intro"] = "The set-up: 100 rounds."
@@ -122,9 +152,18 @@ def test_ties_need_the_seed_spread_of_both_entries():
         return {"entry": entry, "mean": mean, "std": std, "seeds": seeds}
 
     rows = mark_ties([row("c", 87.0, 0.5), row("a", 90.0, 1.0), row("d", 89.9, 0.0, seeds=1), row("b", 88.5, 0.6)])
-    assert [(r["entry"], r["tie"]) for r in rows] == [("a", False), ("d", False), ("b", True), ("c", False)]  # 1.5 <= 1.6; 3.0 > 1.5
-    assert verdict(rows) == "Best: **a**, 90.00 ± 1.00 over 3 seed(s). Within the seed spread of it (a tie, not a win): b."
-    assert verdict([row("x", 80.0, 0.0, seeds=1) | {"tie": False}]).endswith("One seed only: no spread to compare with.")
+    assert [(r["entry"], r["tie"]) for r in rows] == [
+        ("a", False),
+        ("d", False),
+        ("b", True),
+        ("c", False),
+    ]  # 1.5 <= 1.6; 3.0 > 1.5
+    assert (
+        verdict(rows) == "Best: **a**, 90.00 ± 1.00 over 3 seed(s). Within the seed spread of it (a tie, not a win): b."
+    )
+    assert verdict([row("x", 80.0, 0.0, seeds=1) | {"tie": False}]).endswith(
+        "One seed only: no spread to compare with."
+    )
 
 
 def test_a_malformed_second_metric_is_refused(tmp_path):
@@ -143,7 +182,9 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
     a panel share colour and line style."""
     from server_app.leaderboard import ONE_PANEL, line_styles, panel_layout
 
-    plan = {"families": {"seed methods": ["fedcmd", "kapc"], "personal layers": ["fedper", "fedrep"], "global": ["fedavg"]}}
+    plan = {
+        "families": {"seed methods": ["fedcmd", "kapc"], "personal layers": ["fedper", "fedrep"], "global": ["fedavg"]}
+    }
     entries = ["fedper", "fedcmd", "ditto", "fedrep", "kapc", "fedavg", "moon", "local", "feddyn"]  # best first
     rows = [{"entry": e} for e in entries]
     assert len(rows) > ONE_PANEL

@@ -21,4 +21,3 @@ def test_lgfedavg_lower_groups_stay_upper_groups_travel(compose, tiny_overrides)
     assert states and all(set(strategy.keys(["conv1", "conv2"])) <= set(s.keys()) for s in states)
     _, custom = make(compose, tiny_overrides, "method=lgfedavg", "method.local_groups=[conv1]")
     assert custom.personal_groups(0, 1) == ["conv1"]
-

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from client_app.runtime import client_data
 from federated_data import DataSpec, load_client_data, partition_sizes
 from federated_data.export import export_partitions
 from federated_data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
-from client_app.runtime import client_data
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = DataSpec(dataset="digits", num_clients=3, alpha=1.0, min_size=20)
@@ -61,7 +61,11 @@ def test_the_server_has_no_partition_to_check_and_the_node_brings_its_directory(
 
 def _write(path, n=12, shape=(1, 28, 28), classes=10, dtype=np.uint8, **meta):
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, size=(n, *shape)).astype(dtype) if dtype == np.uint8 else rng.random((n, *shape), dtype=np.float32)
+    images = (
+        rng.integers(0, 256, size=(n, *shape)).astype(dtype)
+        if dtype == np.uint8
+        else rng.random((n, *shape), dtype=np.float32)
+    )
     labels = np.arange(n) % classes
     return write_local_dir(path, (images, labels), (images[:4], labels[:4]), name="mine", num_classes=classes, **meta)
 
@@ -134,8 +138,15 @@ def test_nodes_with_their_own_data_record_no_partition(tmp_path, compose):
 
     grid = InProcessGrid(0)
     for cid in range(2):
-        write_local_dir(tmp_path / f"n{cid}", *(2 * [(np.zeros((8, 1, 16, 16), np.uint8) + cid, np.arange(8) % 2)]), name="mine", num_classes=10)
+        write_local_dir(
+            tmp_path / f"n{cid}",
+            *(2 * [(np.zeros((8, 1, 16, 16), np.uint8) + cid, np.arange(8) % 2)]),
+            name="mine",
+            num_classes=10,
+        )
         grid.add_node(cid, 1000 + cid, {"client-id": cid, "data-dir": str(tmp_path / f"n{cid}")})
-    cfg = compose("dataset=local", "dataset.options.image_size=16", "num_clients=2", "rounds=1", "method=fedavg", "local_epochs=1")
+    cfg = compose(
+        "dataset=local", "dataset.options.image_size=16", "num_clients=2", "rounds=1", "method=fedavg", "local_epochs=1"
+    )
     summary = run_experiment(grid, cfg, check_partition=False)
     assert (summary["partition"], summary["alpha"], summary["node_dataset"]) == ("node-local", None, "mine")

@@ -37,7 +37,12 @@ def yaml_options(method: str) -> dict[str, object]:
 def own_options(cls: type[PersonalizedStrategy]) -> set[str]:
     """The options a method's class declares itself (not those a parent method's dataclass brings:
     FedHe takes Felo's feature options but sends no features)."""
-    parents = {f.name for base in cls.options_type.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    parents = {
+        f.name
+        for base in cls.options_type.__mro__[1:]
+        if dataclasses.is_dataclass(base)
+        for f in dataclasses.fields(base)
+    }
     shared = any(c.options_type is cls.options_type for c in cls.__mro__[1:] if issubclass(c, PersonalizedStrategy))
     return set() if shared else set(cls.options_type.names()) - parents
 
@@ -50,7 +55,8 @@ def disagreements(method: str, yaml: dict[str, object]) -> list[str]:
     problems += [f"option {k!r} missing from the yaml" for k in sorted(own_options(cls) - set(yaml))]
     skip = interpolated(method)
     problems += [
-        f"{k}: yaml {v!r} != options {declared[k]!r}" for k, v in yaml.items()
+        f"{k}: yaml {v!r} != options {declared[k]!r}"
+        for k, v in yaml.items()
         if k in declared and k not in skip and v != declared[k]
     ]
     return problems
@@ -65,11 +71,17 @@ def test_a_drifted_yaml_default_is_caught():
     """The check itself: KAPC's yaml saying lam 0.5 while its options say 1.0 is named."""
     yaml = {**yaml_options("kapc"), "lam": 0.5}
     assert disagreements("kapc", yaml) == ["lam: yaml 0.5 != options 1.0"]
-    assert disagreements("kapc", {k: v for k, v in yaml_options("kapc").items() if k != "beta"}) == ["option 'beta' missing from the yaml"]
+    assert disagreements("kapc", {k: v for k, v in yaml_options("kapc").items() if k != "beta"}) == [
+        "option 'beta' missing from the yaml"
+    ]
 
 
 def field_types(hint) -> set:
-    return set(typing.get_args(hint)) - {type(None)} if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+    return (
+        set(typing.get_args(hint)) - {type(None)}
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else {hint}
+    )
 
 
 def role_disagreements(method: str, sent: dict[str, object], role_args: type) -> list[str]:
@@ -124,12 +136,15 @@ def test_a_role_argument_that_drifts_from_its_option_is_caught():
     )
 
 
-@pytest.mark.parametrize("override, message", [
-    ("method.beta=-1", "method 'kapc': option beta must be >= 0, got -1; set method.beta=<value>"),
-    ("method.cube_lr=fast", "option cube_lr must be one of ['centered', 'theory'], or a number > 0, got 'fast'"),
-    ("method.cube_steps=1.5", "option cube_steps must be int, got 1.5"),
-    ("method.mu=2", "option mu must be >= 0 and <= 1, got 2"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("method.beta=-1", "method 'kapc': option beta must be >= 0, got -1; set method.beta=<value>"),
+        ("method.cube_lr=fast", "option cube_lr must be one of ['centered', 'theory'], or a number > 0, got 'fast'"),
+        ("method.cube_steps=1.5", "option cube_steps must be int, got 1.5"),
+        ("method.mu=2", "option mu must be >= 0 and <= 1, got 2"),
+    ],
+)
 def test_a_bad_option_fails_config_validation_naming_it(override, message):
     with pytest.raises(ConfigError) as err:
         compose_config(["method=kapc", override])
@@ -163,7 +178,6 @@ def test_methods_and_roles_register_by_subclassing():
     """Every strategy module's method is registered with no list to edit, every strategy's role
     exists on the client side with the same arguments class, and a name cannot be taken twice."""
     from client_app.roles import ROLES
-
     from server_app.methods_cli import declared_methods
 
     assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)

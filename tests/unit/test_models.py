@@ -151,9 +151,7 @@ def test_seed_reproduces_weights(name: str, kwargs: dict[str, Any]) -> None:
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
 
 
-@pytest.mark.parametrize(
-    "name, kwargs, shape, expected", SPEC_PARAMS, ids=[_case_id(s[:2]) for s in SPEC_PARAMS]
-)
+@pytest.mark.parametrize("name, kwargs, shape, expected", SPEC_PARAMS, ids=[_case_id(s[:2]) for s in SPEC_PARAMS])
 def test_parameter_counts_match_specs(
     name: str, kwargs: dict[str, Any], shape: tuple[int, int, int], expected: int
 ) -> None:

@@ -30,7 +30,10 @@ def test_moon_contrastive_term_on_hand_features():
 def test_moon_persists_the_previous_local_model_between_rounds(client):
     model, data, args = client
     role_ctx = ctx()
-    assert all(torch.equal(a, b) for a, b in zip(previous_model(model, role_ctx).state_dict().values(), model.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(previous_model(model, role_ctx).state_dict().values(), model.state_dict().values())
+    )
     metrics = build_role("moon", {"mu": 1.0, "tau": 0.5}).fit(model, data, args, role_ctx)
     trained = {k: v.clone() for k, v in model.state_dict().items()}
     assert set(role_ctx.extra_state) == {MOON_PREFIX + k for k in trained} and math.isfinite(metrics["train_loss"])
@@ -47,6 +50,7 @@ def test_moon_round_trip_is_fedavg_with_the_previous_model_on_the_client(compose
     _, strategy = make(compose, tiny_overrides, "method=moon", "fraction=1.0")
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=1)
-    assert not records[0]["dropped"] and all(k == set(strategy.global_arrays) for k in sent_keys(grid) + replied_keys(grid))
+    assert not records[0]["dropped"] and all(
+        k == set(strategy.global_arrays) for k in sent_keys(grid) + replied_keys(grid)
+    )
     assert all(any(k.startswith("extra." + MOON_PREFIX) for k in s) for s in trained_states(grid).values())
-

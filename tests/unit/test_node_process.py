@@ -14,9 +14,9 @@ import torch
 
 import client_app.node as node
 import client_app.runtime as runtime
+from client_app.runtime import client_data
 from federated_data import DataSpec, load_client_data
 from federated_data.node_cache import cache_dir, cache_path
-from client_app.runtime import client_data
 from strategies.messaging import REPLY_POLL_S, send_and_receive
 
 SPEC = DataSpec(dataset="digits", num_clients=3, alpha=1.0, min_size=20)
@@ -226,7 +226,8 @@ def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(comp
         "from server_app.config import compose_config\n"
         "cfg = compose_config(sys.argv[2:])\n"
         "s = simulate(cfg)\n"
-        "print(json.dumps({'det': torch.are_deterministic_algorithms_enabled(), 'acc': s['headline_test_before_acc']}))\n"
+        "print(json.dumps({'det': torch.are_deterministic_algorithms_enabled(), 'acc': "
+        "s['headline_test_before_acc']}))\n"
     )
     from server_app.cli import simulate
 

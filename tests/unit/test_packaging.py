@@ -24,7 +24,18 @@ def test_fab_holds_every_conf_file_and_stays_small(tmp_path):
 @pytest.mark.slow
 def test_wheel_holds_every_conf_file(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -46,7 +57,9 @@ def test_no_shipped_file_points_at_the_developers_shared_folder():
         pytest.skip("not a git checkout")
     offenders = []
     for name in shipped:
-        if Path(name).suffix not in {".py", ".yaml", ".yml", ".md", ".toml", ".txt", ".cfg", ""} or name.startswith("tests/unit/test_packaging"):
+        if Path(name).suffix not in {".py", ".yaml", ".yml", ".md", ".toml", ".txt", ".cfg", ""} or name.startswith(
+            "tests/unit/test_packaging"
+        ):
             continue
         path = ROOT / name
         if path.is_file() and "../shared" in path.read_text(errors="replace"):

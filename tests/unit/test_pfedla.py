@@ -32,7 +32,9 @@ def test_pfedla_hypernetwork_rows_sum_to_one_and_its_update_approaches_the_train
 
     before, alpha0 = gap(), hypernet().detach()
     pers = hypernet_step(hypernet, models, trained, layer_keys, lr=0.05)
-    assert np.allclose(pers["a"], alpha0[0].numpy() @ np.stack([m["a"] for m in models]), atol=1e-6)  # w~ it started from
+    assert np.allclose(
+        pers["a"], alpha0[0].numpy() @ np.stack([m["a"] for m in models]), atol=1e-6
+    )  # w~ it started from
     assert gap() < before
     alpha1 = hypernet().detach()
     assert alpha1[0, 0] > alpha0[0, 0] and alpha1[1, 2] < alpha0[1, 2]  # toward client 0, away from the far one
@@ -50,4 +52,3 @@ def test_pfedla_personalizes_layer_by_layer_and_updates_the_participants_hyperne
         k = "groups.fc2.0.weight"  # fc2 is group 3
         expected = sum(alpha[3, j] * strategy.models[j][k].astype(np.float64) for j in range(4))
         np.testing.assert_allclose(m.content.array_records["arrays"][k].numpy(), expected, rtol=1e-5, atol=1e-7)
-

@@ -37,6 +37,7 @@ def test_pfedsim_warmup_sends_everything_then_classifier_stays_and_bodies_differ
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
     everything, head, body = set(strategy.global_arrays), set(strategy.keys(HEAD)), set(strategy.keys(BODY))
+    assert head | body == everything and not head & body  # the classifier and the body split the model
     down = sent_keys(grid)
     assert [r["phase"] for r in records] == ["warmup", "personal"]
     assert all(keys == everything for keys in down[:4])  # round 1 (warm-up): FedAvg of everything
@@ -56,5 +57,6 @@ def test_pfedsim_warmup_sends_everything_then_classifier_stays_and_bodies_differ
         np.testing.assert_allclose(bodies[cid]["groups.fc1.0.weight"], expected, rtol=1e-5, atol=1e-6)
     assert len({tuple(strategy.sim[c].round(6)) for c in bodies}) == 4  # rows of S differ...
     k = "groups.fc1.0.weight"
-    assert all(not np.array_equal(bodies[a][k], bodies[b][k]) for a in bodies for b in bodies if a < b)  # ...so do bodies
-
+    assert all(
+        not np.array_equal(bodies[a][k], bodies[b][k]) for a in bodies for b in bodies if a < b
+    )  # ...so do bodies

@@ -15,8 +15,19 @@ class Clock:
         return self.t
 
 
-@pytest.mark.parametrize("seconds, text", [(0, "0:00"), (59.6, "1:00"), (61, "1:01"), (3599, "59:59"), (3661, "1:01:01"),
-                                           (None, "?"), (-1, "?"), (float("nan"), "?")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "0:00"),
+        (59.6, "1:00"),
+        (61, "1:01"),
+        (3599, "59:59"),
+        (3661, "1:01:01"),
+        (None, "?"),
+        (-1, "?"),
+        (float("nan"), "?"),
+    ],
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
 
@@ -77,8 +88,10 @@ def test_sweep_progress_line():
     clock.t += 20.0
     line = p.line(5)
     # run: 20 s for 5 rounds -> 20 s left, projected 25 + 20 = 45 s; sweep: 20 + 1 * mean(100, 45) = 92.5 s
-    assert line == ("progress: run 2/3 (method=fedper) | round 5/10 [##########..........]  50% | run 0:20, ETA 0:20"
-                    " | sweep 2:05, ETA 1:32")
+    assert line == (
+        "progress: run 2/3 (method=fedper) | round 5/10 [##########..........]  50% | run 0:20, ETA 0:20"
+        " | sweep 2:05, ETA 1:32"
+    )
 
 
 def test_sweep_of_unknown_size_shows_the_run_number_only():
@@ -97,7 +110,10 @@ def test_misjudged_sweep_size_is_dropped():
 
 
 def test_parse_sweep_counts_runs_as_hydra_does():
-    assert parse_sweep(["-m", "method=fedavg,fedper,local", "alpha=0.1,0.5", "rounds=5", "hydra.run.dir=."]) == (6, ["method", "alpha"])
+    assert parse_sweep(["-m", "method=fedavg,fedper,local", "alpha=0.1,0.5", "rounds=5", "hydra.run.dir=."]) == (
+        6,
+        ["method", "alpha"],
+    )
     assert parse_sweep(["method=fedavg", "rounds=5"]) == (1, [])
     assert parse_sweep(["seed=range(0,4)"]) == (4, ["seed"])
     assert parse_sweep(["method=fedavg,fedper"], {"seed": "1,2"}) == (4, ["seed", "method"])
@@ -140,14 +156,17 @@ def test_sweep_job_reads_hydras_job_number(monkeypatch):
 
 @pytest.mark.parametrize("progress", [True, False])
 def test_runner_logs_a_progress_line_per_round(compose, tiny_overrides, monkeypatch, progress):
-    from server_app.inprocess import InProcessGrid
-
     from server_app import runner
+    from server_app.inprocess import InProcessGrid
 
     lines: list[str] = []
     real_log = runner.log
-    monkeypatch.setattr(runner, "log", lambda level, msg, *args: (lines.append(msg % args), real_log(level, msg, *args)))
-    runner.run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", f"progress={str(progress).lower()}"))
+    monkeypatch.setattr(
+        runner, "log", lambda level, msg, *args: (lines.append(msg % args), real_log(level, msg, *args))
+    )
+    runner.run_experiment(
+        InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", f"progress={str(progress).lower()}")
+    )
     shown = [x for x in lines if x.startswith("progress: ")]
     if progress:
         assert [x.split(" [")[0] for x in shown] == ["progress: round 1/2", "progress: round 2/2"]

@@ -52,7 +52,11 @@ def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides
     from strategies import STRATEGIES
 
     for method in STRATEGIES:
-        extra = {"fedcmd": ["method.kp=2", "rounds=4"], "fedcpmd": ["method.kp=2", "rounds=4"], "fedtsdp": ["dataset.public=holdout"]}.get(method, [])
+        extra = {
+            "fedcmd": ["method.kp=2", "rounds=4"],
+            "fedcpmd": ["method.kp=2", "rounds=4"],
+            "fedtsdp": ["dataset.public=holdout"],
+        }.get(method, [])
         strategy = build(compose(*tiny_overrides, f"method={method}", *extra), run_token="t")
         for rnd in (1, 3):
             spec = strategy.task_spec(0, rnd, "train")
@@ -76,9 +80,20 @@ SIMULATION_HARNESS = {"server_app/inprocess.py", "server_app/parallel.py", "serv
 
 @pytest.mark.parametrize(
     "side, forbidden",
-    [("server_app", "client_app"), ("strategies", "client_app"), ("benchmarks", "client_app"), ("protocol", "client_app"),
-     ("models", "client_app"), ("federated_data", "client_app"), ("client_app", "strategies"), ("client_app", "server_app"),
-     ("protocol", "strategies"), ("models", "strategies"), ("federated_data", "strategies"), ("federated_data", "server_app")],
+    [
+        ("server_app", "client_app"),
+        ("strategies", "client_app"),
+        ("benchmarks", "client_app"),
+        ("protocol", "client_app"),
+        ("models", "client_app"),
+        ("federated_data", "client_app"),
+        ("client_app", "strategies"),
+        ("client_app", "server_app"),
+        ("protocol", "strategies"),
+        ("models", "strategies"),
+        ("federated_data", "strategies"),
+        ("federated_data", "server_app"),
+    ],
 )
 def test_the_server_never_imports_client_code_and_the_client_never_imports_strategies(side, forbidden):
     """Module-level and function-level imports alike; both sides share protocol/, models/ and

@@ -4,14 +4,16 @@ import json
 import subprocess
 from pathlib import Path
 
-from server_app.inprocess import InProcessGrid
 from server_app import provenance as prov
+from server_app.inprocess import InProcessGrid
 from server_app.report import write_report
 from server_app.runner import run_experiment
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
 
 
 def test_git_state_names_the_commit_and_only_code_changes_make_it_dirty(tmp_path):
@@ -70,7 +72,12 @@ def test_flower_run_fab_is_recorded():
         run = Run.create_empty(7)
 
     Grid.run.fab_id, Grid.run.fab_version, Grid.run.fab_hash = "pflower/pflower", "0.1.0", "f" * 64
-    assert prov.flwr_run(Grid()) == {"run_id": 7, "fab_id": "pflower/pflower", "fab_version": "0.1.0", "fab_hash": "f" * 64}
+    assert prov.flwr_run(Grid()) == {
+        "run_id": 7,
+        "fab_id": "pflower/pflower",
+        "fab_version": "0.1.0",
+        "fab_hash": "f" * 64,
+    }
     assert prov.flwr_run(InProcessGrid(2)) is None and prov.flwr_run(None) is None
 
 
@@ -83,10 +90,28 @@ def test_no_secret_of_the_command_line_reaches_any_file_a_run_writes(compose, ti
     """Under `flwr run` the ServerApp process is Flower's `flwr-serverapp ... --token <token>`:
     provenance.json records the command with every secret-bearing value redacted."""
     token = "tok-3f9a7c21e5"
-    argv = ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token", token,
-            f"--superexec-auth-secret={token}", "--root-certificates", f"/certs/{token}.pem", "--run-once"]
-    assert prov.safe_argv(argv) == ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:9091", "--token", "<redacted>",
-                                    "--superexec-auth-secret=<redacted>", "--root-certificates", "<redacted>", "--run-once"]
+    argv = [
+        "flwr-serverapp",
+        "--serverappio-api-address",
+        "127.0.0.1:9091",
+        "--token",
+        token,
+        f"--superexec-auth-secret={token}",
+        "--root-certificates",
+        f"/certs/{token}.pem",
+        "--run-once",
+    ]
+    assert prov.safe_argv(argv) == [
+        "flwr-serverapp",
+        "--serverappio-api-address",
+        "127.0.0.1:9091",
+        "--token",
+        "<redacted>",
+        "--superexec-auth-secret=<redacted>",
+        "--root-certificates",
+        "<redacted>",
+        "--run-once",
+    ]
     monkeypatch.setattr("sys.argv", argv)
     summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))
     files = [p for p in Path(summary["run_dir"]).rglob("*") if p.is_file()]

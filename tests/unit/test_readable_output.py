@@ -9,8 +9,15 @@ from server_app.runner import summary_table
 from strategies.round_log import format_round, format_value
 
 RECORD = {
-    "round": 3, "clients": [0, 1], "dropped": [], "bytes_down": 2**20, "bytes_up": 2**20, "round_time_s": 1.25,
-    "test_before_acc": 0.5, "mean_client_acc": 0.47178192807832264, "self_weight_by_layer": [0.1234567, 0.98765432],
+    "round": 3,
+    "clients": [0, 1],
+    "dropped": [],
+    "bytes_down": 2**20,
+    "bytes_up": 2**20,
+    "round_time_s": 1.25,
+    "test_before_acc": 0.5,
+    "mean_client_acc": 0.47178192807832264,
+    "self_weight_by_layer": [0.1234567, 0.98765432],
     "log_keys": ["mean_client_acc", "self_weight_by_layer"],
 }
 

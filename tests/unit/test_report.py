@@ -6,16 +6,25 @@ import pytest
 
 from server_app.report import find_runs, markdown, paper_numbers, report_rows
 
-
 PAPER_SETUP = "num_clients: 100\nfraction: 0.1\nmodel:\n  name: lenet5\npartition:\n  name: dirichlet\n"
 
 
 def fake_run(path, config=PAPER_SETUP, **summary):
     """A run with FedCMD's paper set-up (N=100, 10% a round, 200 rounds, LeNet-5, Dirichlet) unless changed."""
     path.mkdir(parents=True)
-    base = dict(method="fedcmd", dataset="fmnist", alpha=0.1, rounds=200, headline_test_before_acc=0.9665,
-                last20_test_before_acc=0.96, final_acc=0.95, total_mib_down=100.0, total_mib_up=300.0,
-                wall_time_s=600.0, personal_layer="fc2")
+    base = dict(
+        method="fedcmd",
+        dataset="fmnist",
+        alpha=0.1,
+        rounds=200,
+        headline_test_before_acc=0.9665,
+        last20_test_before_acc=0.96,
+        final_acc=0.95,
+        total_mib_down=100.0,
+        total_mib_up=300.0,
+        wall_time_s=600.0,
+        personal_layer="fc2",
+    )
     (path / "summary.json").write_text(json.dumps({**base, **summary}))
     (path / "config.yaml").write_text(config)
     return path
@@ -52,16 +61,41 @@ def test_options_pick_their_own_entry_and_a_paper_picks_its_metric(tmp_path):
         run = fake_run(tmp_path / distance, method="fedcpmd", personal_layer=None, mean_cluster_acc=cluster)
         if distance != "js":
             (run / "config.yaml").write_text(PAPER_SETUP + f"method:\n  name: fedcpmd\n  distance: {distance}\n")
-    kapc_a = "num_clients: 10\nfraction: 1.0\nmodel:\n  name: cnn_kapc\npartition:\n  name: dirichlet\ndataset:\n  subsample: 0.1\n"
+    kapc_a = (
+        "num_clients: 10\nfraction: 1.0\nmodel:\n  name: cnn_kapc\npartition:\n  name: dirichlet\n"
+        "dataset:\n  subsample: 0.1\n"
+    )
     fake_run(tmp_path / "kapc", config=kapc_a, method="kapc", rounds=50, personal_layer=None, best_mean_acc=0.97)
-    fake_run(tmp_path / "local", config=kapc_a, method="local", rounds=50, personal_layer=None, best_test_before_acc=0.9)
-    fake_run(tmp_path / "fedavg", config=kapc_a, method="fedavg", rounds=50, personal_layer=None, best_mean_acc=0.6, best_test_before_acc=0.5)
+    fake_run(
+        tmp_path / "local", config=kapc_a, method="local", rounds=50, personal_layer=None, best_test_before_acc=0.9
+    )
+    fake_run(
+        tmp_path / "fedavg",
+        config=kapc_a,
+        method="fedavg",
+        rounds=50,
+        personal_layer=None,
+        best_mean_acc=0.6,
+        best_test_before_acc=0.5,
+    )
     rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
-    assert (rows["fedcpmd"]["paper"], rows["fedcpmd"]["ours"], rows["fedcpmd"]["metric"]) == ("93.50", "95.00", "cluster mean")
+    assert (rows["fedcpmd"]["paper"], rows["fedcpmd"]["ours"], rows["fedcpmd"]["metric"]) == (
+        "93.50",
+        "95.00",
+        "cluster mean",
+    )
     assert (rows["fedcpmd (distance=w2)"]["paper"], rows["fedcpmd (distance=w2)"]["ours"]) == ("95.28", "96.00")
-    assert (rows["kapc"]["paper"], rows["kapc"]["ours"], rows["kapc"]["metric"]) == ("96.71", "97.00", "best round, trained")
+    assert (rows["kapc"]["paper"], rows["kapc"]["ours"], rows["kapc"]["metric"]) == (
+        "96.71",
+        "97.00",
+        "best round, trained",
+    )
     # one metric for every method; a run made before every method recorded it says what it shows instead
-    assert (rows["fedavg"]["paper"], rows["fedavg"]["ours"], rows["fedavg"]["metric"]) == ("57.85", "60.00", "best round, trained")
+    assert (rows["fedavg"]["paper"], rows["fedavg"]["ours"], rows["fedavg"]["metric"]) == (
+        "57.85",
+        "60.00",
+        "best round, trained",
+    )
     assert (rows["local"]["paper"], rows["local"]["ours"]) == ("88.33", "90.00")
     assert rows["local"]["metric"] == "best round (test_before: the run predates best_mean_acc)"
 
@@ -70,9 +104,13 @@ def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):
     """config.yaml's method options that differ from conf/method/<name>.yaml name the row;
     interpolated defaults (total_rounds: ${rounds}) never count as changed."""
     control = fake_run(tmp_path / "ctl", method="fedbabu", personal_layer=None)
-    (control / "config.yaml").write_text(PAPER_SETUP + "method:\n  name: fedbabu\n  finetune_epochs: 0\n  finetune_part: all\n")
+    (control / "config.yaml").write_text(
+        PAPER_SETUP + "method:\n  name: fedbabu\n  finetune_epochs: 0\n  finetune_part: all\n"
+    )
     plain = fake_run(tmp_path / "plain", method="fedcmd", alpha=0.5)
-    (plain / "config.yaml").write_text(PAPER_SETUP + "method:\n  name: fedcmd\n  kp: 20\n  total_rounds: 200\n  force_layer: fc2\n")
+    (plain / "config.yaml").write_text(
+        PAPER_SETUP + "method:\n  name: fedcmd\n  kp: 20\n  total_rounds: 200\n  force_layer: fc2\n"
+    )
     labels = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
     assert set(labels) == {"fedbabu (finetune_epochs=0)", "fedcmd (force_layer=fc2, l*=fc2)"}
     assert labels["fedbabu (finetune_epochs=0)"]["paper"] == "74.81"  # still the method's paper number
@@ -116,14 +154,35 @@ def real_run(path, method="fedavg", dataset="fmnist", alpha=0.1, rounds=6, acc=N
     writer = RunWriter(path)
     acc = acc or [0.1 * (i + 1) for i in range(rounds)]
     for r in range(1, rounds + 1):
-        writer.append_round({
-            "round": r, "clients": [0, 1], "dropped": [], "bytes_down": MIB, "bytes_up": MIB // 2,
-            "test_before_acc": acc[r - 1], "test_before_loss": 1.0, "test_after_acc": acc[r - 1],
-            "test_after_loss": 1.0, "train_loss": 0.5, "round_time_s": 0.25,
-        })
-    summary = {"method": method, "dataset": dataset, "model": "lenet5", "partition": partition, "alpha": alpha,
-               "num_clients": 2, **summarize(writer.rounds), "final_acc": 0.5, "final_clients": 2.0,
-               "wall_time_s": 3.0, "run_dir": str(path), **extra}
+        writer.append_round(
+            {
+                "round": r,
+                "clients": [0, 1],
+                "dropped": [],
+                "bytes_down": MIB,
+                "bytes_up": MIB // 2,
+                "test_before_acc": acc[r - 1],
+                "test_before_loss": 1.0,
+                "test_after_acc": acc[r - 1],
+                "test_after_loss": 1.0,
+                "train_loss": 0.5,
+                "round_time_s": 0.25,
+            }
+        )
+    summary = {
+        "method": method,
+        "dataset": dataset,
+        "model": "lenet5",
+        "partition": partition,
+        "alpha": alpha,
+        "num_clients": 2,
+        **summarize(writer.rounds),
+        "final_acc": 0.5,
+        "final_clients": 2.0,
+        "wall_time_s": 3.0,
+        "run_dir": str(path),
+        **extra,
+    }
     writer.write_summary(summary)
     return path
 
@@ -139,8 +198,8 @@ def png_chunks(data: bytes) -> list[bytes]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     chunks, i = [], 8
     while i < len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        chunks.append(data[i + 4:i + 8])
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        chunks.append(data[i + 4 : i + 8])
         i += 12 + n
     return chunks
 
@@ -151,7 +210,10 @@ def test_curve_is_read_from_metrics_jsonl(tmp_path):
     assert curve.rounds == (1, 2, 3, 4)
     assert curve.acc == (50.0, 25.0, None, 100.0)
     assert curve.mib == (1.5, 3.0, 4.5, 6.0)  # cumulative down + up
-    assert curve_points(curve, "round") == ([1.0, 2.0, 4.0], [50.0, 25.0, 100.0])  # the round without accuracy is left out
+    assert curve_points(curve, "round") == (
+        [1.0, 2.0, 4.0],
+        [50.0, 25.0, 100.0],
+    )  # the round without accuracy is left out
     assert curve_points(curve, "mib") == ([1.5, 3.0, 6.0], [50.0, 25.0, 100.0])
     assert curve_points(curve, "round", smooth=2)[1] == [50.0, 37.5, 62.5]
 
@@ -210,11 +272,15 @@ def test_report_writes_markdown_and_two_figures_per_group(tmp_path):
     out = tmp_path / "report"
     written = write_report(runs, out)
     names = sorted(p.name for p in written)
-    assert names == sorted([
-        "report.md",
-        "digits_iid_accuracy_vs_round.png", "digits_iid_accuracy_vs_mib.png",
-        "fmnist_a0.1_accuracy_vs_round.png", "fmnist_a0.1_accuracy_vs_mib.png",
-    ])
+    assert names == sorted(
+        [
+            "report.md",
+            "digits_iid_accuracy_vs_round.png",
+            "digits_iid_accuracy_vs_mib.png",
+            "fmnist_a0.1_accuracy_vs_round.png",
+            "fmnist_a0.1_accuracy_vs_mib.png",
+        ]
+    )
     assert sorted(p.name for p in out.iterdir()) == names
     md = (out / "report.md").read_text()
     assert md.index("## digits, iid partition") < md.index("## fmnist, α = 0.1")
@@ -282,9 +348,24 @@ def corrupt(tmp_path, name, text):
         ("summary.json", '{"method": "fedavg", ', r"summary\.json: not valid JSON \(.* at line 1 column"),
         ("summary.json", "[1, 2]", r"summary\.json: holds a JSON list, not an object"),
         ("summary.json", '{"method": "fedavg"}', r"summary\.json: missing key\(s\) \['dataset', 'rounds'"),
-        ("summary.json", json.dumps({**dict(method="a", dataset="b", rounds="ten", headline_test_before_acc=0.5,
-                                            last20_test_before_acc=0.5, total_mib_down=1, total_mib_up=1,
-                                            wall_time_s=1)}), r"summary\.json: rounds is 'ten', not int"),
+        (
+            "summary.json",
+            json.dumps(
+                {
+                    **dict(
+                        method="a",
+                        dataset="b",
+                        rounds="ten",
+                        headline_test_before_acc=0.5,
+                        last20_test_before_acc=0.5,
+                        total_mib_down=1,
+                        total_mib_up=1,
+                        wall_time_s=1,
+                    )
+                }
+            ),
+            r"summary\.json: rounds is 'ten', not int",
+        ),
     ],
 )
 def test_corrupt_summary_is_named(tmp_path, name, text, match):
@@ -338,10 +419,26 @@ def test_cli_usage_errors(tmp_path, capsys):
 def test_an_iid_or_shards_run_finds_its_table_by_partition_name(tmp_path):
     """FedTSDP's Tables 3 and 5 have no alpha: their results are keyed by the partition's name."""
     setup = "num_clients: 20\nfraction: 1.0\nmodel:\n  name: cnn_fedtsdp\npartition:\n  name: {}\n"
-    fake_run(tmp_path / "iid", config=setup.format("iid"), method="fedtsdp", dataset="cifar10", alpha=None,
-             partition="iid", final_acc=0.7, personal_layer=None)
-    fake_run(tmp_path / "shards", config=setup.format("shards"), method="fedper", dataset="cifar10", alpha=None,
-             partition="shards", final_acc=0.9, personal_layer=None)
+    fake_run(
+        tmp_path / "iid",
+        config=setup.format("iid"),
+        method="fedtsdp",
+        dataset="cifar10",
+        alpha=None,
+        partition="iid",
+        final_acc=0.7,
+        personal_layer=None,
+    )
+    fake_run(
+        tmp_path / "shards",
+        config=setup.format("shards"),
+        method="fedper",
+        dataset="cifar10",
+        alpha=None,
+        partition="shards",
+        final_acc=0.9,
+        personal_layer=None,
+    )
     rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
     assert rows["fedtsdp"]["paper"] == "72.98" and rows["fedtsdp"]["metric"] == "final_acc"
     assert rows["fedper"]["paper"] == "90.22" and rows["fedper"]["diff"] == "-0.22"
@@ -385,7 +482,10 @@ def test_runs_of_one_group_that_differ_in_seed_are_named_by_it(tmp_path):
     write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| fed")] == [
-        "fedper, seed 42", "fedper, seed 43", "fedavg, seed 44"]
+        "fedper, seed 42",
+        "fedper, seed 43",
+        "fedavg, seed 44",
+    ]
     assert "- fedper, seed 43 (seed 43): `" in text
     (tmp_path / "runs" / "10-01-00-fedper-fmnist" / "config.yaml").write_text("seed: 42\nmethod:\n  name: fedper\n")
     (tmp_path / "runs" / "10-02-00-fedavg-fmnist" / "config.yaml").write_text("seed: 42\nmethod:\n  name: fedavg\n")
@@ -404,7 +504,9 @@ def test_runs_of_one_group_that_differ_in_their_training_set_up_are_named_by_it(
     write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| local")] == [
-        "local, batch_size 64", "local, batch_size 256"]
+        "local, batch_size 64",
+        "local, batch_size 256",
+    ]
 
 
 def test_a_threshold_the_run_logged_is_drawn_instead_of_the_option(tmp_path, monkeypatch):
@@ -415,15 +517,22 @@ def test_a_threshold_the_run_logged_is_drawn_instead_of_the_option(tmp_path, mon
 
     run = real_run(tmp_path / "runs" / "10-00-00-fedtsdp-fmnist", method="fedtsdp", rounds=3)
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    for rec, extra in zip(lines, [{"weight_dist_median": 1.0, "eps2_radius": 0.7}, {}, {"weight_dist_median": 0.2, "eps2_radius": 0.14}]):
+    for rec, extra in zip(
+        lines, [{"weight_dist_median": 1.0, "eps2_radius": 0.7}, {}, {"weight_dist_median": 0.2, "eps2_radius": 0.14}]
+    ):
         rec.update(hopkins=0.7, triggered=int(bool(extra)), **extra)
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     (run / "config.yaml").write_text("method:\n  name: fedtsdp\n  h_th: 0.65\n  eps2: 0.7\n  eps2_mode: median\n")
     assert load_curve(run).diagnostics["eps2_radius"] == (0.7, None, 0.14)
     dashed, flat = [], []
     plot, axhline = Axes.plot, Axes.axhline
-    monkeypatch.setattr(Axes, "plot", lambda ax, *a, **k: (dashed.append((list(a[0]), list(a[1]))) if k.get("linestyle") == "--" else None)
-                        or plot(ax, *a, **k))
+    monkeypatch.setattr(
+        Axes,
+        "plot",
+        lambda ax, *a, **k: (
+            (dashed.append((list(a[0]), list(a[1]))) if k.get("linestyle") == "--" else None) or plot(ax, *a, **k)
+        ),
+    )
     monkeypatch.setattr(Axes, "axhline", lambda ax, y=0, *a, **k: flat.append(y) or axhline(ax, y, *a, **k))
     write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
     assert dashed == [([1, 3], [0.7, 0.14])]  # the radius used, in the rounds it was used
@@ -435,12 +544,24 @@ def test_kapc_and_cfl_runs_get_their_mechanism_panels_per_layer_and_per_split(tm
     a value that is neither a number nor a list of numbers is named."""
     kapc = real_run(tmp_path / "runs" / "10-00-00-kapc_bls-fmnist", method="kapc_bls", rounds=3)
     cfl = real_run(tmp_path / "runs" / "10-01-00-cfl-fmnist", method="cfl", rounds=3)
-    for run, extra in ((kapc, [{"cube_delta": 0.1, "self_weight_by_layer": [0.1, 0.2], "masked_by_layer": [0, 1]},
-                               {"cube_delta": 0.05, "self_weight_by_layer": [0.3, 0.8], "masked_by_layer": [0, 4]},
-                               {"cube_delta": 0.01, "self_weight_by_layer": [0.4, 0.9], "masked_by_layer": [1, 5]}]),
-                       (cfl, [{"max_update_norm": 0.5, "splits": 0, "num_clusters": 1},
-                              {"max_update_norm": 0.6, "splits": 1, "num_clusters": 2},
-                              {"max_update_norm": 0.3, "splits": 0, "num_clusters": 2}])):
+    for run, extra in (
+        (
+            kapc,
+            [
+                {"cube_delta": 0.1, "self_weight_by_layer": [0.1, 0.2], "masked_by_layer": [0, 1]},
+                {"cube_delta": 0.05, "self_weight_by_layer": [0.3, 0.8], "masked_by_layer": [0, 4]},
+                {"cube_delta": 0.01, "self_weight_by_layer": [0.4, 0.9], "masked_by_layer": [1, 5]},
+            ],
+        ),
+        (
+            cfl,
+            [
+                {"max_update_norm": 0.5, "splits": 0, "num_clusters": 1},
+                {"max_update_norm": 0.6, "splits": 1, "num_clusters": 2},
+                {"max_update_norm": 0.3, "splits": 0, "num_clusters": 2},
+            ],
+        ),
+    ):
         lines = [json.loads(line) | e for line, e in zip((run / "metrics.jsonl").read_text().splitlines(), extra)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     (cfl / "config.yaml").write_text("method:\n  name: cfl\n  eps2: 0.4\n")
@@ -465,24 +586,54 @@ def test_felo_runs_compare_the_global_test_set_and_name_their_architecture_set(t
     """A mixed federation is named by the conf/model file with its architectures; Felo's paper
     metric (the second half's mean global-test accuracy) comes from metrics.jsonl when summary.json
     lacks it; FedHe's from its clients' final evaluation; the global columns appear only then."""
-    felo = fake_run(tmp_path / "felo", config=FELO_SETUP + "method:\n  name: felo\n", method="felo", dataset="cifar10",
-                    alpha=0.5, rounds=400, personal_layer=None)
-    lines = [{"round": r, "test_before_acc": 0.5} | ({"global_acc": r / 1000} if r % 100 == 0 else {}) for r in range(1, 401)]
+    felo = fake_run(
+        tmp_path / "felo",
+        config=FELO_SETUP + "method:\n  name: felo\n",
+        method="felo",
+        dataset="cifar10",
+        alpha=0.5,
+        rounds=400,
+        personal_layer=None,
+    )
+    lines = [
+        {"round": r, "test_before_acc": 0.5} | ({"global_acc": r / 1000} if r % 100 == 0 else {}) for r in range(1, 401)
+    ]
     (felo / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     extreme = FELO_SETUP.replace("resnet14: {name: resnet14}", "resnet34: {name: resnet34}").replace(
-        "resnet22: {name: resnet22}", "resnet50: {name: resnet50, feature_dim: 512}")
-    extreme = extreme.replace("    resnet26: {name: resnet26}\n", "").replace("    resnet50:", "    resnet26: {name: resnet26}\n    resnet50:")
-    fake_run(tmp_path / "fedhe", config=extreme, method="fedhe", dataset="cifar10", alpha=0.5, rounds=400,
-             personal_layer=None, final_global_acc=0.40)
+        "resnet22: {name: resnet22}", "resnet50: {name: resnet50, feature_dim: 512}"
+    )
+    extreme = extreme.replace("    resnet26: {name: resnet26}\n", "").replace(
+        "    resnet50:", "    resnet26: {name: resnet26}\n    resnet50:"
+    )
+    fake_run(
+        tmp_path / "fedhe",
+        config=extreme,
+        method="fedhe",
+        dataset="cifar10",
+        alpha=0.5,
+        rounds=400,
+        personal_layer=None,
+        final_global_acc=0.40,
+    )
     rows = {r["method"]: r for r in report_rows(find_runs([tmp_path]))}
     assert rows["felo"]["model"] == "resnets_previous" and rows["fedhe"]["model"] == "resnets_extreme"
     # evaluations at rounds 100..400: the second half is rounds 300 and 400
-    assert (rows["felo"]["ours"], rows["felo"]["paper"], rows["felo"]["metric"]) == ("35.00", "56.88", "global test, 2nd half")
+    assert (rows["felo"]["ours"], rows["felo"]["paper"], rows["felo"]["metric"]) == (
+        "35.00",
+        "56.88",
+        "global test, 2nd half",
+    )
     assert rows["felo"]["global test final"] == "40.00" and rows["felo"]["global test 2nd half"] == "35.00"
-    assert (rows["fedhe"]["ours"], rows["fedhe"]["paper"], rows["fedhe"]["metric"]) == ("40.00", "38.97", "global test, final")
+    assert (rows["fedhe"]["ours"], rows["fedhe"]["paper"], rows["fedhe"]["metric"]) == (
+        "40.00",
+        "38.97",
+        "global test, final",
+    )
     table = markdown(list(rows.values()))
     assert "| final (all clients) | global test final | global test 2nd half | MiB/round |" in table
-    assert "| final (all clients) | MiB/round |" in markdown([{**rows["felo"], "global test final": "", "global test 2nd half": ""}])
+    assert "| final (all clients) | MiB/round |" in markdown(
+        [{**rows["felo"], "global test final": "", "global test 2nd half": ""}]
+    )
     from server_app.report import group_runs, legend_labels
 
     (group,) = group_runs(find_runs([tmp_path]))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from flwr.app import Context, RecordDict
+from grid_faults import Crash, CrashingGrid
 
 from client_app.state import ClientState
-from grid_faults import Crash, CrashingGrid
 from server_app.inprocess import InProcessGrid
 from server_app.report import report_rows, resume_notes, wall_text
 from server_app.results import read_metrics
@@ -77,22 +77,31 @@ def test_deployed_nodes_without_a_state_dir_refuse_with_one_that_resume_exactly(
 
 
 def test_a_client_that_keeps_no_tensor_still_shows_its_saved_round(tmp_path):
-    state = ClientState(Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}), 0, "run-a", str(tmp_path))
+    state = ClientState(
+        Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}), 0, "run-a", str(tmp_path)
+    )
     assert state.newest_round() == 0
     state.save({}, server_round=4)  # a model with no BN and no personal layer keeps nothing
     assert state.newest_round() == 4 and state.load() == {}
-    fresh = ClientState(Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={}), 0, "run-a", str(tmp_path))
+    fresh = ClientState(
+        Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={}), 0, "run-a", str(tmp_path)
+    )
     assert fresh.newest_round() == 4  # from the file, as a new process finds it
     state.save({"w": torch.ones(2)}, server_round=5)
     assert state.newest_round() == 5 and set(state.load()) == {"w"}
-    other_run = ClientState(Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={}), 0, "run-b", str(tmp_path))
+    other_run = ClientState(
+        Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={}), 0, "run-b", str(tmp_path)
+    )
     assert other_run.newest_round() == 0
 
 
 def test_report_notes_and_wall_over_segments():
     assert resume_notes({}) == []
     assert resume_notes({"resumed_after_rounds": [5, 9]}) == ["resumed after 5, 9"]
-    assert resume_notes({"resumed_after_rounds": [5], "client_state_lost": {"6": [1]}}) == ["resumed after 5", "CLIENT STATE LOST at 6"]
+    assert resume_notes({"resumed_after_rounds": [5], "client_state_lost": {"6": [1]}}) == [
+        "resumed after 5",
+        "CLIENT STATE LOST at 6",
+    ]
     assert wall_text({"wall_time_s": 120.0}) == "2.0 min"
     # a summary written before summaries summed the segments holds the last one only
     assert wall_text({"wall_time_s": 120.0, "resumed_after_round": 5}) == ">= 2.0 min (last segment)"

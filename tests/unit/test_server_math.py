@@ -6,9 +6,9 @@ import pytest
 from models import build_model
 from strategies import aggregation, build_strategy
 from strategies.aggregation import column_blocks, distinct_columns, mixing_average, weighted_average
+from strategies.aggregation import layerwise_mix as personalize
 from strategies.clustering import bipartition
 from strategies.model_distance import difference, gram_matrix, inner_products, spread, squared_norms, update_statistics
-from strategies.aggregation import layerwise_mix as personalize
 from strategies.pfedla import hypernet_coefficients
 
 RNG = np.random.default_rng(0)
@@ -29,7 +29,9 @@ def test_column_blocks_cover_every_key_in_order(tiny_blocks):
     ws = models(4)
     seen = {k: np.zeros((4, int(np.prod(s)))) for k, s in SHAPES.items()}
     for key, start, stop, block in column_blocks(ws, list(SHAPES)):
-        assert block.dtype == np.float64 and block.shape == (4, stop - start) and stop - start <= 6  # 192 B / 8 B / 4 rows
+        assert (
+            block.dtype == np.float64 and block.shape == (4, stop - start) and stop - start <= 6
+        )  # 192 B / 8 B / 4 rows
         seen[key][:, start:stop] = block
     for k in SHAPES:
         np.testing.assert_array_equal(seen[k], np.stack([w[k].reshape(-1) for w in ws]))
@@ -77,9 +79,13 @@ def test_pfedla_coefficients_of_a_round_equal_each_clients_own(tiny_blocks):
     coef, gap = hypernet_coefficients(columns, trained, alphas, layer_keys)
     for c in range(3):
         pers = personalize(columns, alphas[c], layer_keys)
-        want = np.stack([inner_products([{k: pers[k] - trained[c][k] for k in keys}], columns, keys)[0] for keys in layer_keys])
+        want = np.stack(
+            [inner_products([{k: pers[k] - trained[c][k] for k in keys}], columns, keys)[0] for keys in layer_keys]
+        )
         np.testing.assert_allclose(coef[c], want, rtol=1e-6, atol=1e-9)
-        assert gap[c] == pytest.approx(sum(float(np.sum((pers[k] - trained[c][k]).astype(np.float64) ** 2)) for k in SHAPES), rel=1e-6)
+        assert gap[c] == pytest.approx(
+            sum(float(np.sum((pers[k] - trained[c][k]).astype(np.float64) ** 2)) for k in SHAPES), rel=1e-6
+        )
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +95,14 @@ def lenet():
 
 def uploads(strategy, n):
     keys = list(strategy.global_arrays)
-    return {c: {k: (v + 0.05 * RNG.standard_normal(v.shape)).astype(np.float32) for k, v in strategy.global_arrays.items() if k in keys} for c in range(n)}
+    return {
+        c: {
+            k: (v + 0.05 * RNG.standard_normal(v.shape)).astype(np.float32)
+            for k, v in strategy.global_arrays.items()
+            if k in keys
+        }
+        for c in range(n)
+    }
 
 
 def test_fedamp_round_of_cloud_models_equals_the_per_client_attention(lenet):
@@ -161,7 +174,8 @@ def test_fedfomo_choice_keeps_its_tie_rules(lenet):
     strategy.models = {j: {} for j in (5, 1, 7, 2, 4, 0)}
     strategy.model_round = {5: 2, 1: 3, 7: 3, 2: 1, 4: 3, 0: 3}
     strategy.affinity[0, [1, 2, 4, 5, 7]] = [0.5, 0.5, 0.5, 0.5, 0.2]
-    # affinity 0.5 ties between 1, 2, 4, 5: the more recent (1, 4: round 3) first, then the lower id (1 < 4), then 5 (round 2)
+    # affinity 0.5 ties between 1, 2, 4, 5: the more recent (1, 4: round 3) first, then the lower id (1 < 4), then 5
+    # (round 2)
     assert strategy.choose(0) == [1, 4, 5]
     strategy.pool = "latest"  # only the round-3 models: 1, 4, 7 (0 is the client itself)
     assert strategy.choose(0) == [1, 4, 7]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_strategy_base import make, run
 
 from server_app.inprocess import InProcessGrid
 from strategies.checkpoint import decode, encode

@@ -100,7 +100,9 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
     # bytes_up counts what arrived, the rejected replies' arrays included (the crash sent none)
     arrived = [r for r in grid.replies if r.metadata.message_type == "train" and not r.has_error()]
     assert len(arrived) == 3
-    assert records[0]["bytes_up"] == sum(len(a.data) for r in arrived for a in r.content.array_records["arrays"].values())
+    assert records[0]["bytes_up"] == sum(
+        len(a.data) for r in arrived for a in r.content.array_records["arrays"].values()
+    )
 
 
 def test_superlink_node_unavailable_reply_drops_that_client_once(compose, tiny_overrides):
@@ -234,4 +236,3 @@ def test_extra_arrays_reach_the_role_come_back_validated_and_count_as_bytes(comp
     model_bytes = sum(v.nbytes for v in strategy.global_arrays.values())
     assert records[0]["bytes_down"] > 4 * (model_bytes + 12)  # the extras count
     assert all(keys == set(strategy.global_arrays) | {"extra/probe/x"} for keys in sent_keys(grid))
-

@@ -22,8 +22,18 @@ def fake_superlink(tmp_path, name: str, control_port: int) -> subprocess.Popen:
     script.write_text("import time\ntime.sleep(120)\n")
     cwd = tmp_path / f"{name}-cwd"
     cwd.mkdir()
-    args = [sys.executable, str(script), "--insecure", "--simulation", "--control-api-address", f"127.0.0.1:{control_port}",
-            "--port", str(control_port - 2), "--log-file", str(home / "local-superlink" / "superlink.log")]
+    args = [
+        sys.executable,
+        str(script),
+        "--insecure",
+        "--simulation",
+        "--control-api-address",
+        f"127.0.0.1:{control_port}",
+        "--port",
+        str(control_port - 2),
+        "--log-file",
+        str(home / "local-superlink" / "superlink.log"),
+    ]
     return subprocess.Popen(args, cwd=cwd)
 
 

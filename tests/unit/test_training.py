@@ -1,4 +1,5 @@
-"""The one training loop: its optimizers (torch's SGD and Adam updates without importing torch._dynamo), epochs or fixed steps, and the per-round learning-rate schedules."""
+"""The one training loop: its optimizers (torch's SGD and Adam updates without importing torch._dynamo), epochs or fixed
+steps, and the per-round learning-rate schedules."""
 
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, train
-from strategies.schedule import LRSchedule
 from models import build_model
+from strategies.schedule import LRSchedule
 
 
 @pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 5e-4), (0.5, 1e-3)])
@@ -92,7 +93,12 @@ def test_epoch_batches_are_the_old_loop_exactly() -> None:
     """Epoch mode keeps the RNG stream of every committed run: one randperm per epoch."""
     a = list(batch_indices(70, TrainArgs(batch_size=32, epochs=2), torch.Generator().manual_seed(3)))
     g = torch.Generator().manual_seed(3)
-    b = [o[s : s + 32] for o in (torch.randperm(70, generator=g) for _ in range(2)) for s in range(0, 70, 32) if len(o[s : s + 32]) >= 2]
+    b = [
+        o[s : s + 32]
+        for o in (torch.randperm(70, generator=g) for _ in range(2))
+        for s in range(0, 70, 32)
+        if len(o[s : s + 32]) >= 2
+    ]
     assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
@@ -110,7 +116,9 @@ def test_train_with_adam_and_steps_lowers_the_loss() -> None:
 def test_learning_rate_schedules() -> None:
     multistep = LRSchedule("multistep", (0.4, 0.7), 0.1, rounds=100)  # the Felo/Velo paper: x0.1 at 40 % and 70 %
     assert multistep.milestone_rounds() == [40, 70]
-    assert [multistep.lr(1e-3, r) for r in (1, 40, 41, 70, 71, 100)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4, 1e-5, 1e-5])
+    assert [multistep.lr(1e-3, r) for r in (1, 40, 41, 70, 71, 100)] == pytest.approx(
+        [1e-3, 1e-3, 1e-4, 1e-4, 1e-5, 1e-5]
+    )
     exponential = LRSchedule("exponential", gamma=0.95)  # the FedTSDP paper: 0.05 * 0.95^(r-1)
     assert exponential.lr(0.05, 1) == 0.05 and exponential.lr(0.05, 3) == pytest.approx(0.05 * 0.95**2)
     assert LRSchedule().lr(0.01, 50) == 0.01

@@ -32,7 +32,12 @@ def test_good_reply_parses():
     "content, match",
     [
         (reply(arrays={"w": np.ones((2, 2), np.float32)}), "missing"),
-        (reply(arrays={"w": np.ones((2, 2), np.float32), "b": np.zeros(2, np.float32), "x": np.zeros(1, np.float32)}), "unexpected"),
+        (
+            reply(
+                arrays={"w": np.ones((2, 2), np.float32), "b": np.zeros(2, np.float32), "x": np.zeros(1, np.float32)}
+            ),
+            "unexpected",
+        ),
         (reply(arrays={"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)}), "shape"),
         (reply(arrays={"w": np.ones((2, 2), np.float64), "b": np.zeros(2, np.float32)}), "dtype"),
         (reply(arrays={"w": np.full((2, 2), np.nan, np.float32), "b": np.zeros(2, np.float32)}), "NaN"),

@@ -1,0 +1,117 @@
+"""The one place pflower reaches into other libraries' internals: Flower's, hydra's and Ray's.
+
+Each name here is something pflower relies on that its library does not document as public API
+(Flower's public API is ``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp`` and
+``flwr.simulation``). ``tests/unit/test_compat.py`` imports every one and checks the members and
+parameters pflower uses, so a release that moves or changes one fails there, by name, rather than
+deep inside a run. This is why ``pyproject.toml`` pins flwr to the release the suite passed on.
+
+The cheap imports are done here; the ones that cost (Flower's SuperLink state, its SuperExec,
+hydra's sweeper, Ray) are functions that import on first use.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+# the error codes of Flower's error replies (strategies.replies; the in-process grid writes them)
+from flwr.common.constant import ErrorCode
+
+# Flower's logger and its console handler (protocol.logs, server_app.failures)
+from flwr.supercore.logger import FLOWER_LOGGER, update_console_handler
+
+# the identity a ServerApp process sets before its strategy builds Messages (the in-process grid)
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = [
+    "FLOWER_LOGGER",
+    "ErrorCode",
+    "TaskIdentity",
+    "basic_sweeper",
+    "clientapp_runtime",
+    "node_unavailable_reason",
+    "ray_bootstrap_address",
+    "superexec",
+    "update_console_handler",
+    "wire_measures",
+]
+
+
+def node_unavailable_reason() -> str:
+    """The reason text of the SuperLink's error reply for a node that went away (its linkstate
+    package costs about a second to import: only the in-process grid's lost-node path asks)."""
+    from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
+
+    return str(NODE_UNAVAILABLE_ERROR_REASON)
+
+
+def clientapp_runtime() -> SimpleNamespace:
+    """What ``flwr-clientapp --token`` runs, for the fork server's children (client_app.forkserver):
+    ``run_clientapp(runtime_api_address, token, insecure, certificates, parent_pid,
+    runtime_dependency_install)`` and ``validate_and_resolve_root_certificates(path, insecure)``."""
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    return SimpleNamespace(
+        run_clientapp=run_clientapp, validate_and_resolve_root_certificates=validate_and_resolve_root_certificates
+    )
+
+
+def superexec() -> SimpleNamespace:
+    """Flower's SuperExec parts the warm ClientApps plug into (client_app.forkserver): its subprocess
+    executor, the spec of a task it launches, task and executor types, a launch's result, the
+    loop module whose ``get_executor`` pflower wraps, and the ``flower-superexec`` entry point."""
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+    from flwr.supercore.constant import ExecutorType, TaskType
+    from flwr.supercore.superexec import run_superexec as loop
+    from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+    from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
+
+    return SimpleNamespace(
+        SubprocessExecutor=SubprocessExecutor,
+        ExecutionSpec=ExecutionSpec,
+        TaskType=TaskType,
+        ExecutorType=ExecutorType,
+        LaunchResult=LaunchResult,
+        loop=loop,
+        flower_superexec=flower_superexec,
+    )
+
+
+def wire_measures() -> SimpleNamespace:
+    """How Flower puts a Message on the wire, for the communication benchmark: the whole message as
+    one protobuf (``message_to_proto``), its header alone (``remove_content_from_message``), and the
+    object tree and content-addressed objects it pushes (``get_object_tree``,
+    ``get_all_nested_objects``, hashing each once inside ``no_object_id_recompute()``)."""
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        no_object_id_recompute,
+    )
+
+    return SimpleNamespace(
+        message_to_proto=message_to_proto,
+        remove_content_from_message=remove_content_from_message,
+        get_all_nested_objects=get_all_nested_objects,
+        get_object_tree=get_object_tree,
+        no_object_id_recompute=no_object_id_recompute,
+    )
+
+
+def basic_sweeper() -> Any:
+    """hydra's basic sweeper class, whose ``split_arguments(overrides, max_batch_size)`` expands a
+    multirun command line as ``pflower sim -m`` runs it (server_app.progress counts the runs)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper
+
+
+def ray_bootstrap_address(address: str) -> str:
+    """What ``ray.init(address="auto")`` resolves ``auto`` to: the cluster started on this machine
+    (server_app.simulate checks it answers before Ray starts); ConnectionError when there is none."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    return canonicalize_bootstrap_address(address)

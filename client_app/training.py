@@ -91,9 +91,22 @@ class PlainSGD:
         torch._foreach_add_(params, d_p, alpha=-self.lr)
 
 
+def exact_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of a float32 tensor: computed in float64 and rounded
+    once (exact for float32, whose square roots are never near a rounding midpoint).
+
+    Why not ``torch.sqrt``: with MKL, ATen takes a float tensor's square root from MKL's vector
+    library, whose last bit depends on the CPU (an Intel Xeon with AVX-512 and the AVX2 path
+    differ), so Adam's updates, and every later number of a run, moved from one machine to the
+    next; float64 square roots round to the same float32 on every CPU (checked against an
+    emulated AVX2 CPU)."""
+    return torch.sqrt(x.double()).to(x.dtype) if x.dtype == torch.float32 else torch.sqrt(x)
+
+
 class PlainAdam:
     """Adam (Kingma & Ba; L2 ``weight_decay`` added to the gradient): the update of
-    ``torch.optim.Adam`` on CPU (its single-tensor path), bit for bit, without importing
+    ``torch.optim.Adam`` on CPU (its single-tensor path), bit for bit where that takes correctly
+    rounded square roots (:func:`exact_sqrt`; torch's own depend on the CPU), without importing
     ``torch._dynamo`` (see :class:`PlainSGD`)."""
 
     def __init__(
@@ -132,7 +145,7 @@ class PlainAdam:
         torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sq, beta2)
         torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        denom = torch._foreach_sqrt(exp_avg_sq)
+        denom = [exact_sqrt(v) for v in exp_avg_sq]
         torch._foreach_div_(denom, [(1 - beta2 ** self.steps[i]) ** 0.5 for i in live])
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, exp_avg, denom, [-(self.lr / (1 - beta1 ** self.steps[i])) for i in live])

@@ -13,8 +13,14 @@ unchanged). On a second real CPU, an Intel Xeon with AVX-512 and AMX (a GPU mach
 its own torch 2.11 and numpy/scipy against the torch 2.14.1 the numbers were pinned with), 22 of
 the 26 cases were equal; FedTSDP's round-1 Hopkins statistic moved by 2.4e-9 (relative) and
 Felo, Velo and FedHe (the cases that train with Adam) in round 1. With the library versions
-different too, that run cannot say whether the CPU or the versions moved them
-(benchmarks/results/engines_gpu/h100_host_pinned_numbers.log).
+different too, that run could not say whether the CPU or the versions moved them
+(benchmarks/results/engines_gpu/h100_host_pinned_numbers.log). A later session's machine, an
+Intel Xeon with AVX-512 and the pinned torch 2.14.1, moved the same three cases to the same
+values: the CPU. The cause was Adam's square root: ATen takes a float tensor's ``sqrt`` from
+MKL's vector library, whose last bit differs between its AVX-512 and AVX2 paths (and which
+MKL_CBWR does not hold); compared under an emulated AVX2 CPU (``qemu-x86_64 -cpu Haswell``),
+``torch.sqrt`` differed and a float64 square root rounded to float32 did not. Adam now takes
+that one (``client_app.training.exact_sqrt``), and the three cases were re-pinned with it.
 
 A pytest plugin that imports numpy before ``tests/conftest.py`` runs makes :func:`apply` refuse
 (seen on a machine image with many plugins): set the variables in the environment first, e.g.

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, train
+from client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, exact_sqrt, train
 from models import build_model
 from strategies.schedule import LRSchedule
 
@@ -68,13 +68,29 @@ def test_train_moves_only_the_given_parameters() -> None:
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-3])
-def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float) -> None:
+def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypatch) -> None:
+    """torch.optim.Adam's update with correctly rounded square roots (torch's own take the last bit
+    from the CPU's MKL path; PlainAdam's do not, so its numbers are the same on every CPU)."""
+    from client_app.training import exact_sqrt
+
+    monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
     torch.manual_seed(0)
     a = build_model("lenet5", (1, 28, 28), 10, seed=1)
     b = build_model("lenet5", (1, 28, 28), 10, seed=1)
     ours = PlainAdam(a.parameters(), lr=1e-3, weight_decay=weight_decay)
     ref = torch.optim.Adam(b.parameters(), lr=1e-3, weight_decay=weight_decay, foreach=False)
     assert_same_steps(a, ours, b, ref, steps=5)
+
+
+def test_exact_sqrt_is_correctly_rounded() -> None:
+    """Against Python's math.sqrt (correctly rounded in double) rounded to float32 through numpy."""
+    import math
+
+    import numpy as np
+
+    x = torch.rand(20000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-12, 6, 20000)
+    want = np.array([math.sqrt(float(v)) for v in x], dtype=np.float64).astype(np.float32)
+    assert np.array_equal(exact_sqrt(x).numpy(), want)
 
 
 def test_fixed_steps_reshuffle_when_the_data_runs_out_and_skip_single_samples() -> None:

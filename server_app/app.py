@@ -14,7 +14,7 @@ from protocol.logs import quiet_flower_logs
 
 from .config import compose_config, overrides_from_run_config
 from .failures import one_line_errors
-from .runner import check_strategy, run_experiment
+from .runner import prepare_run, run_experiment
 from .superlink import check_superlink_checkout
 
 APP_DIR = Path(__file__).resolve().parents[1]  # under `flwr run`: the unpacked FAB
@@ -25,7 +25,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Compose conf/ with the run-config, check it, then run the experiment.
+    """Compose conf/ with the run-config, prepare the run (its strategy built once), then run it.
 
     A bad key or value, a checkpoint that cannot be resumed, or a federation that does not fit
     the config (e.g. 20 SuperNodes for num_clients=10) is one ``pflower:`` line in the run's log
@@ -35,7 +35,7 @@ def main(grid: Grid, context: Context) -> None:
         if Path(sys.argv[0]).name == "flwr-simulation":  # a local SuperLink's run: is it this checkout's?
             check_superlink_checkout(APP_DIR, Path.cwd())
         cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
-        check_strategy(cfg)
+        prepared = prepare_run(cfg)  # the strategy built once; a bad option is one line, no run directory
         if not Path(str(cfg.output_dir)).expanduser().is_absolute():
             # the ServerApp runs in the SuperLink's working directory, not the one `flwr run` ran in
             log(
@@ -45,4 +45,4 @@ def main(grid: Grid, context: Context) -> None:
                 cfg.output_dir,
                 Path.cwd(),
             )
-        run_experiment(grid, cfg)
+        run_experiment(grid, prepared)

@@ -12,7 +12,7 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config
+from .config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config, validate
 from .progress import Sweep, job_label, parse_sweep
 from .simulate import simulate
 
@@ -61,7 +61,7 @@ def sweep_combinations(argv: list[str]) -> list[list[str]]:
     return [list(c) for c in itertools.product(*choices)]
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str]) -> DictConfig | None:
     """Compose and validate the command line's config before hydra runs it: one line for an unknown
     key or group choice, a value of the wrong type or range. A sweep (``-m``) goes further: every
     combination is composed, validated and its strategy built (as a single run is before it
@@ -72,6 +72,8 @@ def precheck(argv: list[str]) -> None:
     from .runner import check_data, check_strategy
 
     sweep = "-m" in argv or "--multirun" in argv
+    if not sweep and plain_single_run(argv):
+        return compose_config(sweep_combinations(argv)[0])  # composed and validated once: it runs as it is
     problems: list[str] = []
     seen_data: dict[str, str | None] = {}
     combos = sweep_combinations(argv)
@@ -104,6 +106,18 @@ def precheck(argv: list[str]) -> None:
             f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n"
             + "\n".join(problems)
         )
+    return None
+
+
+def plain_single_run(argv: list[str]) -> bool:
+    """A single run of ``key=value`` overrides only (no hydra flag or ``hydra.*`` key, no value hydra
+    would read as a sweep): ``pflower sim`` runs the config :func:`precheck` composed instead of
+    handing the command line to hydra to compose again."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or arg.startswith("-") or key.lstrip("+~").startswith("hydra") or len(split_sweep(value)) > 1:
+            return False
+    return True
 
 
 def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
@@ -152,6 +166,7 @@ def _sim_main(argv: list[str]) -> int:
         try:
             if cfg.get("resume"):  # the run's saved config, with the command line's rounds
                 cfg = resume_config(cfg, HydraConfig.get().overrides.task)
+            validate(cfg)
             simulate(cfg, sweep)
         except USER_ERRORS as exc:
             # hydra would print a traceback for an Exception; a SystemExit passes through it
@@ -173,12 +188,19 @@ def _sim_main(argv: list[str]) -> int:
             raise ConfigError(
                 "--jobs needs the sweep's values listed (a,b,c); hydra sweep functions such as range() run without it"
             )
-        precheck(argv)
+        single = precheck(argv)
     except (*USER_ERRORS, ValueError) as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
     if jobs > 1:
         return run_concurrently(combos, jobs)
+    if single is not None:
+        try:
+            simulate(single)
+        except USER_ERRORS as exc:
+            print(f"pflower: {exc}", file=sys.stderr)
+            return 2
+        return 0
     # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
     # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
     sys.argv = [

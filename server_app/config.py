@@ -134,12 +134,16 @@ OPTION_GROUPS = ("method", "dataset", "model", "partition")  # groups whose chos
 
 
 def _defaults_choices(path: Path) -> dict[str, str]:
-    """``{group: choice}`` of a config file's defaults list (``- method: fedcmd``, ``- override /method: x``)."""
+    """``{group: choice}`` of a config file's defaults list (``- method: fedcmd``, ``- override /method: x``);
+    in an experiment file, an entry naming another experiment (``- fedcmd_paper``) brings that one's first."""
     import yaml
 
     out: dict[str, str] = {}
     for item in (yaml.safe_load(path.read_text()) or {}).get("defaults") or []:
-        if isinstance(item, dict):
+        nested = path.parent / f"{item}.yaml" if isinstance(item, str) and item != "_self_" else None
+        if nested is not None and path.parent.name == "experiment" and nested.exists():
+            out.update(_defaults_choices(nested))
+        elif isinstance(item, dict):
             for key, value in item.items():
                 group = str(key).replace("override", "").strip().lstrip("/")
                 if group in OPTION_GROUPS and isinstance(value, str):
@@ -363,9 +367,14 @@ def _override_key(override: str) -> str:
 
 @lru_cache(maxsize=1)
 def _defaults() -> dict[str, Any]:
-    cfg = compose_config()
-    flat = {k: v for k, v in OmegaConf.to_container(cfg).items() if not isinstance(v, dict)}
-    flat.update({g: cfg[g].name for g in GROUPS if g in cfg and g != "experiment"})
+    """conf/config.yaml's top-level values and group choices, read from the file (composing and
+    validating the whole default config would be a second composition of every `flwr run`)."""
+    import yaml
+
+    path = conf_dir() / "config.yaml"
+    raw = yaml.safe_load(path.read_text()) or {}
+    flat = {k: v for k, v in raw.items() if k != "defaults" and not isinstance(v, dict)}
+    flat.update(_defaults_choices(path))
     flat["experiment"] = ""
     flat["resume"] = flat.get("resume") or ""  # TOML has no null: flwr's run-config declares ""
     return flat

@@ -69,14 +69,18 @@ def one_line_errors() -> Iterator[None]:
         raise
 
 
-def discard_unstarted_run(run_dir: Path) -> None:
+def discard_unstarted_run(run_dir: Path, made_root: bool = False, quiet: bool = False) -> None:
     """Remove a fresh run directory whose run stopped before round 1 was recorded (and its date
-    folder if that is left empty): it holds only the config and provenance, nothing to resume."""
+    folder if that is left empty; ``made_root``: the output folder too, if this run created it and
+    it is left empty): it holds only the config and provenance, nothing to resume. ``quiet``: the
+    run was refused before it began (its one ``pflower:`` line says why), so no line of its own."""
     if (run_dir / "metrics.jsonl").exists():
         return
     shutil.rmtree(run_dir, ignore_errors=True)
-    try:
-        run_dir.parent.rmdir()
-    except OSError:
-        pass
-    log(WARNING, "pflower: removed %s: the run stopped before its first round", run_dir)
+    for folder in (run_dir.parent, run_dir.parent.parent) if made_root else (run_dir.parent,):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+    if not quiet:
+        log(WARNING, "pflower: removed %s: the run stopped before its first round", run_dir)

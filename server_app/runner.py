@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,9 @@ def public_images(cfg: DictConfig | RunPlan) -> Any:
 
 
 def check_strategy(cfg: DictConfig | RunPlan) -> None:
-    """Build the run's strategy once, before Ray starts and before any run directory exists, so a
-    method option that cannot work (FedCMD's ``kp >= rounds``...) is one line, not a traceback."""
+    """Build a strategy for ``cfg`` and drop it: the pre-check of many runs at once (a sweep, the
+    leaderboard's plan), before any of them starts. A single run is checked by :func:`prepare_run`,
+    which builds its strategy once and keeps it."""
     try:
         build(RunPlan.of(cfg), run_token="check")
     except ConfigError:
@@ -123,35 +125,68 @@ def check_strategy(cfg: DictConfig | RunPlan) -> None:
         raise ConfigError(str(exc)) from exc
 
 
-def run_experiment(
-    grid: Grid, cfg: DictConfig, check_partition: bool = True, sweep: Sweep | None = None
-) -> dict[str, Any]:
-    """Run ``cfg`` on ``grid``; returns the summary (also written to the run directory).
+@dataclass
+class PreparedRun:
+    """A run made ready once, before any round and before an engine starts: its config resolved
+    (``plan``), its directory and token, the checkpoint it continues, and its strategy, built once.
+    ``discard()`` removes the directory of a new run that never started."""
 
-    ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
-    """
+    plan: RunPlan
+    run_dir: Path
+    run_token: str
+    checkpoint: Checkpoint | None
+    strategy: PersonalizedStrategy
+
+    def discard(self) -> None:
+        if self.checkpoint is None:
+            discard_unstarted_run(self.run_dir)
+
+
+def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> PreparedRun:
+    """Resolve ``cfg``, check the checkpoint it resumes and its data partition, make its run
+    directory and build its strategy: a method option that cannot work (FedCMD's ``kp >= rounds``...)
+    is one line (ConfigError) and leaves no run directory behind."""
     plan = RunPlan.of(cfg)  # the config resolved once; every step below reads it
+    cfg = plan.cfg
     checkpoint = resumable(cfg) if cfg.get("resume") else None
     if check_partition:
         check_data(plan)
+    made_root = not Path(str(cfg.output_dir)).expanduser().exists()
     if checkpoint is None:
         run_dir = make_run_dir(cfg.output_dir, cfg.method.name, cfg.dataset.name)
         run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
     else:
         run_dir, run_token = checkpoint.path.parent, checkpoint.run_token
     try:
-        return _run_in(run_dir, run_token, grid, plan, checkpoint, sweep)
+        strategy = build(plan, run_token, run_dir)
+    except BaseException as exc:
+        if checkpoint is None:  # refused before it began: nothing of it is left, not even the folders it made
+            discard_unstarted_run(run_dir, made_root=made_root, quiet=True)
+        if isinstance(exc, ValueError) and not isinstance(exc, ConfigError):
+            raise ConfigError(str(exc)) from exc
+        raise
+    return PreparedRun(plan, run_dir, run_token, checkpoint, strategy)
+
+
+def run_experiment(
+    grid: Grid, cfg: DictConfig | PreparedRun, check_partition: bool = True, sweep: Sweep | None = None
+) -> dict[str, Any]:
+    """Run ``cfg`` (or a run :func:`prepare_run` made ready) on ``grid``; returns the summary (also
+    written to the run directory).
+
+    ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
+    """
+    prepared = cfg if isinstance(cfg, PreparedRun) else prepare_run(cfg, check_partition)
+    try:
+        return _run_in(prepared, grid, sweep)
     except BaseException:
-        if checkpoint is None:
-            discard_unstarted_run(run_dir)
+        prepared.discard()
         raise
 
 
-def _run_in(
-    run_dir: Path, run_token: str, grid: Grid, plan: RunPlan, checkpoint: Checkpoint | None, sweep: Sweep | None
-) -> dict[str, Any]:
+def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str, Any]:
+    plan, run_dir, checkpoint, strategy = prepared.plan, prepared.run_dir, prepared.checkpoint, prepared.strategy
     cfg = plan.cfg
-    strategy = build(plan, run_token, run_dir)
     writer = RunWriter(run_dir)
     origin = data_origin(plan.data)
     if origin:

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .config import ConfigError, validate
+from .config import ConfigError
 from .progress import Sweep
 
 
@@ -16,12 +16,24 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     """Run one composed config in Flower's simulation engine (in this process), or with
     ``backend=serial`` on an in-process Grid (no Ray).
 
-    ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress lines).
+    ``cfg`` is validated already (server_app.config.compose_config does it; so does ``pflower
+    sim``'s sweep path). ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress
+    lines).
     """
-    from .runner import check_strategy, run_experiment
+    from .runner import prepare_run
 
-    validate(cfg)
-    check_strategy(cfg)
+    prepared = prepare_run(cfg)  # the strategy built once, a bad option refused before an engine starts
+    cfg = prepared.plan.cfg
+    try:
+        return _simulate(prepared, cfg, sweep)
+    except BaseException:
+        prepared.discard()  # an engine that failed before the run began leaves no directory
+        raise
+
+
+def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None) -> dict[str, Any]:
+    from .runner import run_experiment
+
     if cfg.get("backend", "ray") in ("serial", "parallel"):
         from .config import resolve_workers
         from .inprocess import InProcessGrid
@@ -41,7 +53,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
                 int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1
             )
         try:
-            return run_experiment(grid, cfg, sweep=sweep)
+            return run_experiment(grid, prepared, sweep=sweep)
         finally:
             grid.close()
     from flwr.app import Context
@@ -59,7 +71,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
         try:
-            out.update(run_experiment(grid, cfg, sweep=sweep))
+            out.update(run_experiment(grid, prepared, sweep=sweep))
         except USER_ERRORS as exc:  # one line from pflower, not Flower's traceback
             refused.append(exc)
 

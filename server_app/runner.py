@@ -136,10 +136,15 @@ class PreparedRun:
     run_token: str
     checkpoint: Checkpoint | None
     strategy: PersonalizedStrategy
+    made_root: bool = False  # the output folder did not exist before this run made it
 
-    def discard(self) -> None:
+    def discard(self, before_start: bool = False) -> None:
+        """``before_start``: the run was stopped before it began (its engine did not start): no
+        line of its own, and the folders it made go too. A run already written says what it removed."""
         if self.checkpoint is None:
-            discard_unstarted_run(self.run_dir)
+            began = (self.run_dir / "config.yaml").exists()
+            quiet = before_start and not began
+            discard_unstarted_run(self.run_dir, made_root=self.made_root and quiet, quiet=quiet)
 
 
 def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> PreparedRun:
@@ -165,7 +170,7 @@ def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> Prep
         if isinstance(exc, ValueError) and not isinstance(exc, ConfigError):
             raise ConfigError(str(exc)) from exc
         raise
-    return PreparedRun(plan, run_dir, run_token, checkpoint, strategy)
+    return PreparedRun(plan, run_dir, run_token, checkpoint, strategy, made_root)
 
 
 def run_experiment(

@@ -22,16 +22,17 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     """
     from .runner import prepare_run
 
+    backend = ray_backend_config(cfg) if cfg.get("backend", "ray") not in ("serial", "parallel") else None
     prepared = prepare_run(cfg)  # the strategy built once, a bad option refused before an engine starts
     cfg = prepared.plan.cfg
     try:
-        return _simulate(prepared, cfg, sweep)
+        return _simulate(prepared, cfg, sweep, backend)
     except BaseException:
-        prepared.discard()  # an engine that failed before the run began leaves no directory
+        prepared.discard(before_start=True)  # an engine that failed before the run began leaves nothing
         raise
 
 
-def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None) -> dict[str, Any]:
+def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict[str, Any] | None) -> dict[str, Any]:
     from .runner import run_experiment
 
     if cfg.get("backend", "ray") in ("serial", "parallel"):
@@ -79,7 +80,6 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None) -> dict[str, 
     # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    backend = ray_backend_config(cfg)
     run_simulation(
         server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend
     )

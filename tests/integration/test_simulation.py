@@ -203,22 +203,6 @@ def test_flwr_run_dot(tmp_path):
         stop_local_superlink(env)
 
 
-def copy_checkout(dest: Path) -> Path:
-    """A second checkout: this one's tracked files (the committed runs left out, one placeholder kept
-    for the FAB's exclude pattern)."""
-    import shutil
-
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for rel in files:
-        if rel.startswith("docs/results/") or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
-    (dest / "docs" / "results").mkdir(parents=True, exist_ok=True)
-    (dest / "docs" / "results" / "README.md").write_text("runs\n")
-    return dest
-
-
 def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_gives_it_its_own(tmp_path):
     """Issue 43, items 2 and 3. A local SuperLink started from this checkout; `flwr run .` from a second
     checkout whose code differs is refused with the fix (the run marked failed, `flwr run` still exits
@@ -237,7 +221,9 @@ def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_g
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    second = copy_checkout(tmp_path / "second")
+    from repo_copy import copy_repository
+
+    second = copy_repository(tmp_path / "second")
     with (second / "strategies" / "fedper.py").open("a") as f:
         f.write("# the second checkout's branch\n")
     quick = ["--run-config", f"method='nosuch' output_dir='{out}'", "--federation-config", "num-supernodes=4"]

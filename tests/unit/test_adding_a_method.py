@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_copy import copy_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "adding-a-method.md"
@@ -46,17 +47,6 @@ OWN_TEST = """from strategies import STRATEGIES
 def test_fedthrow_is_registered_with_its_option():
     assert STRATEGIES["fedthrow"].options_type().mu == 0.5
 """  # step 3
-
-
-def copy_repository(dest: Path) -> Path:
-    """The tracked tree without the committed results (the checks below do not read them)."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for rel in files:
-        if rel.startswith("docs/results/") or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
-    return dest
 
 
 @pytest.mark.slow

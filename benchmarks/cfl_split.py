@@ -50,8 +50,8 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
     """Node directories ``root/c<i>`` (dataset=local) of digits: 60 training and 20 test images a
     client, from its group's two classes (``groups``) or from all six (one distribution).
     Returns each client's label group."""
-    from federated_data import DataSpec, load_client_data
-    from federated_data.local import write_local_dir
+    from pflower.federated_data import DataSpec, load_client_data
+    from pflower.federated_data.local import write_local_dir
 
     data = load_client_data(
         DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0
@@ -78,7 +78,7 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
 
 def grid_of(root: Path, **kwargs: Any) -> Any:
     """An in-process grid whose node i reads ``root/c<i>``."""
-    from server_app.inprocess import InProcessGrid
+    from pflower.server_app.inprocess import InProcessGrid
 
     grid = InProcessGrid(CLIENTS, **kwargs)
     for cid in range(CLIENTS):
@@ -99,9 +99,9 @@ def run_cfl(root: Path, out: Path, overrides: Sequence[str] = ()) -> tuple[dict[
     """One CFL run on the federation under ``root``: its summary and its rounds."""
     import torch
 
-    from server_app.config import compose_config
-    from server_app.results import read_metrics
-    from server_app.runner import run_experiment
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.results import read_metrics
+    from pflower.server_app.runner import run_experiment
 
     torch.set_num_threads(1)
     cfg = compose_config([*SETUP, f"output_dir={out}", *overrides])

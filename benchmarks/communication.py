@@ -49,9 +49,9 @@ from typing import Any
 from flwr.app import Message
 
 from benchmarks.common import markdown_table, median, run_header, write_result
-from protocol.compat import wire_measures
-from protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
-from server_app.inprocess import InProcessGrid
+from pflower.protocol.compat import wire_measures
+from pflower.protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
+from pflower.server_app.inprocess import InProcessGrid
 
 MIB = 2**20
 KIB = 2**10
@@ -166,9 +166,9 @@ def counting_grid(num_nodes: int) -> Any:
 # ---------------------------------------------------------------------------- one method's run
 def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, Any]:
     """Run ``method`` on the in-process grid; return its message batches and round records."""
-    from server_app.config import compose_config
-    from server_app.runner import build, check_data
-    from strategies import STRATEGIES, method_options
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.runner import build, check_data
+    from pflower.strategies import STRATEGIES, method_options
 
     args = {k: v for k, v in METHOD_ARGS.get(method, {}).items() if k in method_options(method)}
     # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
@@ -500,7 +500,7 @@ SIDE_COLUMNS = [
 
 # ---------------------------------------------------------------------------- command line
 def all_methods() -> list[str]:
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     names = sorted(STRATEGIES)
     return [REFERENCE] + [n for n in names if n != REFERENCE]

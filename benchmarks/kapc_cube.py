@@ -56,8 +56,8 @@ VARIANTS: list[tuple[str, list[str]]] = [
 def write_two_group_federation(root: Path) -> list[Path]:
     """Eight node directories (dataset=local): 48 training and 16 test digits each, the same
     images for everyone, labels y for clients 0-3 and 9 - y for clients 4-7."""
-    from federated_data import DataSpec, load_client_data
-    from federated_data.local import write_local_dir
+    from pflower.federated_data import DataSpec, load_client_data
+    from pflower.federated_data.local import write_local_dir
 
     data = load_client_data(
         DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10), 0
@@ -84,7 +84,7 @@ def write_two_group_federation(root: Path) -> list[Path]:
 
 def two_group_grid(root: Path, **kwargs: Any) -> Any:
     """An in-process grid whose node i reads ``root/c<i>`` (after :func:`write_two_group_federation`)."""
-    from server_app.inprocess import InProcessGrid
+    from pflower.server_app.inprocess import InProcessGrid
 
     grid = InProcessGrid(CLIENTS, **kwargs)
     for cid in range(CLIENTS):
@@ -105,9 +105,9 @@ def within_between(cube: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def run_variant(overrides: list[str], root: Path, out: Path) -> dict[str, Any]:
     import torch
 
-    from server_app.config import compose_config
-    from server_app.results import read_metrics
-    from server_app.runner import run_experiment
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.results import read_metrics
+    from pflower.server_app.runner import run_experiment
 
     torch.set_num_threads(1)
     cfg = compose_config([*SETUP, f"output_dir={out}", *overrides])

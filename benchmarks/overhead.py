@@ -46,9 +46,9 @@ WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false"]
 
 def pflower_run(rounds: int, out: Path, extra: list[str]) -> dict[str, Any]:
     """One pflower simulation; returns wall time, per-round records and the final model."""
-    from server_app.cli import simulate
-    from server_app.config import compose_config
-    from strategies.checkpoint import load_checkpoint
+    from pflower.server_app.cli import simulate
+    from pflower.server_app.config import compose_config
+    from pflower.strategies.base.checkpoint import load_checkpoint
 
     cfg = compose_config([*WORKLOAD, f"rounds={rounds}", f"output_dir={out}", *extra])
     t0 = time.perf_counter()
@@ -62,9 +62,9 @@ def pflower_run(rounds: int, out: Path, extra: list[str]) -> dict[str, Any]:
 
 def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, threads: int) -> dict[str, Any]:
     """The same FedAvg rounds as a plain loop: no messages, no processes, no files."""
-    from federated_data import DataSpec, load_client_data
-    from models import build_model
-    from server_app.config import data_spec_dict
+    from pflower.federated_data import DataSpec, load_client_data
+    from pflower.models import build_model
+    from pflower.server_app.config import data_spec_dict
 
     torch.set_num_threads(threads)
     spec = DataSpec.from_dict(data_spec_dict(cfg))

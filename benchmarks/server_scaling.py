@@ -75,7 +75,7 @@ def nothing(strategy: Any, updates: list[Any], rnd: int) -> None:
 
 def stored_models(strategy: Any, updates: list[Any], rnd: int) -> None:
     """Every client's latest model is stored (FedAMP, pFedLA): the steady state. Filled in place, so a
-    strategy whose ``models`` is a :class:`strategies.store.ClientStore` keeps that type (KAPC reads
+    strategy whose ``models`` is a :class:`strategies.base.store.ClientStore` keeps that type (KAPC reads
     ``keys_of`` from it)."""
     strategy.models.clear()
     for u in updates:
@@ -121,7 +121,7 @@ def fedfomo_offered(strategy: Any, updates: list[Any], rnd: int) -> None:
     strategy.model_round = {u.client_id: rnd - 1 for u in updates}
     ids = [u.client_id for u in updates]
     extra_downlinks(strategy, ids, rnd)  # sets strategy.offered, as configure_train does
-    from protocol.roles import FOMO_WEIGHT_METRIC as WEIGHT_METRIC
+    from pflower.protocol.roles import FOMO_WEIGHT_METRIC as WEIGHT_METRIC
 
     for u in updates:
         for j in strategy.offered.get(u.client_id, []):
@@ -168,8 +168,8 @@ def fedcpmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
 def fill_fedcpmd_phase2(
     strategy: Any, ids: Sequence[int], rnd: int, arrays: Mapping[int, Mapping[str, np.ndarray]]
 ) -> None:
-    from strategies.clustering import groups_by_label
-    from strategies.clusters import Clusters
+    from pflower.strategies.shared.clustering import groups_by_label
+    from pflower.strategies.shared.clusters import Clusters
 
     strategy.phase1_end = rnd - 1
     strategy.layer_of = {c: strategy.candidates[i % len(strategy.candidates)] for i, c in enumerate(ids)}
@@ -229,7 +229,7 @@ def base_math_methods() -> list[str]:
     """Registered methods whose server math is the base's (FedAvg of what they upload, global
     values down): the ``fedavg`` row is their cost, on the keys they share. Every other
     registered method must have a case (tests/unit/test_benchmarks.py checks it)."""
-    from strategies import STRATEGIES, PersonalizedStrategy
+    from pflower.strategies import STRATEGIES, PersonalizedStrategy
 
     return [
         name
@@ -247,7 +247,7 @@ def with_default_cases(tuned: Mapping[str, Case]) -> dict[str, Case]:
 
 
 def _strategies() -> dict[str, Any]:
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     return STRATEGIES
 
@@ -282,7 +282,7 @@ def server_round(strategy: Any, updates: Sequence[Any], rnd: int) -> tuple[float
 
 
 def build(name: str, model: Any, n: int) -> Any:
-    from strategies import build_strategy
+    from pflower.strategies import build_strategy
 
     c = CASES[name]
     return build_strategy(c.method, model, {}, num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options))
@@ -294,7 +294,7 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
     Each update is one float32 buffer (keys are views of it), filled in place from a shared
     noise pool so that building them leaves no freed memory behind (the RSS peak stays clean).
     """
-    from strategies.validation import ClientUpdate
+    from pflower.strategies.base.validation import ClientUpdate
 
     keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
     sizes = [int(np.prod(strategy.template[k][0])) for k in keys]
@@ -325,7 +325,7 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
 
 def input_bytes(name: str, model_name: str, n: int) -> int:
     """Bytes of one round's updates, from the strategy's uplink (no arrays built)."""
-    from models import build_model
+    from pflower.models import build_model
 
     arch, shape, classes = MODELS[model_name]
     try:
@@ -385,7 +385,7 @@ def run_case(name: str, model_name: str, n: int, repeats: int, case_seconds: flo
     import torch
     from threadpoolctl import threadpool_limits
 
-    from models import build_model
+    from pflower.models import build_model
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # no per-case INFO lines (FedCMD's l*, CFL's splits)
     threadpool_limits(threads)  # BLAS (numpy's OpenBLAS)
@@ -473,8 +473,8 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
 
     from threadpoolctl import threadpool_limits
 
-    from models import build_model
-    from strategies import build_strategy
+    from pflower.models import build_model
+    from pflower.strategies import build_strategy
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     threadpool_limits(1)
@@ -537,7 +537,7 @@ def store_benchmark(clients: int, participants: int, budget: float, timeout: flo
     """The table of ``--store``: memory against disk for FedCPMD's bodies of ``clients`` VGG11 clients."""
     import tempfile
 
-    from models import build_model
+    from pflower.models import build_model
 
     rows = []
     for name, options in STORE_MODELS.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from protocol.logs import quiet_flower_logs
+from pflower.protocol.logs import quiet_flower_logs
 
 from .runtime import handle_evaluate, handle_hello, handle_train
 

@@ -37,9 +37,9 @@ from typing import Any
 # run's FAB, as Flower does, so the code that runs is the code that was submitted.
 DEFAULT_PRELOAD = ("torch", "numpy", "flwr.supernode.runtime.run_clientapp")
 PRELOAD_FLAG = "--preload"
-# this project's top-level packages (pyproject.toml): a forked child drops any copy it inherited,
-# so that Flower's loader imports them from the run's FAB, as in a fresh flwr-clientapp process
-APP_PACKAGES = frozenset({"client_app", "server_app", "strategies", "models", "protocol", "federated_data", "conf"})
+# this project's one import name (pyproject.toml): a forked child drops any copy it inherited,
+# so that Flower's loader imports it from the run's FAB, as in a fresh flwr-clientapp process
+APP_PACKAGES = frozenset({"pflower"})
 
 
 def forget_app_modules() -> list[str]:
@@ -65,7 +65,7 @@ def _run_clientapp_task(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    from protocol.compat import clientapp_runtime
+    from pflower.protocol.compat import clientapp_runtime
 
     runtime = clientapp_runtime()
     forget_app_modules()
@@ -96,7 +96,7 @@ class ForkserverExecutor:
     first executor that forks: one executor per process (the command makes one)."""
 
     def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
-        from protocol.compat import superexec
+        from pflower.protocol.compat import superexec
 
         self._flower = superexec()
         self.preload = tuple(preload)
@@ -186,7 +186,7 @@ def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
 
 def install(executor: ForkserverExecutor) -> None:
     """Make Flower's SuperExec loop start its subprocess-type tasks with ``executor``."""
-    from protocol.compat import superexec
+    from pflower.protocol.compat import superexec
 
     flower = superexec()
     ExecutorType, loop = flower.ExecutorType, flower.loop
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except RuntimeError as err:
             raise SystemExit(f"pflower-superexec: {err}") from None
     install(executor)
-    from protocol.compat import superexec
+    from pflower.protocol.compat import superexec
 
     sys.argv = ["pflower-superexec", *rest]
     superexec().flower_superexec()

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from protocol import wire
+from pflower.protocol import wire
 
 THREADS_KEY = "torch-threads"  # node config: torch threads of this node's ClientApp processes
 DEVICE_KEY = "device"  # node config: the torch device this node's ClientApps train on (overrides the run's)

@@ -23,14 +23,15 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
-from federated_data import ClientData, DataSpec, load_client_data, load_public_data
-from federated_data.local import with_node_data_dir
-from federated_data.node_cache import cache_dir, load_or_build
-from models import LayeredNet, buffer_keys, build_model, trainable_keys
-from models.schema import float_buffer_keys
-from protocol import wire
-from protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
+from pflower.federated_data import ClientData, DataSpec, load_client_data, load_public_data
+from pflower.federated_data.local import with_node_data_dir
+from pflower.federated_data.node_cache import cache_dir, load_or_build
+from pflower.models import LayeredNet, buffer_keys, build_model, trainable_keys
+from pflower.models.schema import float_buffer_keys
+from pflower.protocol import wire
+from pflower.protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
+from .hooks import ClientHooks
 from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
 from .roles import RoleContext, build_role
 from .state import ClientState
@@ -107,9 +108,8 @@ def fresh_model(spec: TaskSpec | dict[str, Any]) -> LayeredNet:
     )
     info = DataSpec.from_dict(data).info
     kwargs = {k: v for k, v in model_spec.items() if k != "name"}
-    base = _initial_model(
-        model_spec["name"], json.dumps(kwargs, sort_keys=True), info.in_shape, info.num_classes, int(seed)
-    )
+    # no sort_keys: the order of a mapping option is meaningful (model.groups lists groups in forward order)
+    base = _initial_model(model_spec["name"], json.dumps(kwargs), info.in_shape, info.num_classes, int(seed))
     return copy.deepcopy(base)
 
 
@@ -124,12 +124,12 @@ def _metrics_reply(
     return Message(content=content, reply_to=message)
 
 
-def handle_hello(message: Message, context: Context) -> Message:
+def handle_hello(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
     """Discovery: tell the server who this client is, how much data it holds and (if its node
     config names one) which architecture it runs."""
     spec = parse_spec(message)
     cid = client_id_of(context)
-    data = client_data(spec, cid, context.node_config)
+    data = hooks.data_of(context, cid) if hooks else client_data(spec, cid, context.node_config)
     state = ClientState(context, cid, spec.run, state_dir_of(spec, context.node_config))
     metrics = {
         wire.CLIENT_KEY: cid,
@@ -185,7 +185,7 @@ class Job:
     timings: dict[str, float]  # cold_start_s (a fresh process), setup_time_s, device_setup_s (first CUDA use)
 
 
-def prepare(message: Message, context: Context) -> Job:
+def prepare(message: Message, context: Context, hooks: ClientHooks | None = None) -> Job:
     timings: dict[str, float] = {}
     cold = cold_start_s() if is_deployed(context.node_config) else None  # a simulation process lives for the run
     if cold is not None:
@@ -202,11 +202,11 @@ def prepare(message: Message, context: Context) -> Job:
         raise ValueError(
             f"the server sent a {spec.arch} model spec, but this node runs {node_model!r} (node config model)"
         )
-    data = client_data(spec, cid, context.node_config)
+    data = hooks.data_of(context, cid) if hooks else client_data(spec, cid, context.node_config)
     device = pick_device(node_device(context.node_config, spec.device))
     if spec.deterministic:
         deterministic_mode()
-    model = fresh_model(spec)
+    model = hooks.model_of(spec, tuple(data.x_train.shape[1:])) if hooks else fresh_model(spec)
     state = ClientState(context, cid, spec.run, state_dir_of(spec, context.node_config), versions=spec.state_versions)
     server_round = int(config[wire.ROUND_KEY])
     # training round r starts from the state saved before r (a replayed round after a server crash
@@ -268,8 +268,8 @@ def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, floa
     return {f"{prefix}_correct": correct, f"{prefix}_loss_sum": loss_sum}
 
 
-def handle_train(message: Message, context: Context) -> Message:
-    job = prepare(message, context)
+def handle_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
+    job = prepare(message, context, hooks)
     spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     args = _train_args(spec)
     role = build_role(spec.role, spec.role_args)
@@ -349,8 +349,8 @@ def _tamper(fault: str, server_round: int, metrics: dict[str, float], tensors: d
     log(WARNING, "%s: round %d reply tampered with (%s) on purpose", TEST_FAULT_KEY, server_round, kind)
 
 
-def handle_evaluate(message: Message, context: Context) -> Message:
-    job = prepare(message, context)
+def handle_evaluate(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
+    job = prepare(message, context, hooks)
     role = build_role(job.spec.role, job.spec.role_args)
     eval_model = role.eval_model(job.model, job.data, _train_args(job.spec), job.ctx)
     result = evaluate(eval_model, job.data.x_test, job.data.y_test, device=job.ctx.device)
@@ -361,6 +361,11 @@ def handle_evaluate(message: Message, context: Context) -> Message:
         **_eval_metrics("test", result),
     }
     if job.spec.global_test:
+        if hooks:
+            raise ValueError(
+                "the server asked for an evaluation on its dataset's global test set, which a ClientApp with its own "
+                "data (build_clientapp) does not have: use a method that evaluates on the clients' own test splits"
+            )
         images, labels = global_test_set(job.spec, context.node_config)
         metrics.update(_eval_metrics("global", evaluate(eval_model, images, labels, device=job.ctx.device)))
         metrics[wire.GLOBAL_TEST_SIZE] = len(labels)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import hf_sources, medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
+from . import custom_source, hf_sources, medmnist_sources, torchvision_sources  # noqa: F401  (register their readers)
 from .sources import DATASETS, DatasetInfo, DatasetNotFoundError, lookup
 
 

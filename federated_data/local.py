@@ -10,6 +10,11 @@ In a real deployment every device holds its own data. The server's config says
     meta.json   {"name": ..., "in_shape": [C, H, W], "num_classes": K,
                  optional "mean"/"std" (per channel, of the [0, 1] images) and "client_id"}
 
+Or, in torchvision's ImageFolder layout, ``train/<class>/<image>`` and ``test/<class>/<image>``
+(meta.json optional; its ``classes`` fixes the label order): images are resized to the
+server's input shape, labels are the sorted class folders' indices
+(:func:`.datasets.read_image_folder`).
+
 Images are normalized with meta.json's mean/std when given (the exporter writes the pooled
 dataset's, so tensors equal the simulation's), else with the node's own training split's.
 :func:`federated_data.export.export_partitions` writes each client's partition of a supported dataset in this
@@ -22,12 +27,15 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from flwr.common import log
 
+from .datasets import DataHookError, image_folder_classes, read_image_folder
 from .tensors import ClientData, normalize, to_unit
 
 LOCAL = "local"
@@ -100,8 +108,16 @@ def _atomic_npz(path: Path, **arrays: np.ndarray) -> None:
 # ----------------------------------------------------------------------------- reading
 
 
+def is_image_folder(root: str | Path) -> bool:
+    """A node directory in the ImageFolder layout (train/ and test/ folders of class folders)."""
+    root = Path(root)
+    return not (root / TRAIN).exists() and (root / "train").is_dir() and (root / "test").is_dir()
+
+
 def read_meta(root: str | Path) -> dict[str, Any]:
     root = Path(root)
+    if is_image_folder(root):
+        return json.loads((root / META).read_text()) if (root / META).exists() else {}
     missing = [f for f in (TRAIN, TEST, META) if not (root / f).exists()]
     if missing:
         raise LocalDataError(
@@ -153,6 +169,8 @@ def load_local_data(spec: Any, client_id: int) -> Any:
             f"{root} holds the data of client {meta['client_id']} but this SuperNode is client {client_id}: "
             "check its client-id and data-dir"
         )
+    if is_image_folder(root):
+        return _image_folder_data(root, meta, info, client_id)
     if [int(s) for s in meta.get("in_shape", [])] != list(info.in_shape):
         raise LocalDataError(
             f"{root / META}: in_shape {meta.get('in_shape')} but the server's model expects {list(info.in_shape)} "
@@ -165,6 +183,21 @@ def load_local_data(spec: Any, client_id: int) -> Any:
         )
     x_train, y_train = _read_split(root / TRAIN, info.in_shape, info.num_classes)
     x_test, y_test = _read_split(root / TEST, info.in_shape, info.num_classes)
+    return _node_data(client_id, root, meta, info, (x_train, y_train), (x_test, y_test), meta)
+
+
+def _node_data(
+    client_id: int,
+    root: Path,
+    meta: dict[str, Any],
+    info: Any,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    record: dict[str, Any],
+) -> ClientData:
+    """A node's arrays normalized with meta.json's mean/std when given (the exporter writes the
+    pooled dataset's), else with its own training split's; ``record``: what the run records of it."""
+    (x_train, y_train), (x_test, y_test) = train, test
     if "mean" in meta and "std" in meta:
         mean, std = np.asarray(meta["mean"], np.float32), np.asarray(meta["std"], np.float32)
         if mean.shape != (info.in_shape[0],) or std.shape != mean.shape or not np.all(std > 0):
@@ -173,7 +206,6 @@ def load_local_data(spec: Any, client_id: int) -> Any:
         unit = to_unit(x_train)
         mean = unit.mean(axis=(0, 2, 3)).astype(np.float32)
         std = (unit.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
-
     return ClientData(
         client_id=client_id,
         x_train=normalize(x_train, mean, std),
@@ -181,8 +213,42 @@ def load_local_data(spec: Any, client_id: int) -> Any:
         x_test=normalize(x_test, mean, std),
         y_test=torch.from_numpy(y_test),
         num_classes=info.num_classes,
-        extra={"data_dir": str(root), "meta": meta},
+        extra={"data_dir": str(root), "meta": record},
     )
+
+
+def _image_folder_data(root: Path, meta: dict[str, Any], info: Any, client_id: int) -> ClientData:
+    """A node's train/ and test/ image folders, at the server's input shape and class count.
+    meta.json (optional) may fix the class order (``classes``: folder names, label = index; else
+    the sorted folders of train/, torchvision's order) and the normalization (``mean``/``std``)."""
+    classes = [str(c) for c in meta.get("classes") or image_folder_classes(root / "train")]
+    for split in ("train", "test"):
+        stray = sorted(set(image_folder_classes(root / split)) - set(classes))
+        if stray:
+            raise LocalDataError(
+                f"{root / split} has class folders {stray} that "
+                f"{'meta.json classes' if meta.get('classes') else root / 'train'} lacks"
+            )
+    if len(classes) > info.num_classes:
+        raise LocalDataError(
+            f"{root} has {len(classes)} classes but the server expects {info.num_classes} "
+            "(set dataset.options.num_classes on the server)"
+        )
+    try:
+        x_train, y_train = read_image_folder(root / "train", info.in_shape, classes)
+        x_test, y_test = read_image_folder(root / "test", info.in_shape, classes)
+    except DataHookError as err:
+        raise LocalDataError(str(err)) from err
+    log(
+        INFO,
+        "client %d: %d training and %d test images from the image folders under %s",
+        client_id,
+        len(y_train),
+        len(y_test),
+        root,
+    )
+    record = {**meta, "format": "imagefolder", "classes": classes}
+    return _node_data(client_id, root, meta, info, (x_train, y_train), (x_test, y_test), record)
 
 
 __all__ = [

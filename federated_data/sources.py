@@ -42,6 +42,8 @@ class DatasetInfo:
     how_to_get: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     node_local: bool = False  # each SuperNode reads its own directory (dataset=local): no partition
+    # the info for given options where they decide the shape by loading (dataset=custom)
+    resolve: Callable[[DatasetInfo, dict[str, Any]], DatasetInfo] | None = None
 
 
 def data_roots(root: str | None, defaults: Sequence[str] = ()) -> list[Path]:
@@ -231,6 +233,8 @@ def lookup(name: str, **options: Any) -> DatasetInfo:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]
+    if info.resolve is not None:
+        return info.resolve(info, dict(options))
     if (
         name in ("synthetic", "local", "hf") and options
     ):  # shape and classes are options (local, hf: what the data must hold)

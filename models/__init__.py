@@ -1,4 +1,5 @@
-"""Model zoo. Every model is a :class:`~models.layered.LayeredNet` with named layer groups."""
+"""Model zoo. Every model is a :class:`~.layered.LayeredNet` with named layer groups; :func:`adapt`
+makes one of any ``torch.nn.Module`` (``model=custom`` does it from the config)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import torch
 
+from .adapter import AdaptedNet, ModelAdaptError, adapt
 from .cnn import cnn_fedtsdp, cnn_kapc
+from .custom import custom
 from .layered import LayeredNet, buffer_keys, group_of, keys_by_group, split_groups, trainable_keys
 from .lenet import lenet5
 from .resnet import RESNETS
@@ -21,6 +24,7 @@ MODELS: dict[str, ModelFactory] = {
     "cnn_kapc": cnn_kapc,
     "vgg11": vgg11,
     **RESNETS,
+    "custom": custom,  # a user's factory: model.target=package.module:function
 }
 
 
@@ -56,6 +60,9 @@ def build_model(
 
 __all__ = [
     "MODELS",
+    "AdaptedNet",
+    "ModelAdaptError",
+    "adapt",
     "LayeredNet",
     "build_model",
     "buffer_keys",

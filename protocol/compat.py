@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-# the error codes of Flower's error replies (strategies.replies; the in-process grid writes them)
+# the error codes of Flower's error replies (strategies.base.replies; the in-process grid writes them)
 from flwr.common.constant import ErrorCode
 
 # Flower's logger and its console handler (protocol.logs, server_app.failures)

@@ -17,6 +17,9 @@ CONFIG_RECORD = "config"  # the ConfigRecord of a server message
 SPEC_KEY = "spec"  # ... its JSON task spec (TaskSpec)
 ROUND_KEY = "server-round"
 CLIENT_KEY = "client-id"  # also a reply metric: who answers
+# ... and, for a ClientApp of the user's own (docs/api.md), the spec's essentials as plain keys
+PLAIN_LR, PLAIN_EPOCHS, PLAIN_BATCH_SIZE = "lr", "local-epochs", "batch-size"
+PLAIN_UPLOAD_KEYS = "upload-keys"  # train messages: the state-dict keys the reply's ArrayRecord must hold
 ARRAYS_RECORD = "arrays"
 METRICS_RECORD = "metrics"
 HELLO_RECORD = "hello"  # the ConfigRecord of a discovery reply (strings: the announced model)

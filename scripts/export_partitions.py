@@ -25,9 +25,9 @@ if str(ROOT) not in sys.path:  # runnable from a source checkout without install
 
 
 def main(argv: list[str] | None = None) -> int:
-    from federated_data import DataSpec
-    from federated_data.export import export_partitions
-    from server_app.config import ConfigError, compose_config, data_spec_dict
+    from pflower.federated_data import DataSpec
+    from pflower.federated_data.export import export_partitions
+    from pflower.server_app.config import ConfigError, compose_config, data_spec_dict
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory to write client_<id>/ directories into")

@@ -144,7 +144,7 @@ def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
 def _sim_main(argv: list[str]) -> int:
     import hydra
 
-    from protocol.logs import quiet_flower_logs
+    from pflower.protocol.logs import quiet_flower_logs
 
     from .config import sim_help
 

@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 
 def conf_dir() -> Path:
     """The conf/ directory, from a source checkout, an installed wheel or an unpacked FAB."""
-    module = importlib.import_module("conf")
+    module = importlib.import_module("pflower.conf")
     path = Path(module.__file__).resolve().parent
     if not (path / "config.yaml").exists():
         raise ConfigError(f"{path} has no config.yaml: another module named 'conf' shadows pflower's")
@@ -97,7 +97,7 @@ def leave_out_other_methods_options(cfg: DictConfig, overrides: Iterable[str]) -
     picked, keys = experiment_method(given["experiment"])
     if picked is None or picked == given["method"]:
         return
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES.get(str(cfg.method.get("name")))
     if cls is None:
@@ -492,13 +492,13 @@ def _workers_ok(value: Any) -> bool:
 
 def validate(cfg: DictConfig) -> None:
     """Check names and ranges before any round starts; every message says how to fix it."""
-    from federated_data import DATASETS, dataset_info
-    from federated_data.partition import PARTITIONERS
-    from models import MODELS, model_options
-    from models.schema import assign_archs
-    from protocol.wire import OPTIMIZERS
-    from strategies import STRATEGIES, OptionError
-    from strategies.schedule import LRSchedule
+    from pflower.federated_data import DATASETS, dataset_info
+    from pflower.federated_data.partition import PARTITIONERS
+    from pflower.models import MODELS, model_options
+    from pflower.models.schema import assign_archs
+    from pflower.protocol.wire import OPTIMIZERS
+    from pflower.strategies import STRATEGIES, OptionError
+    from pflower.strategies.base.schedule import LRSchedule
 
     for key, kind in NUMBERS.items():
         value = OmegaConf.select(cfg, key)

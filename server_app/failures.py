@@ -18,9 +18,9 @@ from pathlib import Path
 
 from flwr.common import log
 
-from protocol.compat import FLOWER_LOGGER
-from strategies.checkpoint import CheckpointError
-from strategies.client_directory import FederationError
+from pflower.protocol.compat import FLOWER_LOGGER
+from pflower.strategies.base.checkpoint import CheckpointError
+from pflower.strategies.base.client_directory import FederationError
 
 from .config import ConfigError
 

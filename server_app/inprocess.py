@@ -16,9 +16,9 @@ import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
-from client_app.runtime import handle_evaluate, handle_hello, handle_train
-from client_app.state import context_versions
-from protocol.compat import ErrorCode, TaskIdentity, node_unavailable_reason
+from pflower.client_app.runtime import handle_evaluate, handle_hello, handle_train
+from pflower.client_app.state import context_versions
+from pflower.protocol.compat import ErrorCode, TaskIdentity, node_unavailable_reason
 
 HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_evaluate}
 Tamper = Callable[[Message], Message]

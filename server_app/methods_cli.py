@@ -29,7 +29,7 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
     would (MethodHooks' defaults at the root), and an options class's fields through its bases.
     ``tests/unit/test_method_declarations.py`` checks this equals the imported registry."""
     classes: dict[str, tuple[list[str], dict[str, ast.expr], list[str]]] = {}
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.rglob("*.py")):  # the methods and the base (role defaults) below them
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.ClassDef):
                 continue
@@ -82,7 +82,7 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
 
 
 def options_table(name: str) -> str:
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[name]
     lines = [f"{name}: client role {cls.role}, defaults in conf/method/{name}.yaml, docs/{page_of(name)}", ""]
@@ -119,7 +119,7 @@ def page_of(name: str) -> str:
 def options_markdown(name: str) -> str:
     """Method ``name``'s options as a Markdown table, then its mechanism diagnostics (the docs'
     copy of its options dataclass and its ``diagnostic_panels``)."""
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[name]
     rows = cls.options_type.describe()
@@ -154,7 +154,7 @@ def write_docs(docs: Path) -> list[Path]:
     appended under an "Options" heading); the pages that changed."""
     import re
 
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     changed = []
     for page in sorted({page_of(n) for n in STRATEGIES}):
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
         for name, method in declared_methods().items():
             print(f"{name:<10} role {method.role:<9} options: {', '.join(method.options) or '-'}")
         return 0
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     if args.write_docs:
         for path in write_docs(Path(args.write_docs)):

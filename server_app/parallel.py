@@ -196,7 +196,7 @@ class ParallelGrid(InProcessGrid):
 
     def _on_cuda(self, first: Message) -> bool:
         """Whether any node's client will compute on CUDA (the run's ``device``, or a node's own)."""
-        from client_app.runtime import computes_on_cuda, parse_spec
+        from pflower.client_app.runtime import computes_on_cuda, parse_spec
 
         try:
             spec = parse_spec(first)
@@ -221,7 +221,7 @@ def preload_client(msg: Message, ctx: Context) -> int:
     """Load a node's data and the run's initial model into this process's caches (what the
     handler would load first); returns the node's train-set size. A node whose data cannot be
     loaded here weighs 0: its worker reports the error as the serial engine would."""
-    from client_app.runtime import client_data, client_id_of, fresh_model, parse_spec
+    from pflower.client_app.runtime import client_data, client_id_of, fresh_model, parse_spec
 
     try:
         spec = parse_spec(msg)

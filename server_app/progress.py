@@ -161,7 +161,7 @@ def parse_sweep(args: Sequence[str], params: Mapping[str, Any] | None = None) ->
     when it cannot be told here (e.g. ``glob(...)``, which needs hydra's config loader)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from protocol.compat import basic_sweeper
+    from pflower.protocol.compat import basic_sweeper
 
     lines = [f"{k}={v}" for k, v in (params or {}).items()]
     lines += [a for a in args if "=" in a and not a.startswith("-")]

@@ -16,13 +16,28 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import pflower
+
 from .results import atomic_write
 
-# pflower's source tree (the folder holding server_app/, client_app/, ...)
-SOURCE_ROOT = Path(__file__).resolve().parents[1]
+# the code that runs: a checkout or an unpacked FAB (the folder holding server_app/, ...), or the
+# installed package (site-packages/pflower)
+SOURCE_ROOT = pflower.SOURCE_ROOT
 PACKAGES = ("flwr", "torch", "numpy")
 # what decides a run's result; an edited README or a results folder does not make a run "dirty"
-CODE_PATHS = ("server_app", "client_app", "strategies", "models", "conf", "pyproject.toml")
+CODE_PATHS = (*pflower.PARTS, "pflower", "pyproject.toml")
+
+
+def code_origin(root: Path = SOURCE_ROOT) -> dict[str, str]:
+    """Which copy of pflower's code this process runs: ``code_root`` (its folder) and ``code_from``:
+    ``checkout`` (a git work tree), ``fab`` (the FAB ``flwr run`` shipped, unpacked by Flower:
+    a source tree without .git; ``flwr_run.fab_hash`` names its exact contents) or ``installed``
+    (a wheel in site-packages)."""
+    if (root / "pflower" / "__init__.py").is_file():
+        source = "checkout" if _git(["rev-parse", "--show-toplevel"], root) is not None else "fab"
+    else:
+        source = "installed"
+    return {"code_root": str(root), "code_from": source}
 
 
 def _git(args: Sequence[str], cwd: Path) -> str | None:
@@ -81,6 +96,7 @@ def provenance(argv: Sequence[str] | None = None, now: dt.datetime | None = None
         "started": (now or dt.datetime.now().astimezone()).isoformat(timespec="seconds"),
         "argv": safe_argv(sys.argv if argv is None else argv),
         **git_state(),
+        **code_origin(),
         "pflower_version": _version("pflower"),
         "python": platform.python_version(),
         **{package: _version(package) for package in PACKAGES},

@@ -284,7 +284,7 @@ def load_summary(run: str | Path) -> dict[str, Any]:
 def global_numbers(run: str | Path) -> dict[str, float]:
     """``final_global_acc`` and ``global_acc_second_half`` from the rounds of metrics.jsonl that
     evaluated the group models on the global test set (Felo/Velo's ``global_acc``)."""
-    from strategies.evaluation import global_test_numbers
+    from pflower.strategies.base.evaluation import global_test_numbers
 
     path = Path(run) / "metrics.jsonl"
     if not path.exists():
@@ -374,9 +374,9 @@ def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
 
 def mechanisms() -> dict[str, tuple[Any, ...]]:
     """What shows each method's mechanism at work: the panels its strategy declares
-    (``diagnostic_panels``, :class:`strategies.diagnostics.Panel`), by method name; drawn by
+    (``diagnostic_panels``, :class:`strategies.base.diagnostics.Panel`), by method name; drawn by
     :func:`plot_mechanism`, one figure per method and group."""
-    from strategies import STRATEGIES
+    from pflower.strategies import STRATEGIES
 
     return {name: tuple(cls.diagnostic_panels) for name, cls in STRATEGIES.items() if cls.diagnostic_panels}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from federated_data import DataSpec
+from pflower.federated_data import DataSpec
 
 from .config import MIXED, data_spec_dict, method_args, model_archs, model_entries, model_spec
 

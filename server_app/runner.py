@@ -18,13 +18,13 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from federated_data import data_origin, load_public_data, partition_sizes
-from federated_data.partition import PartitionError
-from models import LayeredNet, build_model
-from strategies import PersonalizedStrategy, build_strategy
-from strategies.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
-from strategies.evaluation import summarize
-from strategies.round_log import format_value
+from pflower.federated_data import data_origin, load_public_data, partition_sizes
+from pflower.federated_data.partition import PartitionError
+from pflower.models import LayeredNet, build_model
+from pflower.strategies import PersonalizedStrategy, build_strategy
+from pflower.strategies.base.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
+from pflower.strategies.base.evaluation import summarize
+from pflower.strategies.base.round_log import format_value
 
 from .config import ConfigError, client_spec, config_diff, load_saved_config
 from .failures import discard_unstarted_run

@@ -47,7 +47,7 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
         if cfg.backend == "serial":
             grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
         else:
-            from client_app.runtime import computes_on_cuda
+            from pflower.client_app.runtime import computes_on_cuda
 
             on_cuda = computes_on_cuda(str(cfg.get("device", "auto")))
             grid = ParallelGrid(
@@ -61,7 +61,7 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation  # imports Ray: only on this engine
 
-    from client_app.app import app as client_app
+    from pflower.client_app.app import app as client_app
 
     from .failures import USER_ERRORS
 
@@ -124,7 +124,7 @@ def check_ray_address(address: str, timeout: float = 3.0) -> str:
 
     if address == "auto":
         # what ray.init(address="auto") itself calls to find the cluster started on this machine
-        from protocol.compat import ray_bootstrap_address
+        from pflower.protocol.compat import ray_bootstrap_address
 
         try:
             found = ray_bootstrap_address("auto")

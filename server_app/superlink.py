@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------- one checkout, one SuperLink
 
 # the folders and files whose contents decide what a run computes (provenance.CODE_PATHS plus the data code)
-CODE_DIRS = ("server_app", "client_app", "strategies", "models", "protocol", "federated_data", "conf")
+CODE_DIRS = ("pflower", "server_app", "client_app", "strategies", "models", "protocol", "federated_data", "conf")
 
 
 def code_files(root: Path) -> dict[str, bytes]:

@@ -47,14 +47,14 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .base import PersonalizedStrategy
-from .clustering import bipartition, cross_cosine_max
-from .clusters import Clusters, cluster_fedavg
-from .diagnostics import Panel
-from .model_distance import update_statistics
-from .options import MethodOptions, option
-from .similarity import cosine_from_gram
-from .validation import ClientUpdate
+from .base.diagnostics import Panel
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.clustering import bipartition, cross_cosine_max
+from .shared.clusters import Clusters, cluster_fedavg
+from .shared.model_distance import update_statistics
+from .shared.similarity import cosine_from_gram
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import CLOUD_PREFIX, FedAMPArgs
+from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
 
-from .aggregation import column_blocks, mixing_average
-from .base import PersonalizedStrategy
-from .model_distance import inner_products, spread, squared_norms, store_from_state, store_state
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.aggregation import column_blocks, mixing_average
+from .shared.model_distance import inner_products, spread, squared_norms, store_from_state, store_state
 
 KERNELS = ("distance", "cosine")
 

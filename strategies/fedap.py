@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from protocol.roles import FedAPArgs
+from pflower.protocol.roles import FedAPArgs
 
-from .aggregation import mixing_average
-from .base import PersonalizedStrategy
-from .model_distance import store_from_state, store_state
-from .options import MethodOptions, option
-from .phases import phase_rounds
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.phases import phase_rounds
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.aggregation import mixing_average
+from .shared.model_distance import store_from_state, store_state
 
 Stats = Mapping[str, np.ndarray]  # "bn_mean/<i>", "bn_var/<i>" for each BN layer i
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.roles import SGDArgs
+from pflower.protocol.roles import SGDArgs
 
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from flwr.common import log
 
-from .base import PersonalizedStrategy
+from .base.strategy import PersonalizedStrategy
 
 
 class FedBN(PersonalizedStrategy):

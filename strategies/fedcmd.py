@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
+from pflower.protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
 
-from .base import PersonalizedStrategy
+from .base.options import MethodOptions, option
+from .base.phases import phase_rounds
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 from .fedcmd_math import personal_layer_index, personalized_posts, round_winner
-from .model_distance import gram_matrix
-from .options import MethodOptions, option
-from .phases import phase_rounds
-from .similarity import EQ8_EPS, cosine_from_gram
-from .validation import ClientUpdate
+from .shared.model_distance import gram_matrix
+from .shared.similarity import EQ8_EPS, cosine_from_gram
 
 
 def default_candidates(groups: Sequence[str]) -> list[str]:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .aggregation import mixing_average
-from .similarity import EQ8_EPS, cosine_of_vectors
+from .shared.aggregation import mixing_average
+from .shared.similarity import EQ8_EPS, cosine_of_vectors
 
 Arrays = Mapping[str, np.ndarray]
 

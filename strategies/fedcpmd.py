@@ -40,25 +40,24 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
+from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
 
-from .aggregation import fedavg
-from .base import PersonalizedStrategy
-from .clustering import groups_by_label
-from .clusters import Clusters, cluster_fedavg
-from .evaluation import weighted_test_metrics
+from .base.evaluation import weighted_test_metrics
+from .base.messaging import send_and_receive
+from .base.options import MethodOptions, option
+from .base.phases import phase_rounds
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 from .fedcmd import default_candidates
 from .fedcmd_math import personalized_posts
-from .messaging import send_and_receive
-from .model_distance import gram_matrix
-from .options import MethodOptions, option
-from .phases import phase_rounds
-from .similarity import EQ8_EPS, cosine_from_gram
-from .validation import ClientUpdate
+from .shared.aggregation import fedavg
+from .shared.clustering import groups_by_label
+from .shared.clusters import Clusters, cluster_fedavg
+from .shared.model_distance import gram_matrix
+from .shared.similarity import EQ8_EPS, cosine_from_gram
 
 FIT_COUNTS = ("refcode", "paper")
 ABLATIONS = (None, "only_cluster", "only_decoupling")
-CLASSIFIER = "classifier"
 
 
 def cluster_sample_size(members: int, gamma: float, rule: str = "refcode") -> int:
@@ -209,14 +208,19 @@ class FedCPMD(PersonalizedStrategy):
     def _cluster_start(self, members: Sequence[int], layer: str) -> dict[str, np.ndarray]:
         """omega_m: the phase-1 global body, and the members' mean classifier where it is shared now."""
         shared = self.cluster_groups(layer)
-        model = {k: self.global_arrays[k].copy() for k in self.keys([g for g in shared if g != CLASSIFIER])}
-        if CLASSIFIER in shared:
+        model = {k: self.global_arrays[k].copy() for k in self.keys([g for g in shared if g != self.classifier])}
+        if self.classifier in shared:
             held = [c for c in members if c in self.last_cls]
             if held:
                 model.update(fedavg([self.last_cls[c] for c in held], [self.n_train[c] for c in held]))
             else:
-                model.update({k: self.global_arrays[k].copy() for k in self.keys([CLASSIFIER])})
+                model.update({k: self.global_arrays[k].copy() for k in self.keys([self.classifier])})
         return model
+
+    @property
+    def classifier(self) -> str:
+        """The classifier: the model's last layer group ("classifier" in the zoo)."""
+        return self.groups[-1]
 
     def cluster_groups(self, layer: str) -> list[str]:
         """The groups a cluster of ``layer`` shares (all but the layer; all under only_cluster)."""
@@ -225,7 +229,7 @@ class FedCPMD(PersonalizedStrategy):
     # ------------------------------------------------------------------ hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         if self.phase(server_round) == 1 or client_id not in self.layer_of or client_id in self._probing:
-            return [CLASSIFIER]  # the classifier is every client's personal layer in phase 1
+            return [self.classifier]  # the classifier is every client's personal layer in phase 1
         return [] if self.ablation == "only_cluster" else [self.layer_of[client_id]]
 
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
@@ -348,14 +352,14 @@ class FedCPMD(PersonalizedStrategy):
         return self._aggregate_clusters(updates)
 
     def _aggregate_phase1(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        body = self.keys([g for g in self.groups if g != CLASSIFIER])
+        body = self.keys([g for g in self.groups if g != self.classifier])
         trained = [u for u in updates if u.arrays]
         if trained:
             self.global_arrays.update(
                 fedavg([{k: u.arrays[k] for k in body} for u in trained], [u.num_examples for u in trained])
             )
         for u in trained:
-            self.last_cls[u.client_id] = {k: u.arrays[k] for k in self.keys([CLASSIFIER])}
+            self.last_cls[u.client_id] = {k: u.arrays[k] for k in self.keys([self.classifier])}
             self.n_train[u.client_id] = u.num_examples
         record: dict[str, Any] = {"phase": 1}
         for u in updates:

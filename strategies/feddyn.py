@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import FedDynArgs
+from pflower.protocol.roles import FedDynArgs
 
-from .aggregation import weighted_average
-from .base import PersonalizedStrategy
-from .model_distance import copy_arrays
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.aggregation import weighted_average
+from .shared.model_distance import copy_arrays
 
 Arrays = Mapping[str, np.ndarray]
 

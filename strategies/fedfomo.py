@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
+from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 
 POOLS = ("latest", "all")
 

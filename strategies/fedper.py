@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import PersonalizedStrategy
+from .base.strategy import PersonalizedStrategy
 
 
 class FedPer(PersonalizedStrategy):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.roles import FedRepArgs
+from pflower.protocol.roles import FedRepArgs
 
+from .base.options import MethodOptions, option
 from .fedper import FedPer
-from .options import MethodOptions, option
 
 
 @dataclass(frozen=True)

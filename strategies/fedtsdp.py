@@ -38,9 +38,10 @@ import numpy as np
 import torch
 from flwr.common import log
 
-from .base import PersonalizedStrategy
-from .clusters import Clusters, cluster_fedavg
-from .diagnostics import Panel
+from .base.diagnostics import Panel
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 from .fedtsdp_math import (
     DECAY_MODES,
     RADIUS_MODES,
@@ -56,9 +57,8 @@ from .fedtsdp_math import (
     upper_pairs,
     weight_distances_from_gram,
 )
-from .model_distance import gram_matrix
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .shared.clusters import Clusters, cluster_fedavg
+from .shared.model_distance import gram_matrix
 
 AMEND_MODES = ("literal", "bounded")
 

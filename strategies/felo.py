@@ -26,27 +26,32 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.cvae import CVAE, CVAE_LOSSES, train_cvae
-from protocol.roles import FeloArgs
+from pflower.models import adapt
+from pflower.models.cvae import CVAE, CVAE_LOSSES, train_cvae
+from pflower.protocol.roles import FeloArgs
 
-from .base import PersonalizedStrategy
-from .diagnostics import Panel
-from .evaluation import global_test_numbers
+from .base.diagnostics import Panel
+from .base.evaluation import global_test_numbers
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
-from .options import MethodOptions, option
-from .validation import ClientUpdate
 
 KNOWLEDGE = "knowledge/"
 FEATURE_UPLOADS = ("class_mean", "samples")
 
 
 def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifier_keys: Sequence[str]) -> int:
-    """D: the input width of the classifier (the last group's 2-d weight)."""
-    for key in classifier_keys:
-        shape = tuple(template[key][0])
-        if len(shape) == 2:
-            return int(shape[1])
-    raise ValueError("the model's last layer group has no 2-d weight (a linear classifier): Felo/Velo need one")
+    """D: the input width of the classifier, the last group, which must be one linear layer (its
+    weight [K, D] and bias [K]: the class-wise logits are computed from the features with it)."""
+    shapes = [tuple(template[key][0]) for key in classifier_keys]
+    if sorted(len(s) for s in shapes) not in ([2], [1, 2]):
+        raise ValueError(
+            f"Felo, Velo and FedHe need the last layer group to be one linear classifier (weight [classes, features] "
+            f"and bias); this model's last group holds {list(classifier_keys)}: make the last nn.Linear a group of "
+            "its own (model.groups, or build_clientapp(groups=...))"
+        )
+    return int(next(s for s in shapes if len(s) == 2)[1])
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ class Felo(PersonalizedStrategy):
             )
         self.feature_samples = o.feature_samples if self.samples else 0
         model = args[0] if args else kwargs.get("model")
-        models = dict(model) if isinstance(model, Mapping) else {self.default_arch: model}
+        models = {arch: adapt(m) for arch, m in (model.items() if isinstance(model, Mapping) else [(None, model)])}
+        models = {self.default_arch if arch is None else arch: m for arch, m in models.items()}
         self._probes = {
             arch: copy.deepcopy(m) for arch, m in models.items()
         }  # the server runs the group models in these

@@ -33,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
+from pflower.protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
 
-from .aggregation import mixing_average
-from .base import PersonalizedStrategy
-from .diagnostics import Panel
+from .base.diagnostics import Panel
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
 from .kapc_math import (
     CUBE_INITS,
     CUBE_LRS,
@@ -48,9 +49,8 @@ from .kapc_math import (
     slice_rows,
     write_back,
 )
-from .model_distance import gram_matrix
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .shared.aggregation import mixing_average
+from .shared.model_distance import gram_matrix
 
 
 @dataclass(frozen=True)

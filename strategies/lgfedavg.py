@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
 
 
 def lower_groups(groups: Sequence[str]) -> list[str]:

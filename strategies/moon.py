@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.roles import MOONArgs
+from pflower.protocol.roles import MOONArgs
 
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights
-from .base import PersonalizedStrategy
-from .model_distance import store_from_state, store_state
-from .options import MethodOptions, option
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights
+from .shared.model_distance import store_from_state, store_state
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -59,7 +59,7 @@ def hypernet_coefficients(
     """What the hypernetwork steps of k clients need, without building their w~:
     ``coef[c, l, j] = <w~_c^l - w_new_c^l, w_j^l>`` (k x L x N) and ``||w~_c - w_new_c||^2``.
 
-    Client c trained w~_c = layerwise_mix(models, alphas[c]) (float32, as :func:`~strategies.aggregation.layerwise_mix`
+    Client c trained w~_c = layerwise_mix(models, alphas[c]) (float32, as :func:`~.shared.aggregation.layerwise_mix`
     returns it) into ``trained[c]``. One matrix product per block of parameters for all k
     clients together: O(k x N x params) in BLAS, bounded scratch.
     """

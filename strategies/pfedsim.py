@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .aggregation import mixing_average, normalized_weights
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
-from .phases import phase_rounds
-from .similarity import EQ8_EPS, cosine_of_vectors
-from .validation import ClientUpdate
+from .base.options import MethodOptions, option
+from .base.phases import phase_rounds
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .shared.aggregation import mixing_average, normalized_weights
+from .shared.similarity import EQ8_EPS, cosine_of_vectors
 
 WEIGHTINGS = ("pfedsim", "linear")
 SELF_SIM = 0.9999  # S_ii in the authors' code; also caps S_ij so that -log(1 - S) stays finite

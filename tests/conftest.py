@@ -67,7 +67,7 @@ def _private_cache(tmp_path_factory):
 @pytest.fixture
 def compose(tmp_path):
     """compose(*overrides) -> DictConfig with outputs under tmp_path."""
-    from server_app.config import compose_config
+    from pflower.server_app.config import compose_config
 
     def _compose(*overrides: str):
         return compose_config([f"output_dir={tmp_path / 'outputs'}", *overrides])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server_app.inprocess import InProcessGrid
+from pflower.server_app.inprocess import InProcessGrid
 
 
 class Crash(RuntimeError):

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import RoleArgs, SGDArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import RoleArgs, SGDArgs
 
 from ..training import TrainArgs, train
 
@@ -53,7 +53,7 @@ class Role:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__ and cls.__module__.startswith("client_app.roles."):
+        if "name" in cls.__dict__ and cls.__module__.startswith("pflower.client_app.roles."):
             known = ROLES.get(cls.name)
             if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
                 raise TypeError(f"client role {cls.name!r} is taken by {known.__module__}.{known.__qualname__}")

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import DittoArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import DittoArgs
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext

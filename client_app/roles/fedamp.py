@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from protocol.roles import CLOUD_PREFIX, FedAMPArgs
+from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
 
 from .base import RoleContext
 from .proximal import ProximalRole, snapshot

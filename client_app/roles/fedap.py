@@ -15,9 +15,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from models.schema import batchnorm_layers
-from protocol.roles import FedAPArgs
+from pflower.federated_data import ClientData
+from pflower.models.schema import batchnorm_layers
+from pflower.protocol.roles import FedAPArgs
 
 from ..training import TrainArgs
 from .base import RoleContext, SGDRole

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FedBabuArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FedBabuArgs
 
 from ..training import TrainArgs, train
 from .base import RoleContext, SGDRole

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import SELECTION_TIMINGS, FedCMDArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import SELECTION_TIMINGS, FedCMDArgs
 
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FedCPMDArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FedCPMDArgs
 
 from ..training import TrainArgs
 from .base import RoleContext

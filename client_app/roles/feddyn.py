@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FedDynArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FedDynArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy, train
 from .base import Role, RoleContext

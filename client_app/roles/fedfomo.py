@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
 from ..training import TrainArgs, evaluate, train
 from .base import Role, RoleContext

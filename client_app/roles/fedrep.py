@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FedRepArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FedRepArgs
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from protocol.roles import FeloArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import FeloArgs
 
 from ..training import train
 from .base import Role, RoleContext

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from federated_data import ClientData
-from models.schema import layer_dims, parameter_layers
-from protocol.roles import REGULARIZER_PREFIX, KAPCArgs
+from pflower.federated_data import ClientData
+from pflower.models.schema import layer_dims, parameter_layers
+from pflower.protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext

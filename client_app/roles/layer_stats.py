@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTORS, W2_MODES, check_choice
+from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTORS, W2_MODES, check_choice
 
 _SELECTOR_ALIASES = {"paper": "eq7", "code": "fedcmd_code", "eq7": "eq7", "fedcmd_code": "fedcmd_code", "eq6": "eq6"}
 _DISTANCE_ALIASES = {"gaussian": "w2", "mean_only": "w2_mean"}

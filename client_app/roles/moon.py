@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from federated_data import ClientData
-from protocol.roles import MOONArgs
+from pflower.federated_data import ClientData
+from pflower.protocol.roles import MOONArgs
 
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext

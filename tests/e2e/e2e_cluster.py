@@ -253,9 +253,9 @@ class Cluster:
     # ------------------------------------------------------------------ lifecycle
     def prepare(self, data_overrides: list[str]) -> None:
         """Demo TLS material (SANs include the SuperLink's address) and one data directory per node."""
-        from federated_data import DataSpec
-        from federated_data.export import export_partitions
-        from server_app.config import compose_config, data_spec_dict
+        from pflower.federated_data import DataSpec
+        from pflower.federated_data.export import export_partitions
+        from pflower.server_app.config import compose_config, data_spec_dict
 
         sans = [self.place.superlink_address]
         gen_certs.generate(self.tmp / "certs", self.topo.nodes + self.extra_keys, sans)
@@ -345,13 +345,14 @@ class Cluster:
 
         wait_for(ok, timeout, f"SuperLink health at {url}")
 
-    def flwr_run(self, run_config: str, log_name: str = "flwr-run") -> Proc:
-        """`flwr run . <name> --stream` from the repository, through a connection with TLS."""
+    def flwr_run(self, run_config: str | None, log_name: str = "flwr-run", app: Path = ROOT) -> Proc:
+        """`flwr run . <name> --stream` from the repository (or another Flower ``app``: its own
+        run-config defaults where ``run_config`` is None), through a connection with TLS."""
         env = self.env("cli")
         conn = self.topo.name
         # registration already wrote the connection into this FLWR_HOME (scripts/federation.py)
-        cmd = [str(BIN / "flwr"), "run", ".", conn, "--stream", "--run-config", run_config]
-        proc = Proc(log_name, cmd, env, self.log_path(log_name), ROOT)
+        cmd = [str(BIN / "flwr"), "run", ".", conn, "--stream", *(["--run-config", run_config] if run_config else [])]
+        proc = Proc(log_name, cmd, env, self.log_path(log_name), app)
         self.procs[log_name] = proc
         self.all_procs.append(proc)
         return proc

@@ -31,11 +31,13 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
-from e2e_cluster import Cluster, NetNS, Proc, client_rounds, train_messages_received, wait_for
+from e2e_cluster import ROOT, Cluster, NetNS, Proc, client_rounds, train_messages_received, wait_for
 
-from client_app.state import read_state_file
+from pflower.client_app.state import read_state_file
 
 pytestmark = pytest.mark.slow
 
@@ -267,10 +269,10 @@ def untrained_accuracy(cluster: Cluster, client: int) -> float:
     """Accuracy of the run's initial model (same seed) on a client's own test split."""
     import yaml
 
-    from client_app.runtime import client_data
-    from client_app.training import evaluate
-    from federated_data import DataSpec
-    from models import build_model
+    from pflower.client_app.runtime import client_data
+    from pflower.client_app.training import evaluate
+    from pflower.federated_data import DataSpec
+    from pflower.models import build_model
 
     cfg = yaml.safe_load((cluster.run_dir() / "config.yaml").read_text())
     spec = {"data": {k: v for k, v in data_spec(cfg).items()}}
@@ -285,7 +287,7 @@ def untrained_accuracy(cluster: Cluster, client: int) -> float:
 def data_spec(cfg: dict) -> dict:
     from omegaconf import OmegaConf
 
-    from server_app.config import data_spec_dict
+    from pflower.server_app.config import data_spec_dict
 
     return data_spec_dict(OmegaConf.create(cfg))
 
@@ -430,6 +432,23 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     ),
 }
 METHOD_NODES = 2
+IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
+
+
+def as_image_folders(node_dir: Path) -> None:
+    """Rewrite a node's exported directory in torchvision's ImageFolder layout (meta.json kept,
+    naming the class order and the pooled normalization), as a device holding images would."""
+    from pflower.federated_data.datasets import write_image_folder
+
+    meta = json.loads((node_dir / "meta.json").read_text())
+    classes = [f"class{k}" for k in range(int(meta["num_classes"]))]
+    for split in ("train", "test"):
+        with np.load(node_dir / f"{split}.npz") as z:
+            write_image_folder(node_dir / split, z["images"], z["labels"], classes)
+        (node_dir / f"{split}.npz").unlink()
+    (node_dir / "meta.json").write_text(json.dumps({**meta, "classes": classes}))
+
+
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
 
 
@@ -443,11 +462,13 @@ def methods(tmp_path_factory):
     cluster = Cluster(
         tmp,
         nodes=METHOD_NODES,
-        node_config={i: {"cache-dir": str(tmp / "cache")} for i in range(METHOD_NODES)},
+        # num-partitions: what the example app's data function reads on a SuperNode
+        node_config={i: {"cache-dir": str(tmp / "cache"), "num-partitions": METHOD_NODES} for i in range(METHOD_NODES)},
         isolation="process",
     )
     try:
         cluster.prepare(DATA)
+        as_image_folders(Path(cluster.place.node_data(IMAGE_NODE)))
         cluster.up()
         runs = {}
         for method, (rounds, extra, overrides) in METHOD_RUNS.items():
@@ -457,6 +478,10 @@ def methods(tmp_path_factory):
             )
             finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
             runs[method] = (run, time.monotonic() - t0)
+        t0 = time.monotonic()  # a Flower app of a user's own: quickstart-pytorch switched to FedCMD
+        example = cluster.flwr_run(None, log_name="flwr-run-example", app=ROOT / "examples" / "quickstart-fedcmd")
+        finish(cluster, example, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
+        runs["example"] = (example, time.monotonic() - t0)
         write_timings(cluster, {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()})
         yield {"cluster": cluster, "runs": {m: r for m, (r, _) in runs.items()}}
     finally:
@@ -534,6 +559,24 @@ def test_velo_runs_two_architectures_over_a_real_deployment(methods):
     assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@le"} <= set(r) for r in rounds)
     assert set(summary["transfer_acc"]) == {"r10", "le"} and summary["final_clients"] == METHOD_NODES
     assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the class knowledge (S, P, M) in round 2
+
+
+def test_a_supernode_holding_image_folders_trains_in_every_run(methods):
+    cluster = methods["cluster"]
+    logs = "".join(proc.text() for name, proc in cluster.procs.items() if name.endswith(f"-{IMAGE_NODE}"))
+    assert f"client {IMAGE_NODE}: " in logs and "images from the image folders under" in logs, logs[-3000:]
+    for method in ("fedcpmd", "kapc_bls"):
+        assert all(IMAGE_NODE in r["clients"] for r in cluster.rounds(method)), method
+
+
+def test_the_quickstart_app_switched_to_fedcmd_runs_on_the_deployment(methods):
+    """examples/quickstart-fedcmd, shipped as its own FAB to the TLS deployment: its ServerApp's
+    FedCMD drives build_clientapp's ClientApps on the app's own Net and data."""
+    run = methods["runs"]["example"]
+    text = run.text()
+    assert run.popen.returncode == 0 and "Traceback" not in text, text[-4000:]
+    assert "layer groups: conv1, conv2, fc1, fc2, fc3" in text and "[round   4/4]" in text, text[-3000:]
+    assert 'quickstart-fedcmd: {"personal_layer": "fc' in text
 
 
 def test_a_warm_superexec_serves_its_supernode_again_after_the_node_restarts(methods):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from server_app.inprocess import InProcessGrid
-from server_app.runner import run_experiment
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.runner import run_experiment
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from server_app.cli import simulate
-from server_app.results import read_metrics
-from strategies.checkpoint import load_checkpoint
+from pflower.server_app.cli import simulate
+from pflower.server_app.results import read_metrics
+from pflower.strategies.base.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

@@ -209,7 +209,7 @@ def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_g
     0); `pflower run` there runs through a SuperLink of its own and exits with the run's status."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout (git ls-files)")
-    from server_app.superlink import local_superlinks
+    from pflower.server_app.superlink import local_superlinks
 
     out = tmp_path / "outputs"
     env = {
@@ -273,7 +273,7 @@ def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_g
         assert bad.returncode == 1 and "finished:failed" in bad.stderr, (bad.stdout + bad.stderr)[-3000:]
     finally:
         stop_local_superlink(env)
-        from server_app.superlink import stop
+        from pflower.server_app.superlink import stop
 
         for s in local_superlinks():  # the second checkout's own, under this test's cache
             if s.flwr_home is not None and s.flwr_home.resolve().is_relative_to((tmp_path / "cache").resolve()):
@@ -282,7 +282,7 @@ def test_a_second_checkout_is_refused_by_the_first_s_superlink_and_pflower_run_g
 
 def stop_local_superlink(env: dict[str, str]) -> None:
     """The local SuperLink outlives `flwr run`: stop the one this test started (its FLWR_HOME and port)."""
-    from server_app.superlink import local_superlinks, mine, stop
+    from pflower.server_app.superlink import local_superlinks, mine, stop
 
     for superlink in mine(local_superlinks(), Path(env["FLWR_HOME"]).resolve(), env["FLWR_LOCAL_CONTROL_API_PORT"]):
         stop(superlink)

@@ -133,10 +133,10 @@ def run_case(case: str, grid: Callable[[int], Any] | None = None, extra: tuple[s
     ``extra``: overrides after the case's own (settings that must not move a number)."""
     import torch
 
-    from server_app.config import compose_config
-    from server_app.inprocess import InProcessGrid
-    from server_app.results import read_metrics
-    from server_app.runner import check_strategy, run_experiment
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.server_app.results import read_metrics
+    from pflower.server_app.runner import check_strategy, run_experiment
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:

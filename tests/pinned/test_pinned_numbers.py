@@ -14,8 +14,8 @@ PINNED = load_pinned()
 
 
 def test_every_method_has_a_pinned_case():
+    from pflower.strategies import STRATEGIES
     from pinned.cases import method_of
-    from strategies import STRATEGIES
 
     assert set(STRATEGIES) <= {method_of(c) for c in CASES}, (
         "a method without a pinned case: add it to tests/pinned/cases.py"

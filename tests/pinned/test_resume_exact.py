@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from grid_faults import Crash, CrashingGrid
 
+from pflower.server_app.config import compose_config
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.results import read_metrics
+from pflower.server_app.runner import run_experiment
 from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides
-from server_app.config import compose_config
-from server_app.inprocess import InProcessGrid
-from server_app.results import read_metrics
-from server_app.runner import run_experiment
 
 PINNED = load_pinned()
 RESUME_KEYS = ("resumed_after_round", "resumed_after_rounds")

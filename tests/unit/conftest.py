@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from client_app.runtime import client_data, fresh_model
-from client_app.training import TrainArgs
-from server_app.config import client_spec
+from pflower.client_app.runtime import client_data, fresh_model
+from pflower.client_app.training import TrainArgs
+from pflower.server_app.config import client_spec
 
 
 @pytest.fixture

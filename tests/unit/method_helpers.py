@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client_app.roles import RoleContext
-from server_app.inprocess import InProcessGrid, personal_state
+from pflower.client_app.roles import RoleContext
+from pflower.server_app.inprocess import InProcessGrid, personal_state
 
 HEAD = ["classifier"]
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.roles import ProximalArgs
+from pflower.protocol.roles import ProximalArgs
 
-from .base import PersonalizedStrategy
-from .options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.options import MethodOptions, option
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class FedThrow(PersonalizedStrategy):
         return ProximalArgs(mu=self.options.mu)
 '''
 YAML = "name: fedthrow\nmu: 0.5   # proximal weight\n"  # step 2
-OWN_TEST = """from strategies import STRATEGIES
+OWN_TEST = """from pflower.strategies import STRATEGIES
 
 
 def test_fedthrow_is_registered_with_its_option():
@@ -80,7 +80,7 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
 
     updated = run("-m", "tests.pinned.cases", "--update", "fedthrow")
     assert updated.returncode == 0, updated.stdout[-2000:] + updated.stderr[-2000:]
-    docs = run("-m", "server_app.cli", "methods", "--write-docs")  # step 5
+    docs = run("-m", "pflower.server_app.cli", "methods", "--write-docs")  # step 5
     assert docs.returncode == 0, docs.stdout[-2000:] + docs.stderr[-2000:]
     checks = run(
         "-m",
@@ -101,4 +101,4 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
     )
     assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
     assert " passed" in checks.stdout and "failed" not in checks.stdout.splitlines()[-1]
-    assert "fedthrow" in run("-m", "server_app.cli", "methods").stdout
+    assert "fedthrow" in run("-m", "pflower.server_app.cli", "methods").stdout

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from strategies.aggregation import fedavg, mixing_average, normalized_weights, weighted_average
+from pflower.strategies.shared.aggregation import fedavg, mixing_average, normalized_weights, weighted_average
 
 
 def test_fedavg_matches_hand_computed_values():

@@ -14,12 +14,12 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles import ROLES, SGDRole
-from server_app.inprocess import InProcessGrid, personal_state
-from strategies.fedavg import FedAvg
-from strategies.fedcmd import FedCMD
-from strategies.fedper import FedPer
-from strategies.replies import ClientsFailed
+from pflower.client_app.roles import ROLES, SGDRole
+from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.strategies.base.replies import ClientsFailed
+from pflower.strategies.fedavg import FedAvg
+from pflower.strategies.fedcmd import FedCMD
+from pflower.strategies.fedper import FedPer
 
 
 def specs(grid: InProcessGrid, message_type: str = "train") -> list[dict]:
@@ -81,7 +81,7 @@ def test_a_group_that_turns_personal_keeps_the_clients_own_value_only_with_whole
 
 
 def _model(cfg):
-    from server_app.runner import build_models
+    from pflower.server_app.runner import build_models
 
     return build_models(cfg)
 

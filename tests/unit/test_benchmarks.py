@@ -8,7 +8,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
 
 from benchmarks import server_scaling as ss  # noqa: E402
-from strategies import STRATEGIES  # noqa: E402
+from pflower.strategies import STRATEGIES  # noqa: E402
 
 
 def test_quick_run_times_every_case_at_every_size(capsys):
@@ -34,7 +34,7 @@ def test_every_method_with_its_own_server_math_has_a_case(monkeypatch):
     assert set(STRATEGIES) - set(ss.base_math_methods()) <= cased
     assert "fedavg" in cased
     # a new method with its own aggregate needs no line: it gets a default case
-    from strategies.fedavg import FedAvg
+    from pflower.strategies.fedavg import FedAvg
 
     class NewMethod(FedAvg):
         name = "newmethod"

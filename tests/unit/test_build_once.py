@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 from flwr.app import Context, RecordDict
 
-import server_app.config as config
-import server_app.run_plan as run_plan
-import server_app.runner as runner
-from server_app.inprocess import InProcessGrid
+import pflower.server_app.config as config
+import pflower.server_app.run_plan as run_plan
+import pflower.server_app.runner as runner
+from pflower.server_app.inprocess import InProcessGrid
 
 
 @pytest.fixture
@@ -40,14 +40,14 @@ ONCE = {"composition": 1, "validation": 1, "resolution": 1, "model build": 1, "s
 
 
 def test_pflower_sim_composes_validates_resolves_and_builds_once(counts, tiny_overrides, tmp_path):
-    from server_app.cli import main
+    from pflower.server_app.cli import main
 
     assert main(["sim", *tiny_overrides, "method=fedper", "backend=serial", f"output_dir={tmp_path}"]) == 0
     assert dict(counts) == ONCE
 
 
 def test_the_serverapp_composes_validates_resolves_and_builds_once(counts, tmp_path):
-    from server_app.app import main as server_app_main
+    from pflower.server_app.app import main as server_app_main
 
     run_config = {"num_clients": 4, "dataset": "digits", "method": "fedper", "rounds": 1, "local_epochs": 1}
     run_config |= {"overrides": "partition.min_size=20 alpha=1.0", "output_dir": str(tmp_path), "progress": False}

@@ -9,9 +9,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 from sklearn.cluster import AgglomerativeClustering
 from test_strategy_base import make, run
 
-import client_app.runtime as runtime
-from server_app.inprocess import InProcessGrid
-from strategies.clustering import bipartition
+import pflower.client_app.runtime as runtime
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.shared.clustering import bipartition
 
 
 # ----------------------------------------------------------------------------- CFL

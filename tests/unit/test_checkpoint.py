@@ -20,20 +20,20 @@ import torch
 from grid_faults import Crash, CrashingGrid
 from test_strategy_base import make, run
 
-from server_app.config import ConfigError
-from server_app.inprocess import InProcessGrid
-from server_app.results import read_metrics
-from server_app.runner import build, run_experiment
-from strategies import STRATEGIES
-from strategies import checkpoint as ckpt_mod
-from strategies.checkpoint import (
+from pflower.server_app.config import ConfigError
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.results import read_metrics
+from pflower.server_app.runner import build, run_experiment
+from pflower.strategies import STRATEGIES
+from pflower.strategies.base import checkpoint as ckpt_mod
+from pflower.strategies.base.checkpoint import (
     CheckpointError,
     decode,
     encode,
     load_checkpoint,
     save_checkpoint,
 )
-from strategies.fedper import FedPer
+from pflower.strategies.fedper import FedPer
 
 ROUND_KEYS = (
     "clients",
@@ -205,7 +205,7 @@ def test_resume_errors_say_what_and_how(compose, tiny_overrides, tmp_path):
 
 def test_flwr_run_config_resume_key(compose, tiny_overrides):
     """`flwr run . --run-config "resume='<dir>' rounds=5"`: the ServerApp's path to the same config."""
-    from server_app.config import compose_config, overrides_from_run_config
+    from pflower.server_app.config import compose_config, overrides_from_run_config
 
     assert overrides_from_run_config({"resume": "", "rounds": 30}) == []
     run_dir, _ = crashed_run(compose, [*tiny_overrides, "method=fedper", "rounds=3"])

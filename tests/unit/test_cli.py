@@ -2,7 +2,7 @@
 
 import pytest
 
-from server_app.cli import main
+from pflower.server_app.cli import main
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from flwr.app import Context, RecordDict
 from flwr.common import log
 from flwr.supercore.logger import FLOWER_LOGGER
 
-from server_app.app import main as server_app_main
-from server_app.cli import main
-from server_app.failures import USER_ERRORS
-from server_app.inprocess import InProcessGrid
+from pflower.server_app.app import main as server_app_main
+from pflower.server_app.cli import main
+from pflower.server_app.failures import USER_ERRORS
+from pflower.server_app.inprocess import InProcessGrid
 
 CASES = [
     (["lr=abc"], ["lr='abc' is not a number", "lr=0.05"]),
@@ -61,7 +61,7 @@ def test_a_suggestion_comes_from_the_chosen_method_only(tmp_path, capsys):
     assert main(["sim", "method.not_an_option=1", f"output_dir={out}", "dataset=digits"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown key 'method.not_an_option'" in err and "ablation" not in err, err
-    from server_app.config import chosen_files, config_keys
+    from pflower.server_app.config import chosen_files, config_keys
 
     assert chosen_files(["experiment=fedcpmd_fmnist"])["method"] == "fedcpmd"  # an experiment's method counts
     assert "method.ablation" in config_keys({"method": "fedcpmd"}) and "method.ablation" not in config_keys(
@@ -167,7 +167,7 @@ def test_the_sweep_checks_every_combination_of_two_swept_keys(tmp_path, capsys):
 def test_flowers_exit_message_after_a_user_error_says_what_happened(tmp_path):
     """Flower ends a failed run with 'Exit Code: 700 ... An unhandled exception occurred': after a
     pflower line that named the setting, that text is replaced (the exit code stays)."""
-    from server_app.failures import USER_ERROR_EXIT
+    from pflower.server_app.failures import USER_ERROR_EXIT
 
     context = Context(
         run_id=1,

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from federated_data import DataSpec, load_client_data, load_public_data, partition_sizes
-from federated_data.client_data import _partition, _pool, client_indices
+from pflower.federated_data import DataSpec, load_client_data, load_public_data, partition_sizes
+from pflower.federated_data.client_data import _partition, _pool, client_indices
 
 SPEC = DataSpec(dataset="synthetic", options=(("num_samples", 800),), num_clients=5, alpha=1.0, min_size=20)
 

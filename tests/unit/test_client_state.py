@@ -4,9 +4,9 @@ import numpy as np
 import torch
 from flwr.app import Context, RecordDict
 
-from client_app.state import ClientState
-from server_app.inprocess import InProcessGrid
-from server_app.runner import build
+from pflower.client_app.state import ClientState
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.runner import build
 
 
 def ctx(node_id=1):

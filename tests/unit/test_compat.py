@@ -10,7 +10,7 @@ import logging
 import re
 from pathlib import Path
 
-from protocol import compat
+from pflower.protocol import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("server_app", "client_app", "strategies", "models", "protocol", "federated_data", "benchmarks", "scripts")

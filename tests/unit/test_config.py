@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from server_app.config import ConfigError, _defaults, compose_config, conf_dir, overrides_from_run_config
-from server_app.runner import check_data
+from pflower.server_app.config import ConfigError, _defaults, compose_config, conf_dir, overrides_from_run_config
+from pflower.server_app.runner import check_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_missing_dataset_files_say_where_and_how(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml")))
 def test_every_experiment_file_composes_and_validates(name: str, tmp_path):
     """An experiment names a dataset, model and method that exist, with valid values."""
-    from server_app.config import validate
+    from pflower.server_app.config import validate
 
     cfg = compose_config([f"experiment={name}", f"output_dir={tmp_path}"])
     validate(cfg)

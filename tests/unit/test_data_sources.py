@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import federated_data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
-import federated_data.torchvision_sources as tvs
-from federated_data import DATASETS, DatasetNotFoundError, dataset_info
-from federated_data.idx import write_idx
+import pflower.federated_data.medmnist_sources  # noqa: F401  (registers organamnist, organcmnist)
+import pflower.federated_data.torchvision_sources as tvs
+from pflower.federated_data import DATASETS, DatasetNotFoundError, dataset_info
+from pflower.federated_data.idx import write_idx
 
 TORCHVISION_NAMES = ("mnist", "emnist", "cifar10", "cifar100", "svhn", "cinic10", "tinyimagenet")
 FMNIST_DEBIAN = Path("/usr/share/datasets/fashion-mnist")
@@ -153,8 +153,8 @@ def test_an_explicit_root_is_the_only_place_searched(tmp_path: Path, monkeypatch
 def test_the_data_read_is_recorded_with_a_fingerprint(tmp_path: Path) -> None:
     """data_origin names the directory that held the files (a sub-folder found under the root) and a
     sha256 of the arrays read: the same files elsewhere give the same one, one changed label another."""
-    from federated_data import DataSpec, data_origin
-    from federated_data.client_data import fingerprint
+    from pflower.federated_data import DataSpec, data_origin
+    from pflower.federated_data.client_data import fingerprint
 
     _write_fmnist(tmp_path / "a" / "fashion-mnist")
     _write_fmnist(tmp_path / "b")

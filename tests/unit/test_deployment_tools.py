@@ -183,8 +183,8 @@ def test_connection_is_written_where_flwr_reads_it(tmp_path, monkeypatch):
 def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match):
     from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-    from client_app.runtime import _tamper
-    from strategies.validation import InvalidReply, validate_reply
+    from pflower.client_app.runtime import _tamper
+    from pflower.strategies.base.validation import InvalidReply, validate_reply
 
     tensors = {"w": np.ones((3, 4), np.float32), "b": np.zeros(3, np.float32)}
     metrics = {"client-id": 0, "num-examples": 50, "test_size": 10}
@@ -247,11 +247,11 @@ def test_the_images_copy_every_package_the_installed_code_imports():
     import ast
     import tomllib
 
-    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.rstrip("*") for p in include}
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"pflower", *setuptools["package-dir"].values()}  # where the installed packages come from
     copied = {s.rstrip("/") for s in _dockerfile_sources()}
-    assert packages <= copied, ("pyproject packages not copied", packages - copied)
-    for pkg in packages:
+    assert folders <= copied, ("pyproject packages not copied", folders - copied)
+    for pkg in folders:
         for path in (ROOT / pkg).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = (
@@ -260,7 +260,7 @@ def test_the_images_copy_every_package_the_installed_code_imports():
                     else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
                 )
                 for module in names:
-                    top = module.split(".")[0]
+                    top = module.removeprefix("pflower.").split(".")[0]
                     assert not (ROOT / top / "__init__.py").exists() or top in copied, (str(path), module)
 
 

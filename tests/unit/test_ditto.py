@@ -9,9 +9,9 @@ import torch
 from method_helpers import BODY, HEAD, ctx, params, replied_keys, same
 from test_strategy_base import make, run
 
-from client_app.roles import build_role
-from client_app.roles.ditto import PREFIX
-from server_app.inprocess import InProcessGrid, personal_state
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.ditto import PREFIX
+from pflower.server_app.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- Ditto

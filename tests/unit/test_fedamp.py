@@ -12,13 +12,13 @@ from flwr.app import ArrayRecord, ConfigRecord
 from method_helpers import ctx, replied_keys, trained_states
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles import build_role
-from client_app.roles.proximal import proximal_loss
-from client_app.training import cross_entropy
-from server_app.inprocess import InProcessGrid
-from strategies.aggregation import weighted_average
-from strategies.fedamp import attention_matrix
-from strategies.model_distance import gram_matrix
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.proximal import proximal_loss
+from pflower.client_app.training import cross_entropy
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.fedamp import attention_matrix
+from pflower.strategies.shared.aggregation import weighted_average
+from pflower.strategies.shared.model_distance import gram_matrix
 
 
 # ----------------------------------------------------------------------------- FedAMP

@@ -8,9 +8,9 @@ import torch
 from method_helpers import replied_keys
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles.fedap import bn_input_stats
-from server_app.inprocess import InProcessGrid
-from strategies.fedap import bn_distance, fedap_weights
+from pflower.client_app.roles.fedap import bn_input_stats
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.fedap import bn_distance, fedap_weights
 
 
 # ----------------------------------------------------------------------------- FedAP

@@ -7,8 +7,8 @@ import pytest
 from method_helpers import BODY, HEAD, ctx, params, replied_keys, same
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles import build_role
-from server_app.inprocess import InProcessGrid, personal_state
+from pflower.client_app.roles import build_role
+from pflower.server_app.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- FedBabu

@@ -6,10 +6,10 @@ import numpy as np
 from method_helpers import replied_keys
 from test_strategy_base import make, run, sent_keys
 
-from client_app.runtime import fresh_model
-from models import buffer_keys
-from models.schema import batchnorm_keys
-from server_app.inprocess import InProcessGrid, personal_state
+from pflower.client_app.runtime import fresh_model
+from pflower.models import buffer_keys
+from pflower.models.schema import batchnorm_keys
+from pflower.server_app.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- FedBN

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from server_app.config import ConfigError
-from server_app.inprocess import InProcessGrid, personal_state
-from server_app.runner import build
-from strategies.fedcmd import FedCMD, FedCMDState
-from strategies.fedcmd_math import flat_vector, personalized_posts, similarity_matrix
-from strategies.validation import ClientUpdate
+from pflower.server_app.config import ConfigError
+from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.server_app.runner import build
+from pflower.strategies.base.validation import ClientUpdate
+from pflower.strategies.fedcmd import FedCMD, FedCMDState
+from pflower.strategies.fedcmd_math import flat_vector, personalized_posts, similarity_matrix
 
 
 def make(compose, tiny_overrides, *extra):

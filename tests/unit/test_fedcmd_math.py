@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from client_app.roles import fedcmd as role
-from client_app.roles.layer_stats import (
+from pflower.client_app.roles import fedcmd as role
+from pflower.client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
     Moments,
@@ -21,10 +21,10 @@ from client_app.roles.layer_stats import (
     tensor_moments,
     w2,
 )
-from client_app.training import TrainArgs
-from models import build_model
-from strategies.fedcmd import FedCMDState, default_candidates
-from strategies.fedcmd_math import (
+from pflower.client_app.training import TrainArgs
+from pflower.models import build_model
+from pflower.strategies.fedcmd import FedCMDState, default_candidates
+from pflower.strategies.fedcmd_math import (
     eq7_weights,
     personal_layer_index,
     personalized_posts,
@@ -237,7 +237,7 @@ def test_default_candidates_are_the_fc_groups():
 
 
 def test_strategy_and_role_check_options_with_the_one_protocol_definition():
-    from protocol.roles import FedCMDArgs, RoleArgsError
+    from pflower.protocol.roles import FedCMDArgs, RoleArgsError
 
     with pytest.raises(RoleArgsError, match="w2_mode"):
         FedCMDArgs(phase=1, candidates=["fc1"], w2_mode="exact")
@@ -300,7 +300,7 @@ def test_eq7_identity_keeps_own_post_and_ones_give_the_uniform_mean():
 # ----------------------------------------------------------------------------- role and state
 @pytest.mark.parametrize("timing,granularity", [("during_training", "batch"), ("after_training", "dataset")])
 def test_role_votes_during_or_after_training(timing, granularity):
-    from client_app.roles import RoleContext, build_role
+    from pflower.client_app.roles import RoleContext, build_role
 
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     g = torch.Generator().manual_seed(7)

@@ -13,8 +13,8 @@ from scipy import integrate
 from scipy.stats import norm
 from test_strategy_base import make, run
 
-from client_app.roles.fedcpmd import FedCPMDRole
-from client_app.roles.layer_stats import (
+from pflower.client_app.roles.fedcpmd import FedCPMDRole
+from pflower.client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
     ScoreRule,
@@ -25,10 +25,10 @@ from client_app.roles.layer_stats import (
     layer_score,
     tensor_moments,
 )
-from protocol.roles import FedCPMDArgs, RoleArgsError
-from server_app.inprocess import InProcessGrid
-from strategies.clustering import groups_by_label
-from strategies.fedcpmd import cluster_sample_size, personal_layer_of
+from pflower.protocol.roles import FedCPMDArgs, RoleArgsError
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.fedcpmd import cluster_sample_size, personal_layer_of
+from pflower.strategies.shared.clustering import groups_by_label
 
 P, Q = GaussianFit(0.3, 0.2), GaussianFit(0.5, 0.1)  # a hand-worked example
 
@@ -228,7 +228,7 @@ def test_a_clients_own_layer_keeps_what_it_trained(compose, tiny_overrides, monk
     _, strategy = make(compose, tiny_overrides, *FAST[:3], "num_clients=4", "fraction=1.0", "rounds=3")
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=2)
-    from server_app.inprocess import personal_state
+    from pflower.server_app.inprocess import personal_state
 
     trained = {c: personal_state(grid.contexts[grid.node_of_client[c]]) for c in range(4)}
     strategy.votes = {c: [(1, "fc1")] for c in range(4)}
@@ -261,7 +261,7 @@ def test_only_cluster_and_only_decoupling(compose, tiny_overrides):
 
 
 def test_fedcpmd_refuses_a_run_too_short_for_phase_two(compose, tiny_overrides):
-    from server_app.config import ConfigError
+    from pflower.server_app.config import ConfigError
 
     with pytest.raises((ConfigError, ValueError), match="no phase-2 round"):
         make(compose, tiny_overrides, "method=fedcpmd", "rounds=3")
@@ -270,8 +270,8 @@ def test_fedcpmd_refuses_a_run_too_short_for_phase_two(compose, tiny_overrides):
 def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_right_members(compose, tmp_path):
     """Clients holding digits 0-1 vote fc2, clients holding 8-9 vote fc1 (the knowledge
     representation reads the label distribution); each node brings its own directory."""
-    from federated_data import DataSpec, load_client_data
-    from federated_data.local import write_local_dir
+    from pflower.federated_data import DataSpec, load_client_data
+    from pflower.federated_data.local import write_local_dir
 
     spec = DataSpec(dataset="digits", partitioner="iid", num_clients=1, test_fraction=0.2, min_size=10)
     data = load_client_data(spec, 0)
@@ -302,7 +302,7 @@ def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_righ
         "method.k_extra=0",
         "final_eval=false",
     )
-    from server_app.runner import build
+    from pflower.server_app.runner import build
 
     strategy = build(cfg, run_token="t")
     grid = InProcessGrid(6)

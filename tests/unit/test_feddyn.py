@@ -12,13 +12,13 @@ from method_helpers import ctx, trained_states
 from test_strategy_base import make, run
 from torch import nn
 
-from client_app.roles import build_role
-from client_app.roles.feddyn import PREFIX as DYN_PREFIX
-from client_app.roles.feddyn import feddyn_loss, linear_term, updated_state
-from client_app.roles.proximal import snapshot
-from client_app.training import cross_entropy
-from server_app.inprocess import InProcessGrid
-from strategies.feddyn import feddyn_server_update
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.feddyn import PREFIX as DYN_PREFIX
+from pflower.client_app.roles.feddyn import feddyn_loss, linear_term, updated_state
+from pflower.client_app.roles.proximal import snapshot
+from pflower.client_app.training import cross_entropy
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.feddyn import feddyn_server_update
 
 
 # ----------------------------------------------------------------------------- FedDyn

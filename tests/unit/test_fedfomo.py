@@ -11,10 +11,10 @@ import torch
 from method_helpers import ctx, replied_keys, train_messages
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles import build_role
-from client_app.roles.fedfomo import fomo_combine, fomo_weights
-from client_app.roles.proximal import snapshot
-from server_app.inprocess import InProcessGrid
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.fedfomo import fomo_combine, fomo_weights
+from pflower.client_app.roles.proximal import snapshot
+from pflower.server_app.inprocess import InProcessGrid
 
 
 # ----------------------------------------------------------------------------- FedFomo

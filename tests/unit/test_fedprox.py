@@ -10,8 +10,8 @@ from method_helpers import ctx
 from test_strategy_base import make
 from torch import nn
 
-from client_app.roles import build_role
-from client_app.roles.proximal import proximal_loss, proximal_term, snapshot
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.proximal import proximal_loss, proximal_term, snapshot
 
 
 # ----------------------------------------------------------------------------- FedProx

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from method_helpers import BODY, HEAD, ctx, params, same
 
-from client_app.roles import build_role
-from client_app.roles import fedrep as fedrep_role
-from client_app.training import train
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles import fedrep as fedrep_role
+from pflower.client_app.training import train
 
 
 # ----------------------------------------------------------------------------- FedRep

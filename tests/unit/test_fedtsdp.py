@@ -16,10 +16,10 @@ from scipy.spatial.distance import jensenshannon
 from sklearn.metrics import adjusted_rand_score
 from test_strategy_base import make, run
 
-import client_app.runtime as runtime
-from server_app.config import ConfigError
-from server_app.inprocess import InProcessGrid
-from strategies.fedtsdp_math import (
+import pflower.client_app.runtime as runtime
+from pflower.server_app.config import ConfigError
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.fedtsdp_math import (
     amend_weights,
     dbscan_groups,
     decay_shared,
@@ -158,7 +158,7 @@ def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
 def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_draw(
     compose, tiny_overrides, monkeypatch
 ):
-    import strategies.fedtsdp as fedtsdp_module
+    import pflower.strategies.fedtsdp as fedtsdp_module
 
     base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
     for repeats, expected in ((1, 0.2), (4, 0.5)):
@@ -245,7 +245,7 @@ def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypat
     """eps1 = inf: stage 1 keeps everyone together; eps2, calibrated from the round-1 weight
     distances as the paper's calibration reading says (between the within- and the between-group medians),
     splits the two concepts."""
-    import strategies.fedtsdp as fedtsdp
+    import pflower.strategies.fedtsdp as fedtsdp
 
     original = runtime.client_data
 

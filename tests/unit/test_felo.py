@@ -9,8 +9,8 @@ import pytest
 from method_helpers import train_messages
 from test_strategy_base import make, run
 
-from server_app.config import ConfigError
-from server_app.inprocess import InProcessGrid
+from pflower.server_app.config import ConfigError
+from pflower.server_app.inprocess import InProcessGrid
 
 # three LeNet depths with one feature width: 2 clients each (blocks)
 ARCHS = [
@@ -110,7 +110,7 @@ def test_velo_s_approaches_the_class_means_and_random_features_would_not(compose
     """The CVAE imitates the class means it trains on: S's relative distance to them is logged
     every round, falls as the CVAE trains (8 rounds here), and ends below what features of the
     same size drawn at random give; random S would fail every assertion."""
-    from strategies.felo_math import class_feature_distance
+    from pflower.strategies.felo_math import class_feature_distance
 
     cfg, strategy = make(
         compose,
@@ -135,7 +135,7 @@ def test_velo_s_approaches_the_class_means_and_random_features_would_not(compose
 
 
 def test_class_feature_distance_by_hand():
-    from strategies.felo_math import class_feature_distance
+    from pflower.strategies.felo_math import class_feature_distance
 
     means = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]])
     s = np.array([[3.0, 4.0], [0.0, 2.0], [9.0, 9.0]])  # class 2 is unknown: ignored

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_app.roles.felo_knowledge import ClassKnowledge, FeatureSamples, distill_terms, felo_loss
-from models.cvae import CVAE, cvae_loss, train_cvae
-from strategies.felo_math import KnowledgeStore
+from pflower.client_app.roles.felo_knowledge import ClassKnowledge, FeatureSamples, distill_terms, felo_loss
+from pflower.models.cvae import CVAE, cvae_loss, train_cvae
+from pflower.strategies.felo_math import KnowledgeStore
 
 
 def test_class_means_over_batches_with_absent_classes():

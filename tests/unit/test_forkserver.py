@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from client_app import forkserver
+from pflower.client_app import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def _probe(preload: tuple[str, ...], expect: tuple[str, ...]) -> int:
     that ``expect`` are imported (multiprocessing keeps one fork server per process: a new one
     needs a new process)."""
     script = textwrap.dedent(f"""
-        from client_app import forkserver
+        from pflower.client_app import forkserver
         ex = forkserver.ForkserverExecutor({preload!r})
         probe = ex._ctx.Process(target=forkserver._preloaded, args=({expect!r},))
         probe.start(); probe.join(60)
@@ -54,7 +54,7 @@ def test_the_fork_server_imports_its_modules_once():
 
 def test_warm_up_refuses_a_module_the_fork_server_cannot_import():
     script = textwrap.dedent("""
-        from client_app import forkserver
+        from pflower.client_app import forkserver
         try:
             forkserver.ForkserverExecutor(("colorsys", "no_such_module_xyz")).warm_up(60)
         except RuntimeError as err:
@@ -67,30 +67,39 @@ def test_warm_up_refuses_a_module_the_fork_server_cannot_import():
 def test_the_packages_a_child_forgets_are_the_projects_packages():
     import tomllib
 
-    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert forkserver.APP_PACKAGES == {p.rstrip("*") for p in include}
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert forkserver.APP_PACKAGES == {p.partition(".")[0] for p in packages} == {"pflower"}
 
 
 def test_a_forked_clientapp_loads_the_app_from_the_runs_fab_not_the_installed_copy(tmp_path):
-    """After forget_app_modules, Flower's loader imports client_app.app from the FAB directory,
-    as a fresh flwr-clientapp process does (the fork server's copy is the node's installed one)."""
+    """After forget_app_modules, Flower's loader imports pflower.client_app.app from the FAB
+    directory, as a fresh flwr-clientapp process does (the fork server's copy is the node's
+    installed one). The FAB is laid out as the repository: pflower/__init__.py beside the parts."""
+    import pflower
+
     fab = tmp_path / "fab"
-    (fab / "client_app").mkdir(parents=True)
-    (fab / "client_app" / "__init__.py").write_text("")
+    (fab / "pflower").mkdir(parents=True)
+    (fab / "pflower" / "__init__.py").write_text((ROOT / "pflower" / "__init__.py").read_text())
+    (fab / "pyproject.toml").write_text('[project]\nname = "pflower"\n')
+    for part in pflower.PARTS:
+        (fab / part).mkdir()
+        (fab / part / "__init__.py").write_text("")
     (fab / "client_app" / "app.py").write_text("app = 'the FAB copy'\n")
     script = textwrap.dedent(f"""
         import sys
-        import client_app.node, models  # what a fork of the SuperExec may have inherited
-        from client_app.forkserver import forget_app_modules, APP_PACKAGES
+        import pflower.client_app.node, pflower.models  # what a fork of the SuperExec may have inherited
+        from pflower.client_app.forkserver import forget_app_modules, APP_PACKAGES
         from flwr.supercore.object_ref import load_app
         gone = forget_app_modules()
-        assert "client_app.node" in gone and "models" in gone, gone
+        assert "pflower.client_app.node" in gone and "pflower.models" in gone, gone
         assert not [m for m in sys.modules if m.partition(".")[0] in APP_PACKAGES]
-        print(load_app("client_app.app:app", ValueError, {str(fab)!r}))
+        print(load_app("pflower.client_app.app:app", ValueError, {str(fab)!r}))
+        import pflower
+        print(pflower.SOURCE_ROOT)
     """)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "the FAB copy"
+    assert out.stdout.strip().splitlines()[-2:] == ["the FAB copy", str(fab.resolve())]
 
 
 def test_flowers_loop_gets_this_executor_for_subprocess_tasks_only(monkeypatch):
@@ -134,7 +143,7 @@ def test_the_command_exits_with_the_fix_when_a_preload_module_is_missing():
         [
             sys.executable,
             "-m",
-            "client_app.forkserver",
+            "pflower.client_app.forkserver",
             "--preload",
             "no_such_module_xyz",
             "--runtime-api-address",

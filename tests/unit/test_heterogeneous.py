@@ -10,10 +10,10 @@ import pytest
 from flwr.app import Array
 from test_strategy_base import make, run
 
-from models.schema import assign_archs
-from server_app.config import ConfigError
-from server_app.inprocess import InProcessGrid
-from strategies.fedper import FedPer
+from pflower.models.schema import assign_archs
+from pflower.server_app.config import ConfigError
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.fedper import FedPer
 
 MIXED = ["model=mixed", "num_clients=6", "fraction=1.0"]  # lenet5 with 1 FC layer, with 3, and the KAPC CNN
 
@@ -118,7 +118,7 @@ def test_methods_for_one_architecture_refuse_a_mixed_config(compose, tiny_overri
     with pytest.raises(ConfigError, match="runs one architecture on every client.*fedavg"):
         compose(*tiny_overrides, "method=fedper", *MIXED)
     cfg, fedavg = make(compose, tiny_overrides, "method=fedavg", *MIXED)
-    from server_app.runner import build_models
+    from pflower.server_app.runner import build_models
 
     with pytest.raises(ValueError, match="runs one architecture"):
         FedPer(
@@ -160,7 +160,7 @@ def test_mixed_config_errors_name_the_key(compose, tiny_overrides):
 
 
 def test_fedavg_across_architectures_keeps_heterogeneous_state_through_a_checkpoint(compose, tiny_overrides):
-    from strategies.checkpoint import decode, encode
+    from pflower.strategies.base.checkpoint import decode, encode
 
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
     run(strategy, InProcessGrid(6), rounds=1)

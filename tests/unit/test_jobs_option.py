@@ -2,8 +2,8 @@
 
 import pytest
 
-from server_app.cli import main
-from server_app.sweep_jobs import parse_jobs
+from pflower.server_app.cli import main
+from pflower.server_app.sweep_jobs import parse_jobs
 
 
 def test_jobs_is_taken_out_of_the_command_line():
@@ -37,7 +37,7 @@ def test_a_sweeps_share_of_the_cores_reaches_workers_auto(monkeypatch):
     CUDA still caps it at CUDA_AUTO_WORKERS; a count on the command line is kept."""
     import os
 
-    from server_app.config import CORES_ENV, CUDA_AUTO_WORKERS, default_workers, resolve_workers
+    from pflower.server_app.config import CORES_ENV, CUDA_AUTO_WORKERS, default_workers, resolve_workers
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.delenv(CORES_ENV, raising=False)
@@ -56,8 +56,8 @@ def test_each_run_of_a_jobs_sweep_gets_its_share_in_its_environment(monkeypatch,
     """The runs are started with PFLOWER_CORES = cores // jobs (a stand-in `pflower` prints it)."""
     import subprocess
 
-    from server_app import sweep_jobs
-    from server_app.config import CORES_ENV, default_workers
+    from pflower.server_app import sweep_jobs
+    from pflower.server_app.config import CORES_ENV, default_workers
 
     monkeypatch.delenv(CORES_ENV, raising=False)
     started = []

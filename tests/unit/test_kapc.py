@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_strategy_base import make, run
 
-from client_app.roles.kapc import criterion, log_bound, select_omega
-from models import build_model
-from protocol.roles import REGULARIZER_PREFIX
-from server_app.inprocess import InProcessGrid
-from strategies import build_strategy
-from strategies.kapc_math import (
+from pflower.client_app.roles.kapc import criterion, log_bound, select_omega
+from pflower.models import build_model
+from pflower.protocol.roles import REGULARIZER_PREFIX
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies import build_strategy
+from pflower.strategies.kapc_math import (
     centered,
     cube_gradient,
     cube_step,
@@ -270,7 +270,7 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
         records[1]["bytes_down"] == records[1]["bytes_up"] and records[1]["unheard_layers"] == 0
     )  # the full model both ways
     assert strategy.q.tolist() == [2, 2, 2, 2] and len(strategy.models) == 4
-    from strategies.evaluation import summarize
+    from pflower.strategies.base.evaluation import summarize
 
     assert "mean_client_acc" in records[-1] and summarize(records)["best_mean_acc"] > 0
     assert records[-1]["cube_delta"] > 0 and len(records[-1]["cube_delta_by_layer"]) == len(strategy.layers)
@@ -338,8 +338,8 @@ def test_the_cube_moves_into_the_groups_at_the_default_settings_and_bls_saves_do
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is a folder of the checkout
     from benchmarks.kapc_cube import SETUP, two_group_grid, within_between, write_two_group_federation
-    from server_app.results import read_metrics
-    from server_app.runner import run_experiment
+    from pflower.server_app.results import read_metrics
+    from pflower.server_app.runner import run_experiment
 
     write_two_group_federation(tmp_path)
     cfg = compose("method=kapc_bls", *[o for o in SETUP if not o.startswith("progress")])

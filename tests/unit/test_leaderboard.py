@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from server_app.config import ConfigError
-from server_app.leaderboard import (
+from pflower.server_app.config import ConfigError
+from pflower.server_app.leaderboard import (
     budget_line,
     load_plan,
     mark_ties,
@@ -180,7 +180,7 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
     """One panel per family (best first, unnamed entries under 'other'); the first family's panel
     also draws the two best entries of the others; a small protocol is one panel; no two curves of
     a panel share colour and line style."""
-    from server_app.leaderboard import ONE_PANEL, line_styles, panel_layout
+    from pflower.server_app.leaderboard import ONE_PANEL, line_styles, panel_layout
 
     plan = {
         "families": {"seed methods": ["fedcmd", "kapc"], "personal layers": ["fedper", "fedrep"], "global": ["fedavg"]}

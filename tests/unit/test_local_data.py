@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.runtime import client_data
-from federated_data import DataSpec, load_client_data, partition_sizes
-from federated_data.export import export_partitions
-from federated_data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
+from pflower.client_app.runtime import client_data
+from pflower.federated_data import DataSpec, load_client_data, partition_sizes
+from pflower.federated_data.export import export_partitions
+from pflower.federated_data.local import LocalDataError, load_local_data, with_node_data_dir, write_local_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = DataSpec(dataset="digits", num_clients=3, alpha=1.0, min_size=20)
@@ -44,8 +44,8 @@ def test_export_script_uses_the_same_composition_as_the_simulation(tmp_path, cap
 
 
 def test_the_server_has_no_partition_to_check_and_the_node_brings_its_directory(tmp_path, compose):
-    from server_app.config import data_spec_dict
-    from server_app.runner import check_data
+    from pflower.server_app.config import data_spec_dict
+    from pflower.server_app.runner import check_data
 
     cfg = compose("dataset=local", "num_clients=3")
     assert check_data(cfg) == [] and partition_sizes(DataSpec.from_dict(data_spec_dict(cfg))) == []
@@ -113,9 +113,9 @@ def test_the_shape_nodes_must_hold_is_a_server_option(tmp_path):
 def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compose):
     """The config's alpha (0.3 by default) says nothing about node-held data: the summary and the
     report take what the nodes' meta.json says (exported with alpha 1.0 from digits)."""
-    from server_app.inprocess import InProcessGrid
-    from server_app.report import group_runs
-    from server_app.runner import run_experiment
+    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.server_app.report import group_runs
+    from pflower.server_app.runner import run_experiment
 
     export_partitions(SIM, tmp_path / "nodes")
     grid = InProcessGrid(0)
@@ -133,8 +133,8 @@ def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compo
 
 
 def test_nodes_with_their_own_data_record_no_partition(tmp_path, compose):
-    from server_app.inprocess import InProcessGrid
-    from server_app.runner import run_experiment
+    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.server_app.runner import run_experiment
 
     grid = InProcessGrid(0)
     for cid in range(2):

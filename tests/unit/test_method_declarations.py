@@ -1,4 +1,4 @@
-"""A method's options are declared once, as its options dataclass (strategies.options): its
+"""A method's options are declared once, as its options dataclass (strategies.base.options): its
 conf/method/<name>.yaml (what users see and override) and its client role's arguments
 (protocol.roles, what the message carries) must agree with it, key for key and default for
 default; methods and roles register by subclassing."""
@@ -12,10 +12,10 @@ import typing
 import pytest
 from omegaconf import OmegaConf
 
-from protocol.roles import ROLE_ARGS
-from server_app.config import ConfigError, compose_config, conf_dir
-from strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
-from strategies.options import option
+from pflower.protocol.roles import ROLE_ARGS
+from pflower.server_app.config import ConfigError, compose_config, conf_dir
+from pflower.strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
+from pflower.strategies.base.options import option
 
 
 def interpolated(method: str) -> set[str]:
@@ -105,7 +105,7 @@ def role_disagreements(method: str, sent: dict[str, object], role_args: type) ->
 
 
 def sent_role_args(method: str, **options) -> dict[str, object]:
-    from models import build_model
+    from pflower.models import build_model
 
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     spec = {"model": {"name": "lenet5"}, "train": {"lr": 0.01}}
@@ -152,7 +152,7 @@ def test_a_bad_option_fails_config_validation_naming_it(override, message):
 
 
 def test_options_coerce_numbers_and_keep_the_declared_types():
-    from strategies.kapc import KAPCOptions
+    from pflower.strategies.kapc import KAPCOptions
 
     o = KAPCOptions(lam=1, cube_lr=0.01, omega_min=None)
     assert isinstance(o.lam, float) and o.cube_lr == 0.01 and o.omega_min is None and o.bls is False
@@ -166,7 +166,7 @@ def test_options_coerce_numbers_and_keep_the_declared_types():
 def test_the_method_list_read_from_the_source_equals_the_registry():
     """`pflower methods` lists the methods without importing them (no torch): what it reads from
     strategies/*.py must be what the registry holds, role and options included."""
-    from server_app.methods_cli import declared_methods
+    from pflower.server_app.methods_cli import declared_methods
 
     declared = declared_methods()
     assert set(declared) == set(STRATEGIES)
@@ -177,19 +177,19 @@ def test_the_method_list_read_from_the_source_equals_the_registry():
 def test_methods_and_roles_register_by_subclassing():
     """Every strategy module's method is registered with no list to edit, every strategy's role
     exists on the client side with the same arguments class, and a name cannot be taken twice."""
-    from client_app.roles import ROLES
-    from server_app.methods_cli import declared_methods
+    from pflower.client_app.roles import ROLES
+    from pflower.server_app.methods_cli import declared_methods
 
     assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
     assert all(cls.name == name for name, cls in STRATEGIES.items())
     assert {cls.role for cls in STRATEGIES.values()} <= set(ROLES)
     assert set(ROLES) == set(ROLE_ARGS) and all(ROLES[n].args_type is ROLE_ARGS[n] for n in ROLES)
     with pytest.raises(TypeError, match="method name 'fedavg' is taken"):
-        type("Impostor", (PersonalizedStrategy,), {"name": "fedavg", "__module__": "strategies.impostor"})
+        type("Impostor", (PersonalizedStrategy,), {"name": "fedavg", "__module__": "pflower.strategies.impostor"})
 
 
 def test_pflower_methods_prints_a_method_s_options_from_its_dataclass(capsys):
-    from server_app.cli import main
+    from pflower.server_app.cli import main
 
     assert main(["methods", "fedprox"]) == 0
     out = capsys.readouterr().out
@@ -212,7 +212,7 @@ def test_a_method_without_options_uses_the_base_dataclass():
 def test_each_method_page_shows_the_options_table_of_its_dataclass(method):
     """docs/methods/ carries a copy of each options dataclass; `pflower methods --write-docs`
     refreshes it. A changed option without the refreshed page fails here."""
-    from server_app.methods_cli import BLOCK, options_markdown, page_of
+    from pflower.server_app.methods_cli import BLOCK, options_markdown, page_of
 
     page = (conf_dir().parent / "docs" / page_of(method)).read_text()
     assert BLOCK.format(name=method, table=options_markdown(method)) in page, (
@@ -221,7 +221,7 @@ def test_each_method_page_shows_the_options_table_of_its_dataclass(method):
 
 
 def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
-    from server_app.methods_cli import options_markdown, write_docs
+    from pflower.server_app.methods_cli import options_markdown, write_docs
 
     (tmp_path / "methods").mkdir()
     for page in ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "baselines"):
@@ -230,3 +230,11 @@ def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
     text = (tmp_path / "methods" / "kapc.md").read_text()
     assert text.startswith("# kapc\n\nprose\n") and options_markdown("kapc_bls") in text
     assert write_docs(tmp_path) == []  # a second run changes nothing
+
+
+def test_every_method_class_is_public_in_the_strategies_package():
+    """`from pflower.strategies import FedCMD` works for every registered method (docs/api.md)."""
+    import pflower.strategies as package
+
+    for name, cls in STRATEGIES.items():
+        assert getattr(package, cls.__name__, None) is cls and cls.__name__ in package.__all__, name

@@ -10,10 +10,10 @@ import torch
 from method_helpers import ctx, replied_keys, trained_states
 from test_strategy_base import make, run, sent_keys
 
-from client_app.roles import build_role
-from client_app.roles.moon import PREFIX as MOON_PREFIX
-from client_app.roles.moon import contrastive_term, previous_model
-from server_app.inprocess import InProcessGrid
+from pflower.client_app.roles import build_role
+from pflower.client_app.roles.moon import PREFIX as MOON_PREFIX
+from pflower.client_app.roles.moon import contrastive_term, previous_model
+from pflower.server_app.inprocess import InProcessGrid
 
 
 # ----------------------------------------------------------------------------- MOON

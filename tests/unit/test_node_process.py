@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-import client_app.node as node
-import client_app.runtime as runtime
-from client_app.runtime import client_data
-from federated_data import DataSpec, load_client_data
-from federated_data.node_cache import cache_dir, cache_path
-from strategies.messaging import REPLY_POLL_S, send_and_receive
+import pflower.client_app.node as node
+import pflower.client_app.runtime as runtime
+from pflower.client_app.runtime import client_data
+from pflower.federated_data import DataSpec, load_client_data
+from pflower.federated_data.node_cache import cache_dir, cache_path
+from pflower.strategies.base.messaging import REPLY_POLL_S, send_and_receive
 
 SPEC = DataSpec(dataset="digits", num_clients=3, alpha=1.0, min_size=20)
 
@@ -135,8 +135,8 @@ def test_default_cache_directory_follows_xdg(monkeypatch, tmp_path):
 
 
 def test_a_deployed_nodes_reply_and_log_carry_its_timings(compose, tiny_overrides, caplog, monkeypatch):
-    from server_app.inprocess import InProcessGrid
-    from server_app.runner import build
+    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.server_app.runner import build
 
     monkeypatch.setattr(node, "_first_message_seen", False)
     cfg = compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0")
@@ -166,8 +166,8 @@ def test_node_config_device_overrides_the_run_s_and_is_checked(compose, tiny_ove
         node.node_device({"device": "cuda:2"}, "auto")
     monkeypatch.undo()
     # a run that asks for CUDA trains on the CPU of the nodes that say so (this machine has no CUDA)
-    from server_app.inprocess import InProcessGrid
-    from server_app.runner import build
+    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.server_app.runner import build
 
     strategy = build(compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0", "device=cuda"), "tok")
     strategy.start(grid=InProcessGrid(4, node_config={"device": "cpu"}), initial_arrays=None, num_rounds=1, timeout=60)
@@ -229,7 +229,7 @@ def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(comp
         "print(json.dumps({'det': torch.are_deterministic_algorithms_enabled(), 'acc': "
         "s['headline_test_before_acc']}))\n"
     )
-    from server_app.cli import simulate
+    from pflower.server_app.cli import simulate
 
     common = [*tiny_overrides, "method=fedavg", "backend=serial"]
     args = [*common, "deterministic=true", f"output_dir={compose().output_dir}/det"]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from federated_data.partition import PartitionError, dirichlet, partition, train_test_split
+from pflower.federated_data.partition import PartitionError, dirichlet, partition, train_test_split
 
 LABELS = np.repeat(np.arange(10), 200)  # 2,000 samples, 10 classes
 

@@ -7,9 +7,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from test_strategy_base import make, run
 
-from server_app.inprocess import InProcessGrid
-from strategies.aggregation import layerwise_mix as personalize
-from strategies.pfedla import HyperNetwork, hypernet_step
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.pfedla import HyperNetwork, hypernet_step
+from pflower.strategies.shared.aggregation import layerwise_mix as personalize
 
 
 # ----------------------------------------------------------------------------- pFedLA

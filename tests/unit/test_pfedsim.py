@@ -8,9 +8,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 from method_helpers import BODY, HEAD, replied_keys
 from test_strategy_base import make, run, sent_keys
 
-from server_app.inprocess import InProcessGrid
-from strategies.aggregation import mixing_average
-from strategies.pfedsim import classifier_similarity, pfedsim_weights
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.pfedsim import classifier_similarity, pfedsim_weights
+from pflower.strategies.shared.aggregation import mixing_average
 
 
 # ----------------------------------------------------------------------------- pFedSim

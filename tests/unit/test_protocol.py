@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol import ROLE_ARGS, RoleArgsError, SpecError, TaskSpec, role_args
-from protocol.roles import FedBabuArgs, ProximalArgs, SGDArgs
+from pflower.protocol import ROLE_ARGS, RoleArgsError, SpecError, TaskSpec, role_args
+from pflower.protocol.roles import FedBabuArgs, ProximalArgs, SGDArgs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = dict(run="r", seed=1, model={"name": "lenet5"}, data={"dataset": "digits"}, train={"epochs": 1})
@@ -41,15 +41,15 @@ def test_role_arguments_are_checked_where_they_are_built_and_where_they_are_read
 
 
 def test_every_client_role_reads_the_protocols_arguments():
-    from client_app.roles import ROLES
+    from pflower.client_app.roles import ROLES
 
     assert set(ROLES) == set(ROLE_ARGS)
     assert all(ROLES[name].args_type is ROLE_ARGS[name] for name in ROLES)
 
 
 def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides):
-    from server_app.runner import build
-    from strategies import STRATEGIES
+    from pflower.server_app.runner import build
+    from pflower.strategies import STRATEGIES
 
     for method in STRATEGIES:
         extra = {
@@ -64,13 +64,20 @@ def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides
 
 
 def imports_of(path: Path) -> set[str]:
+    """What ``path`` imports, named from the repository's parts (``pflower.client_app.x`` and a
+    relative import that climbs to it both read ``client_app.x``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.add(node.module)
-    return out
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+            out.add(".".join([*base, *([node.module] if node.module else [])]))
+    return {m.removeprefix("pflower.") for m in out}
 
 
 # the simulation engines host both sides in one process: they run the ClientApp's handlers

@@ -4,10 +4,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from server_app import provenance as prov
-from server_app.inprocess import InProcessGrid
-from server_app.report import write_report
-from server_app.runner import run_experiment
+from pflower.server_app import provenance as prov
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.report import write_report
+from pflower.server_app.runner import run_experiment
 
 
 def git(repo: Path, *args: str) -> None:
@@ -118,3 +118,18 @@ def test_no_secret_of_the_command_line_reaches_any_file_a_run_writes(compose, ti
     assert any(p.name == "provenance.json" for p in files)
     for path in files:
         assert token.encode() not in path.read_bytes(), path
+
+
+def test_provenance_names_the_copy_of_the_code_that_ran(tmp_path):
+    """A checkout, an unpacked FAB (the same tree without .git) and an installed wheel are told apart."""
+    import pflower
+
+    assert prov.code_origin() == {"code_root": str(pflower.SOURCE_ROOT), "code_from": "checkout"}
+    fab = tmp_path / "fab"
+    (fab / "pflower").mkdir(parents=True)
+    (fab / "pflower" / "__init__.py").write_text("")
+    assert prov.code_origin(fab) == {"code_root": str(fab), "code_from": "fab"}
+    wheel = tmp_path / "site-packages" / "pflower"
+    (wheel / "strategies").mkdir(parents=True)
+    assert prov.code_origin(wheel)["code_from"] == "installed"
+    assert {"code_root", "code_from"} <= set(prov.provenance(argv=["x"]))

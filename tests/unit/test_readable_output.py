@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server_app.results import plot_accuracy
-from server_app.runner import summary_table
-from strategies.round_log import format_round, format_value
+from pflower.server_app.results import plot_accuracy
+from pflower.server_app.runner import summary_table
+from pflower.strategies.base.round_log import format_round, format_value
 
 RECORD = {
     "round": 3,

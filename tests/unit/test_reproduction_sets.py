@@ -4,9 +4,9 @@ that pflower implements, so `pflower sim -m experiment=<group>` reproduces the w
 import pytest
 import yaml
 
-from server_app.config import compose_config, conf_dir
-from server_app.report import paper_tables, setup_differences
-from strategies import STRATEGIES
+from pflower.server_app.config import compose_config, conf_dir
+from pflower.server_app.report import paper_tables, setup_differences
+from pflower.strategies import STRATEGIES
 
 
 @pytest.mark.parametrize("alpha", ["0.1", "0.5", "1.0"])

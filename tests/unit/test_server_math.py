@@ -3,13 +3,21 @@
 import numpy as np
 import pytest
 
-from models import build_model
-from strategies import aggregation, build_strategy
-from strategies.aggregation import column_blocks, distinct_columns, mixing_average, weighted_average
-from strategies.aggregation import layerwise_mix as personalize
-from strategies.clustering import bipartition
-from strategies.model_distance import difference, gram_matrix, inner_products, spread, squared_norms, update_statistics
-from strategies.pfedla import hypernet_coefficients
+from pflower.models import build_model
+from pflower.strategies import build_strategy
+from pflower.strategies.pfedla import hypernet_coefficients
+from pflower.strategies.shared import aggregation
+from pflower.strategies.shared.aggregation import column_blocks, distinct_columns, mixing_average, weighted_average
+from pflower.strategies.shared.aggregation import layerwise_mix as personalize
+from pflower.strategies.shared.clustering import bipartition
+from pflower.strategies.shared.model_distance import (
+    difference,
+    gram_matrix,
+    inner_products,
+    spread,
+    squared_norms,
+    update_statistics,
+)
 
 RNG = np.random.default_rng(0)
 SHAPES = {"a": (3, 5), "b": (7,), "c": (2, 2, 3)}
@@ -183,13 +191,13 @@ def test_fedfomo_choice_keeps_its_tie_rules(lenet):
 
 # ----------------------------------------------------------------------------- clusters, similarity, phases
 def _update(cid, value, n=1, keys=("w",)):
-    from strategies.validation import ClientUpdate
+    from pflower.strategies.base.validation import ClientUpdate
 
     return ClientUpdate(cid, 100 + cid, {k: np.full(2, value, np.float32) for k in keys}, n, {})
 
 
 def test_clusters_group_average_inside_and_place_new_clients():
-    from strategies.clusters import Clusters, cluster_fedavg
+    from pflower.strategies.shared.clusters import Clusters, cluster_fedavg
 
     clusters = Clusters([[3, 0], [1, 2]], [{"w": np.zeros(2)}, {"w": np.ones(2)}])
     assert clusters.members == [[0, 3], [1, 2]] and clusters.of(3) == 0 and clusters.model_of(2)["w"][0] == 1
@@ -205,7 +213,7 @@ def test_clusters_group_average_inside_and_place_new_clients():
 
 
 def test_cosine_from_gram_and_from_vectors_agree_and_clip():
-    from strategies.similarity import cosine_from_gram, cosine_of_vectors
+    from pflower.strategies.shared.similarity import cosine_from_gram, cosine_of_vectors
 
     v = [np.array([1.0, 0.0]), np.array([-1.0, 0.0]), np.array([1.0, 1.0]), np.zeros(2)]
     gram = np.stack(v) @ np.stack(v).T
@@ -216,7 +224,7 @@ def test_cosine_from_gram_and_from_vectors_agree_and_clip():
 
 
 def test_phase_rounds_explicit_or_share_of_the_run():
-    from strategies.phases import phase_rounds
+    from pflower.strategies.base.phases import phase_rounds
 
     assert phase_rounds("kp", 20, None, None) == 20
     assert phase_rounds("kp", None, 0.1, 200, "round") == 20 and phase_rounds("w", None, 0.5, 15) == 7

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server_app.inprocess import InProcessGrid
-from strategies.checkpoint import decode, encode
-from strategies.store import ClientStore
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies.base.checkpoint import decode, encode
+from pflower.strategies.base.store import ClientStore
 
 
 def arrays(v: float) -> dict[str, np.ndarray]:
@@ -62,7 +62,7 @@ def test_fedcpmd_runs_the_same_with_its_bodies_on_disk(compose, tiny_overrides):
     histories = []
     for mode in ("memory", "disk"):
         cfg = compose(*tiny_overrides, *overrides, f"server_store={mode}")
-        from server_app.runner import run_experiment
+        from pflower.server_app.runner import run_experiment
 
         summary = run_experiment(InProcessGrid(6), cfg)
         histories.append(summary["headline_test_before_acc"])

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from client_app.roles import ROLES, SGDRole
-from protocol.wire import WIRE_EXTRA_PREFIX
-from server_app.inprocess import InProcessGrid, personal_state
-from server_app.runner import build
-from strategies import STRATEGIES
-from strategies.base import PersonalizedStrategy
-from strategies.fedavg import FedAvg
+from pflower.client_app.roles import ROLES, SGDRole
+from pflower.protocol.wire import WIRE_EXTRA_PREFIX
+from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.server_app.runner import build
+from pflower.strategies import STRATEGIES
+from pflower.strategies.base.strategy import PersonalizedStrategy
+from pflower.strategies.fedavg import FedAvg
 
 
 def make(compose, tiny_overrides, *extra):
@@ -170,7 +170,7 @@ def test_when_every_node_refuses_to_join_the_run_fails_at_once(compose, tiny_ove
 def test_messages_expire_once_their_reply_could_no_longer_count(compose, tiny_overrides):
     """TTL = the wait for the reply + TTL_MARGIN_S: a SuperNode that reconnects after its round
     closed is not handed that round's training (the SuperLink drops the expired message)."""
-    from strategies.messaging import TTL_MARGIN_S
+    from pflower.strategies.base.messaging import TTL_MARGIN_S
 
     _, strategy = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0", "final_eval=true")
     grid = InProcessGrid(4)

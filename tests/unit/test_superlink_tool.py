@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from server_app import superlink
-from server_app.cli import main
+from pflower.server_app import superlink
+from pflower.server_app.cli import main
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -71,7 +71,7 @@ def test_usage_errors_exit_2(capsys):
 
 
 def test_sim_help_lists_keys_groups_and_examples(capsys):
-    from server_app.config import config_keys
+    from pflower.server_app.config import config_keys
 
     assert main(["sim", "--help"]) == 0
     out = capsys.readouterr().out
@@ -103,7 +103,7 @@ def code_tree(dest, change: str | None = None):
 def test_a_run_from_another_checkout_is_refused_with_the_fix(tmp_path):
     """The ServerApp's check (issue 43, item 2): the app's code against the checkout the local
     SuperLink was started in; the same code, or a SuperLink started outside any checkout, passes."""
-    from server_app.config import ConfigError
+    from pflower.server_app.config import ConfigError
 
     app = code_tree(tmp_path / "fab")
     superlink.check_superlink_checkout(app, code_tree(tmp_path / "same"))

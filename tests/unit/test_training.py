@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, exact_sqrt, train
-from models import build_model
-from strategies.schedule import LRSchedule
+from pflower.client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, exact_sqrt, train
+from pflower.models import build_model
+from pflower.strategies.base.schedule import LRSchedule
 
 
 @pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 5e-4), (0.5, 1e-3)])
@@ -71,7 +71,7 @@ def test_train_moves_only_the_given_parameters() -> None:
 def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypatch) -> None:
     """torch.optim.Adam's update with correctly rounded square roots (torch's own take the last bit
     from the CPU's MKL path; PlainAdam's do not, so its numbers are the same on every CPU)."""
-    from client_app.training import exact_sqrt
+    from pflower.client_app.training import exact_sqrt
 
     monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from strategies.validation import InvalidReply, validate_reply
+from pflower.strategies.base.validation import InvalidReply, validate_reply
 
 EXPECTED = {"w": ((2, 2), np.dtype("float32")), "b": ((2,), np.dtype("float32"))}
 

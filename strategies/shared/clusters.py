@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ..base.validation import ClientUpdate
 from .aggregation import fedavg
 from .model_distance import copy_arrays
-from .validation import ClientUpdate
 
 Arrays = Mapping[str, np.ndarray]
 

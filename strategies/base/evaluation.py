@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from protocol.wire import GLOBAL_TEST_SIZE, TEST_SIZE
+from pflower.protocol.wire import GLOBAL_TEST_SIZE, TEST_SIZE
 
 PHASES = ("test_before", "test_after")
 

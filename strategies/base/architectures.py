@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 from flwr.common import log
+from torch import nn
 
-from models import LayeredNet
-from models.schema import ModelSchema, Template, assign_archs, initial_arrays
+from pflower.models import LayeredNet, adapt
+from pflower.models.schema import ModelSchema, Template, assign_archs, initial_arrays
 
 
 class Architectures:
@@ -24,7 +25,7 @@ class Architectures:
 
     def __init__(
         self,
-        model: LayeredNet | Mapping[str, LayeredNet],
+        model: nn.Module | Mapping[str, nn.Module],
         spec: dict[str, Any],
         num_clients: int,
         *,
@@ -35,6 +36,10 @@ class Architectures:
         """``spec``: the client spec; its ``archs`` and ``assign`` entries are taken out of it."""
         arch_specs = spec.pop("archs", None)
         rule = spec.pop("assign", None) or "blocks"
+        if isinstance(model, nn.Module) and not isinstance(model, LayeredNet):
+            model = adapt(model)  # a user's module: its top-level children are the layer groups
+        elif isinstance(model, Mapping):
+            model = {arch: adapt(m) for arch, m in model.items()}
         if isinstance(model, LayeredNet):
             model_spec = dict(spec.get("model") or {"name": "model"})
             models = {str(model_spec.get("name", "model")): model}

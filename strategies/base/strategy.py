@@ -9,7 +9,7 @@ where it is defined and in docs/adding-a-method.md.
 The base holds its parts and reaches them through public names: :class:`Architectures`
 (schemas, global arrays, who runs which model), :class:`ClientDirectory` (discovery),
 :class:`RoundLedger` (what a batch sent: messages, bytes, groups), :func:`collect_replies`
-(validation, client-id order), :mod:`strategies.resume` (checkpoint state, lost client state)
+(validation, client-id order), :mod:`strategies.base.resume` (checkpoint state, lost client state)
 and :func:`run_rounds` (the loop).
 
 Determinism: replies are aggregated in client-id order, never in arrival order, so a run's
@@ -35,11 +35,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from torch import nn
 
-from models import LayeredNet, group_of
-from models.schema import ModelSchema, Template
-from protocol import wire
-from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
+from pflower.models import group_of
+from pflower.models.schema import ModelSchema, Template
+from pflower.protocol import wire
+from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures
 from .client_directory import ClientDirectory, ClientInfo
@@ -66,7 +67,7 @@ _RETIRED_HOOKS = {
 
 class PersonalizedStrategy(MethodHooks, Strategy):
     """Base of every pflower method: FedAvg-shaped rounds with per-client messages (the hooks a
-    method overrides and their defaults are :class:`strategies.hooks.MethodHooks`)."""
+    method overrides and their defaults are :class:`strategies.base.hooks.MethodHooks`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -75,7 +76,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                 raise TypeError(f"{cls.__name__} defines {hook}(); override {instead} instead")
         if cls.client_keeps not in wire.KEEP_MODES:
             raise TypeError(f"{cls.__name__}.client_keeps must be one of {list(wire.KEEP_MODES)}")
-        if "name" in cls.__dict__ and cls.__module__.startswith("strategies."):  # a method registers by subclassing
+        if "name" in cls.__dict__ and cls.__module__.startswith(
+            "pflower.strategies."
+        ):  # a method registers by subclassing
             known = METHODS.get(cls.name)
             if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
                 raise TypeError(f"method name {cls.name!r} is taken by {known.__module__}.{known.__qualname__}")
@@ -83,7 +86,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
     def __init__(
         self,
-        model: LayeredNet | Mapping[str, LayeredNet],
+        model: nn.Module | Mapping[str, nn.Module],
         client_spec: Mapping[str, Any],
         *,
         num_clients: int,
@@ -168,7 +171,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
     def client_store(self, name: str, bytes_per_client: int = 0) -> ClientStore:
         """A per-client array store for the method's server state (stored bodies, models): in memory
-        or on disk as config ``server_store`` says (:func:`strategies.store.open_store`)."""
+        or on disk as config ``server_store`` says (:func:`strategies.base.store.open_store`)."""
         return open_store(self.store_mode, self.store_dir, self.name, name, bytes_per_client * self.num_clients)
 
     @property
@@ -254,8 +257,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         tensors) with the task spec, entered in the round's :class:`RoundLedger`. A method that
         sends a batch of its own (FedCPMD's probes) resets the ledger, builds its messages with
         this, and reads the replies with :meth:`collect_replies`."""
+        spec = self.task_spec(client_id, server_round, task)
         message, arrays, groups = task_message(
-            self.task_spec(client_id, server_round, task),
+            spec,
             client_id,
             server_round,
             message_type,
@@ -264,9 +268,26 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             down,
             extra,
             self.template_of(client_id),
+            plain=self.plain_config(client_id, server_round, spec),
         )
         self.ledger.record(client_id, message, record_bytes(arrays), groups)
         return message
+
+    def plain_config(self, client_id: int, server_round: int, spec: TaskSpec) -> dict[str, Any]:
+        """The keys a ClientApp of your own reads (docs/api.md, the message contract), beside the
+        spec: a train message's learning rate, epochs, batch size and the exact keys its reply
+        must carry (where the method allows one set)."""
+        if spec.task != "train":
+            return {}
+        plain: dict[str, Any] = {
+            wire.PLAIN_LR: float(spec.train.get("lr", 0.0)),
+            wire.PLAIN_EPOCHS: int(spec.train.get("epochs", 1)),
+            wire.PLAIN_BATCH_SIZE: int(spec.train.get("batch_size", 32)),
+        }
+        uploads = self.expected_uploads(client_id, server_round)
+        if len(uploads) == 1:
+            plain[wire.PLAIN_UPLOAD_KEYS] = list(uploads[0])
+        return plain
 
     # ------------------------------------------------------------------ discovery
     @property
@@ -400,7 +421,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             setattr(self, key, value)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run after :meth:`last_round` (:mod:`strategies.resume`)."""
+        """Everything needed to continue the run after :meth:`last_round` (:mod:`strategies.base.resume`)."""
         return strategy_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -433,4 +454,11 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         (the runner appends the record to metrics.jsonl, then writes the checkpoint, before the
         next round starts).
         """
+        for name, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
+            if record:  # Flower's strategies send it to every client; pflower's spec already says it all
+                raise ValueError(
+                    f"{name}={dict(record)!r}: pflower's strategies configure the clients' training from "
+                    "client_spec (pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)) and "
+                    f"from the method's options, and send no {name}: move these settings there"
+                )
         return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn, on_round)

@@ -17,9 +17,9 @@ from typing import Any
 from flwr.app import Message
 from flwr.common import log
 
-from models.schema import Template
-from protocol.compat import ErrorCode
-from protocol.wire import WIRE_EXTRA_PREFIX
+from pflower.models.schema import Template
+from pflower.protocol.compat import ErrorCode
+from pflower.protocol.wire import WIRE_EXTRA_PREFIX
 
 from .client_directory import ClientInfo, FederationError
 from .round_ledger import RoundLedger

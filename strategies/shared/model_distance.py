@@ -2,7 +2,7 @@
 
 A model is a mapping key -> array; the vector of a model is its ``keys`` flattened and
 concatenated in order. The Gram matrix is accumulated one bounded block of parameters at a
-time (:func:`~strategies.aggregation.column_blocks`, one BLAS product each), so no
+time (:func:`~strategies.shared.aggregation.column_blocks`, one BLAS product each), so no
 (clients x parameters) matrix of whole models is ever built. FedAMP (attention over model
 distances), CFL (cosine similarity of updates) and FedCMD (Eq. 8) use it. Also: the
 checkpoint form of the per-client model stores several methods keep.
@@ -22,7 +22,7 @@ Arrays = Mapping[str, np.ndarray]
 def inner_products(a: Sequence[Arrays], b: Sequence[Arrays], keys: Sequence[str]) -> np.ndarray:
     """P_ij = <a_i, b_j> over ``keys`` (float64): a len(a) x len(b) matrix.
 
-    One matrix product per block of :func:`~strategies.aggregation.column_blocks` (a and b
+    One matrix product per block of :func:`~strategies.shared.aggregation.column_blocks` (a and b
     stacked once, side by side): O(len(a) x len(b) x params) in BLAS, bounded scratch.
     """
     same = b is a
@@ -49,7 +49,7 @@ def update_statistics(
 ) -> tuple[np.ndarray, float]:
     """For the updates dW_i = models[i] - reference (float32, as :func:`difference`): their Gram
     matrix and ||sum_i w_i dW_i|| (w normalized; the mean update, rounded to the models'
-    dtype as :func:`~strategies.aggregation.weighted_average` returns it).
+    dtype as :func:`~strategies.shared.aggregation.weighted_average` returns it).
 
     CFL's per-round statistics without building the updates: O(m^2 x params) for the Gram
     (one matrix product per block), O(m x params) for the mean, bounded scratch.

@@ -19,7 +19,7 @@ from .messaging import TTL_MARGIN_S, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
 
-# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this
+# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
 # module)
 Strategy = Any
 

@@ -20,8 +20,8 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from protocol import wire
-from protocol.wire import TaskSpec
+from pflower.protocol import wire
+from pflower.protocol.wire import TaskSpec
 
 from .messaging import TTL_MARGIN_S, send_and_receive
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from .model_distance import copy_arrays
+from ..shared.model_distance import copy_arrays
 
 Arrays = Mapping[str, np.ndarray]
 

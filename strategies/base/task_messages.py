@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from models import group_of
-from models.schema import ModelSchema, Template
-from protocol import wire
-from protocol.roles import RoleArgs
-from protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
+from pflower.models import group_of
+from pflower.models.schema import ModelSchema, Template
+from pflower.protocol import wire
+from pflower.protocol.roles import RoleArgs
+from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this
+# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
 # module)
 Strategy = Any
 
@@ -71,14 +71,18 @@ def task_message(
     down: Mapping[str, np.ndarray],
     extra: Mapping[str, np.ndarray],
     template: Template,
+    plain: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ArrayRecord, set[str]]:
-    """The message, its array record (for the byte count) and the layer groups it carries."""
+    """The message, its array record (for the byte count) and the layer groups it carries.
+    ``plain``: config keys for a ClientApp of the user's own (lr, local-epochs, ...)."""
     arrays = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in down.items()})
     for k, v in extra.items():
         arrays[WIRE_EXTRA_PREFIX + k] = Array(np.ascontiguousarray(v))
     groups = {group_of(k) for k in down} | {
         group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template
     }
-    config = ConfigRecord({wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()})
+    config = ConfigRecord(
+        {wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json(), **(plain or {})}
+    )
     content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: config})
     return Message(content=content, message_type=message_type, dst_node_id=node_id, ttl=ttl), arrays, groups

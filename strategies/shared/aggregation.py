@@ -85,7 +85,7 @@ def column_blocks(
     a block holds at most ``SCRATCH_BYTES / 8 / (len(models) + extra_rows)`` columns
     (``extra_rows``: rows of the caller's result per column, to keep that bounded too).
     With ``minus``, row i holds ``models[i][key] - minus[key]`` computed in the models' dtype
-    (the float32 update of :func:`strategies.model_distance.difference`). The block is one
+    (the float32 update of :func:`strategies.shared.model_distance.difference`). The block is one
     reused buffer: it is valid until the next one is yielded.
     """
     m = len(models)

@@ -3,7 +3,7 @@
 The base saves the last completed round, the global arrays, the round history, the run token, the
 sampling RNG's state and torch's CPU RNG state, plus the method's state (by default every instance
 attribute the base does not own: :meth:`PersonalizedStrategy.extra_state`). The file format is
-:mod:`strategies.checkpoint`'s.
+:mod:`strategies.base.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from flwr.common import log
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
 
-# the strategy these functions take: a strategies.base.PersonalizedStrategy (typed Any, since base.py imports this
+# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
 # module)
 Strategy = Any
 
 
 def strategy_state(s: Strategy) -> dict[str, Any]:
     """Everything needed to continue the run after ``s.last_round()`` (live references:
-    :func:`strategies.checkpoint.save_checkpoint` encodes them at once)."""
+    :func:`strategies.base.checkpoint.save_checkpoint` encodes them at once)."""
     archs = s.architectures.state()
     return {
         "method": s.name,

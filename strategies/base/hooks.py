@@ -1,4 +1,4 @@
-"""What a method may override: the hooks of :class:`strategies.base.PersonalizedStrategy`, with
+"""What a method may override: the hooks of :class:`strategies.base.strategy.PersonalizedStrategy`, with
 their defaults (plain FedAvg with the papers' evaluation protocol).
 
 A method is a subclass of the base that sets a few class attributes and overrides the hooks that
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from protocol.roles import RoleArgs
+from pflower.protocol.roles import RoleArgs
 
-from .aggregation import fedavg
+from ..shared.aggregation import fedavg
 from .diagnostics import Panel
 from .options import MethodOptions
 from .validation import ClientUpdate
@@ -31,7 +31,7 @@ class MethodHooks:
     diagnostic_panels: tuple[Panel, ...] = ()
 
     name = "base"
-    options_type: type[MethodOptions] = MethodOptions  # the method's options, declared once (strategies.options)
+    options_type: type[MethodOptions] = MethodOptions  # the method's options, declared once (strategies.base.options)
     # role arguments the strategy computes from several options rather than copying one (checked apart)
     derived_role_args: tuple[str, ...] = ()
     role = "sgd"
@@ -84,7 +84,7 @@ class MethodHooks:
 
         The one downlink hook. A method whose clients receive models mixed from stored ones
         (pFedSim, FedAP, pFedLA) builds all of them here with one matrix product per block of
-        parameters (:func:`strategies.aggregation.mixing_average`).
+        parameters (:func:`strategies.shared.aggregation.mixing_average`).
         """
         out = {}
         for cid in client_ids:

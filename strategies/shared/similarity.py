@@ -2,7 +2,7 @@
 
 Two inputs, one formula: cos_ij = <v_i, v_j> / (||v_i|| ||v_j|| + eps), clipped to [lo, 1].
 ``lo = 0`` is FedCMD/FedCPMD's Eq. 8 (negative similarity counts as none); ``lo = -1`` keeps
-the sign (CFL's bipartition). From a Gram matrix (:func:`strategies.model_distance.gram_matrix`,
+the sign (CFL's bipartition). From a Gram matrix (:func:`strategies.shared.model_distance.gram_matrix`,
 built blockwise, so no client's vector is ever materialised) or from explicit vectors.
 """
 

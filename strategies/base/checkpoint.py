@@ -35,7 +35,30 @@ FILENAME = "checkpoint.npz"
 FORMAT = 1
 STATE_MEMBER = "__state__"
 # classes a checkpoint may name and have rebuilt when the live object is missing
-IMPORTABLE_PREFIXES = ("strategies.", "models.", "protocol.")
+IMPORTABLE_PREFIXES = ("pflower.strategies.", "pflower.models.", "pflower.protocol.")
+# checkpoints written before pflower had one import name name their classes by the old top-level
+# packages (``strategies.clusters:Clusters``); such a run still resumes: old module -> new module
+_BASE_PARTS = frozenset(
+    "architectures checkpoint client_directory diagnostics evaluation hooks messaging options phases replies "
+    "resume round_ledger round_log run_loop schedule store task_messages validation".split()
+)
+_SHARED_PARTS = frozenset("aggregation clustering clusters similarity model_distance".split())
+
+
+def current_module(module: str) -> str:
+    """The module a class lives in today, for a name a checkpoint wrote (old names are mapped)."""
+    top, _, rest = module.partition(".")
+    if top not in ("strategies", "models", "protocol"):
+        return module
+    first = rest.partition(".")[0]
+    if top == "strategies" and first == "base":
+        rest = "base.strategy" + rest[len("base") :]
+    elif top == "strategies" and first in _BASE_PARTS:
+        rest = "base." + rest
+    elif top == "strategies" and first in _SHARED_PARTS:
+        rest = "shared." + rest
+    return f"pflower.{top}.{rest}" if rest else f"pflower.{top}"
+
 
 _TAGS = (
     "__array__",
@@ -215,6 +238,7 @@ def _class_path(cls: type) -> str:
 
 def _import_class(spec: str, path: str) -> type:
     module, _, qualname = spec.partition(":")
+    module = current_module(module)
     if not module.startswith(IMPORTABLE_PREFIXES):
         raise CheckpointError(f"{path}: the checkpoint names class {spec}, which pflower does not rebuild from a file")
     obj: Any = importlib.import_module(module)

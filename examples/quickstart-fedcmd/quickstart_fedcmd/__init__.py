@@ -1,0 +1,1 @@
+"""quickstart-fedcmd: Flower's quickstart-pytorch app with pflower's FedCMD."""

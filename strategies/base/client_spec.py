@@ -1,0 +1,56 @@
+"""``client_spec(...)``: what a strategy tells every client, for a strategy built in your own ServerApp.
+
+pflower's runner builds this from the config (``server_app.config.client_spec``); a Flower app
+that builds a strategy itself calls :func:`client_spec` with the local-training settings. The
+model and data parts are left out: the clients that run pflower's client builder
+(:func:`pflower.client_app.build_clientapp`) bring their own.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+
+def client_spec(
+    *,
+    lr: float = 0.01,
+    local_epochs: int = 1,
+    batch_size: int = 32,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    optimizer: str = "sgd",
+    local_steps: int | None = None,
+    seed: int = 42,
+    device: str = "auto",
+    run: str | None = None,
+    rounds: int | None = None,
+    lr_schedule: dict[str, Any] | None = None,
+    client_state_dir: str | None = None,
+) -> dict[str, Any]:
+    """The client spec of a strategy constructor: ``FedCMD(Net(), client_spec(lr=0.05), num_clients=10)``.
+
+    ``run``: the name under which clients keep their personal layers (a fresh token by default);
+    ``client_state_dir``: where simulated clients keep them (deployed nodes: their ``state-dir``);
+    ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule)."""
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    return {
+        "run": run or secrets.token_hex(4),
+        "client_state_dir": client_state_dir,
+        "state_versions": 2,
+        "seed": int(seed),
+        "device": device,
+        "deterministic": False,
+        "data": {},
+        "train": {
+            "epochs": int(local_epochs),
+            "batch_size": int(batch_size),
+            "lr": float(lr),
+            "momentum": float(momentum),
+            "weight_decay": float(weight_decay),
+            "optimizer": optimizer,
+            "steps": None if local_steps is None else int(local_steps),
+        },
+        **({"lr_schedule": {**lr_schedule, "rounds": rounds}} if lr_schedule else {}),
+    }

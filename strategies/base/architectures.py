@@ -67,6 +67,11 @@ class Architectures:
             arch: initial_arrays(m, self.schemas[arch].keys(buffers=shared_buffers)) for arch, m in models.items()
         }
 
+    def set_initial(self, arrays: Mapping[str, Any]) -> None:
+        """Flower's ``initial_arrays`` (an ArrayRecord) as the default architecture's starting values."""
+        for key, array in arrays.items():
+            self.arrays[self.default][key] = array.numpy()
+
     def schema(self, client_id: int | None = None) -> ModelSchema:
         """The model schema of ``client_id`` (the default architecture's if None)."""
         return self.schemas[self.default if client_id is None else self.arch_of[client_id]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.common import log
@@ -18,9 +18,8 @@ from flwr.common import log
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
 
-# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
-# module)
-Strategy = Any
+if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
+    from .strategy import PersonalizedStrategy as Strategy
 
 
 def strategy_state(s: Strategy) -> dict[str, Any]:
@@ -40,9 +39,8 @@ def strategy_state(s: Strategy) -> dict[str, Any]:
     }
 
 
-def restore_strategy_state(s: Strategy, state: Mapping[str, Any]) -> None:
-    """Continue ``s`` from ``state``; refused when it is another method's, another run's, or the
-    arrays do not fit the models."""
+def check_resumable(s: Strategy, state: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint of another method or another run (reads ``s``, changes nothing)."""
     if state["method"] != s.name:
         raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {s.name!r}")
     token = str(s.client_spec.get("run", ""))
@@ -51,13 +49,15 @@ def restore_strategy_state(s: Strategy, state: Mapping[str, Any]) -> None:
             f"the checkpoint belongs to run {state['run_token']!r}, this strategy to {token!r}: build it with "
             "the checkpoint's run token, or the clients will not find their personal state"
         )
-    s.architectures.restore(state)
-    s.history = [dict(r) for r in state["history"]]
-    if s.last_round() != int(state["round"]):
-        raise ValueError(f"the checkpoint says round {state['round']} but its history ends at round {s.last_round()}")
-    s.rng.bit_generator.state = state["rng"]
-    torch.set_rng_state(state["torch_rng"])
-    s.load_extra_state(state["extra"])
+
+
+def restored_history(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The round history a checkpoint holds, checked against the round it says it ends at."""
+    history = [dict(r) for r in state["history"]]
+    last = int(history[-1]["round"]) if history else 0
+    if last != int(state["round"]):
+        raise ValueError(f"the checkpoint says round {state['round']} but its history ends at round {last}")
+    return history
 
 
 def trained_rounds(history: Sequence[Mapping[str, Any]]) -> dict[int, int]:

@@ -6,9 +6,10 @@ A plain function over the strategy's public hooks, so the base class stays the l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import log
@@ -19,11 +20,28 @@ from .messaging import TTL_MARGIN_S, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
 
-# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
-# module)
-Strategy = Any
+if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
+    from .strategy import PersonalizedStrategy as Strategy
 
 RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class RunTiming:
+    """The run loop's own state, a part the strategy holds: how long a batch's replies are waited
+    for, a message's time to live, and the seconds of the rounds run before this process (a
+    resumed run's clock continues). Set by :meth:`begin` when ``start()`` runs. Not checkpointed:
+    the timeout comes from each process's config, the earlier seconds from the round history."""
+
+    round_timeout: float | None = None
+    message_ttl: float | None = None
+    elapsed_before: float = 0.0
+
+    def begin(self, timeout: float, history: Sequence[Mapping[str, Any]]) -> None:
+        self.round_timeout, self.message_ttl = timeout, timeout + TTL_MARGIN_S
+        self.elapsed_before = run_elapsed(history)
+
+
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
@@ -46,12 +64,10 @@ def run_rounds(
     else:
         log(INFO, "Starting %s (%d rounds)", s.name, num_rounds)
     s.summary()
-    s.message_ttl, s.round_timeout = timeout + TTL_MARGIN_S, timeout
+    s.timing.begin(timeout, s.history)
     if initial_arrays is not None and first == 1:
-        for k, arr in initial_arrays.items():
-            s.arch_arrays[s.default_arch][k] = arr.numpy()
+        s.architectures.set_initial(initial_arrays)
     started = time.perf_counter()
-    s.elapsed_before = run_elapsed(s.history)
     s.discover(grid)
     lost = []
     if first > 1:
@@ -71,7 +87,7 @@ def run_rounds(
                 record.update({f"server_{k}": float(v) for k, v in server.items()})
                 result.evaluate_metrics_serverapp[rnd] = server
         record["round_time_s"] = time.perf_counter() - t0
-        record["run_elapsed_s"] = s.elapsed_before + (time.perf_counter() - started)
+        record["run_elapsed_s"] = s.timing.elapsed_before + (time.perf_counter() - started)
         result.arrays = arrays
         if metrics is not None:
             result.train_metrics_clientapp[rnd] = metrics

@@ -31,6 +31,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -47,9 +48,9 @@ from .client_directory import ClientDirectory, ClientInfo
 from .evaluation import client_time_totals, final_evaluation, weighted_test_metrics
 from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
-from .resume import restore_strategy_state, strategy_state
+from .resume import check_resumable, restored_history, strategy_state
 from .round_ledger import RoundLedger
-from .run_loop import EvaluateFn, RoundCallback, run_rounds
+from .run_loop import EvaluateFn, RoundCallback, RunTiming, run_rounds
 from .schedule import LRSchedule
 from .store import STORE_MODES, ClientStore, open_store
 from .task_messages import hello_spec, task_message, task_spec
@@ -130,14 +131,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.history: list[dict[str, Any]] = []
         self.final_metrics: dict[str, Any] = {}
         self.ledger = RoundLedger()  # the messages of the batch under way (one reset() per batch)
-        self.message_ttl: float | None = None  # set by start(): the round timeout + TTL_MARGIN_S
-        self.round_timeout: float | None = (
-            None  # set by start(): the wait for a round's replies (a method's own batch waits as long)
-        )
+        self.timing = RunTiming()  # the run loop's part: timeouts, a message's TTL, the earlier rounds' seconds
         # a resumed run goes on although clients lost their state (config resume_force): they are
         # recorded in the round's ``client_state_lost``; without it the resume is refused
         self.resume_force = False
-        self.elapsed_before = 0.0  # seconds of the rounds run before this process's segment (set by start)
         # what the base owns: saved explicitly by state_dict() or deliberately not at all (config-derived,
         # or per-connection like the directory: node ids change when a SuperNode restarts)
         self.base_attributes = frozenset(set(vars(self)) - before) | {"base_attributes"}
@@ -155,6 +152,21 @@ class PersonalizedStrategy(MethodHooks, Strategy):
     def arch_of(self) -> dict[int, str]:
         """Client id -> its architecture."""
         return self.architectures.arch_of
+
+    @property
+    def round_timeout(self) -> float | None:
+        """The wait for a batch's replies (set by ``start()``; a method's own batch waits as long)."""
+        return self.timing.round_timeout
+
+    @property
+    def message_ttl(self) -> float | None:
+        """A message's time to live: the round timeout plus a margin (set by ``start()``)."""
+        return self.timing.message_ttl
+
+    @property
+    def elapsed_before(self) -> float:
+        """Seconds of the rounds run before this process's segment (a resumed run's clock)."""
+        return self.timing.elapsed_before
 
     @property
     def arch_arrays(self) -> dict[str, dict[str, np.ndarray]]:
@@ -429,8 +441,14 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
         The strategy must be built from the same config and run token; the arrays must fit
         the models. Clients are not restored: they are discovered again (new node ids).
+        Each part restores what it owns: the architectures their arrays, the method its extra state.
         """
-        restore_strategy_state(self, state)
+        check_resumable(self, state)
+        self.architectures.restore(state)
+        self.history = restored_history(state)
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        self.load_extra_state(state["extra"])
 
     # ------------------------------------------------------------------ the run loop
     def start(

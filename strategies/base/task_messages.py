@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
@@ -14,9 +14,8 @@ from pflower.protocol import wire
 from pflower.protocol.roles import RoleArgs
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-# the strategy these functions take: a PersonalizedStrategy (typed Any, since strategy.py imports this
-# module)
-Strategy = Any
+if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
+    from .strategy import PersonalizedStrategy as Strategy
 
 
 def task_spec(s: Strategy, client_id: int, server_round: int, task: str) -> TaskSpec:

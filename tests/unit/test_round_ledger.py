@@ -53,3 +53,30 @@ def test_no_method_reaches_a_private_member_of_the_base():
         if used:
             offenders[path.name] = sorted(used)
     assert not offenders, f"methods use private members of the base (make them public hooks): {offenders}"
+
+
+def test_no_part_of_the_base_writes_another_objects_attributes():
+    """The base's parts own their state (RunTiming, Architectures, RoundLedger...): a module-level
+    function of strategies/base/ may read the strategy it is given but never assign its attributes."""
+    import ast
+
+    offenders = []
+    for path in (ROOT / "strategies" / "base").glob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef) or fn.args.args[:1] and fn.args.args[0].arg in ("self", "cls"):
+                continue
+            params = {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs]}
+            params |= {  # and their aliases (s = strategy)
+                target.id
+                for node in ast.walk(fn)
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in params
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            for node in ast.walk(fn):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for target in targets:
+                    for t in ast.walk(target) if target is not None else []:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in params:
+                            offenders.append(f"{path.name}:{node.lineno} {fn.name} sets {t.value.id}.{t.attr}")
+    assert not offenders, offenders

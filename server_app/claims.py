@@ -1,0 +1,178 @@
+"""``pflower claims write|check``: every claim of the five papers beside the committed runs, with a verdict.
+
+The claims are declared in ``conf/claims.yaml`` (id, paper, the claim in one line, the paper's
+number and where it is printed, the rule that gives the verdict, the run sets that test it);
+``write`` renders ``docs/claims.md`` from them and the committed run files, ``check`` says
+whether the page is current (``tests/unit/test_claims.py`` runs it). Every pflower number on the
+page is read from a run's ``summary.json``; none is typed by hand.
+
+Rules (``rule.kind``):
+
+- ``value``: the mean of ``metric`` over ``runs`` (a glob of run directories, percent) against
+  ``paper_value``: reproduced within ``tolerance`` points (default 1.5), else not reproduced;
+- ``above``: the mean over ``runs`` against each set of ``others``: reproduced when it is the
+  highest, else not reproduced, naming who is above;
+- ``judged``: the verdict and its reason as declared, for a claim about a shape or a mechanism,
+  with the numbers it rests on (``numbers``) computed from the runs;
+- ``untested``: nothing here tests it yet (``reason`` says what would);
+- ``needs_data``: it needs data this machine cannot reach (``reason`` names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .config import ConfigError, conf_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = Path("docs/claims.md")
+VERDICTS = {
+    "reproduced": "reproduced",
+    "partly": "partly",
+    "not_reproduced": "not reproduced",
+    "untested": "untested",
+    "needs_data": "needs data not available here",
+}
+KINDS = ("value", "above", "judged", "untested", "needs_data")
+PERCENT_METRICS = ("acc",)  # metrics whose summary values are fractions: shown in percent
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A metric over a set of runs: its mean, sample SD and how many runs."""
+
+    label: str
+    mean: float
+    sd: float
+    n: int
+
+    def text(self) -> str:
+        spread = f" ± {self.sd:.2f}" if self.n > 1 else ""
+        return f"{self.label} **{self.mean:.2f}{spread}** ({self.n} run{'s' if self.n != 1 else ''})"
+
+
+def measure(pattern: str, metric: str, label: str, root: Path = ROOT) -> Measured:
+    """``metric`` of every finished run under ``pattern`` (a glob of run directories)."""
+    runs = sorted(Path(p) for p in glob.glob(str(root / pattern)) if (Path(p) / "summary.json").is_file())
+    if not runs:
+        raise ConfigError(f"conf/claims.yaml: no finished run matches {pattern!r} ({label})")
+    values = []
+    for run in runs:
+        value = json.loads((run / "summary.json").read_text()).get(metric)
+        if not isinstance(value, (int, float)):
+            raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no number {metric!r}")
+        values.append(float(value) * (100.0 if any(w in metric for w in PERCENT_METRICS) else 1.0))
+    arr = np.asarray(values)
+    return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
+
+
+def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[Measured]]:
+    """(verdict key, the reason in words, the numbers it rests on) of one declared claim."""
+    rule = dict(claim.get("rule") or {})
+    kind = rule.get("kind")
+    metric = rule.get("metric", "headline_test_before_acc")
+    numbers = [measure(n["runs"], n.get("metric", metric), n["label"], root) for n in rule.get("numbers", [])]
+    if kind == "value":
+        got = measure(rule["runs"], metric, "pflower", root)
+        paper, tolerance = float(claim["paper_value"]), float(rule.get("tolerance", 1.5))
+        diff = got.mean - paper
+        verdict = "reproduced" if abs(diff) <= tolerance else "not_reproduced"
+        return verdict, f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})", [got, *numbers]
+    if kind == "above":
+        mine = measure(rule["runs"], metric, rule.get("label", "this method"), root)
+        others = [measure(p, metric, name, root) for name, p in rule["others"].items()]
+        above = [o for o in others if o.mean >= mine.mean]
+        if not above:
+            return "reproduced", f"highest of {len(others) + 1}", [mine, *others, *numbers]
+        names = ", ".join(o.label for o in sorted(above, key=lambda o: -o.mean))
+        return "not_reproduced", f"{names} at or above it", [mine, *others, *numbers]
+    if kind == "judged":
+        verdict = rule.get("verdict")
+        if verdict not in VERDICTS:
+            raise ConfigError(
+                f"conf/claims.yaml {claim['id']}: judged verdict {verdict!r}, use one of {list(VERDICTS)}"
+            )
+        return verdict, str(rule["reason"]), numbers
+    if kind in ("untested", "needs_data"):
+        return kind, str(rule["reason"]), numbers
+    raise ConfigError(f"conf/claims.yaml {claim.get('id')}: rule kind {kind!r}, use one of {list(KINDS)}")
+
+
+def load_claims(path: Path | None = None) -> dict[str, Any]:
+    path = path or conf_dir() / "claims.yaml"
+    data = yaml.safe_load(path.read_text()) or {}
+    ids = [c["id"] for c in data.get("claims", [])]
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if twice:
+        raise ConfigError(f"{path}: claim ids declared twice: {twice}")
+    return data
+
+
+def render(data: Mapping[str, Any], root: Path = ROOT) -> str:
+    """The page: how to read it, the count of verdicts per paper, then each paper's claims."""
+    papers: dict[str, dict[str, Any]] = dict(data["papers"])
+    judged = [(c, *judge(c, root)) for c in data["claims"]]
+    lines = [
+        "# The papers' claims, and what pflower's runs say",
+        "",
+        "<!-- generated by `pflower claims write` from conf/claims.yaml and the committed runs: edit those -->",
+        "",
+        str(data.get("intro", "")).strip(),
+        "",
+        "| paper | declared | " + " | ".join(VERDICTS.values()) + " |",
+        "|---|---|" + "---|" * len(VERDICTS),
+    ]
+    for key, paper in papers.items():
+        counts = Counter(v for c, v, _, _ in judged if c["paper"] == key)
+        declared = sum(counts.values())
+        total = paper.get("claims_in_paper", declared)
+        cells = " | ".join(str(counts.get(v, 0)) for v in VERDICTS)
+        lines.append(f"| {paper['short']} | {declared} of {total} | {cells} |")
+    for key, paper in papers.items():
+        lines += ["", f"## {paper['short']}", "", f"*{paper['title']}*. {str(paper.get('note', '')).strip()}", ""]
+        mine = [(c, v, r, n) for c, v, r, n in judged if c["paper"] == key]
+        if not mine:
+            lines.append("No claim of this paper is declared yet (conf/claims.yaml).")
+            continue
+        lines += ["| id | claim | the paper | pflower | verdict |", "|---|---|---|---|---|"]
+        for claim, verdict, reason, numbers in mine:
+            printed = str(claim.get("printed", ""))
+            paper_cell = f"{claim['paper_value']:g} ({printed})" if "paper_value" in claim else printed
+            ours = "; ".join(m.text() for m in numbers) or "–"
+            lines.append(
+                f"| {claim['id']} | {claim['claim']} | {paper_cell} | {ours} | **{VERDICTS[verdict]}**: {reason} |"
+            )
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="pflower claims", description="the papers' claims beside the runs")
+    parser.add_argument("verb", choices=("write", "check"))
+    parser.add_argument("--page", default=str(PAGE), help="the page's path (default docs/claims.md)")
+    args = parser.parse_args(list(argv))
+    try:
+        text = render(load_claims())
+    except (ConfigError, KeyError) as exc:
+        print(f"pflower claims: {exc}", file=sys.stderr)
+        return 2
+    page = Path(args.page)
+    if args.verb == "write":
+        page.write_text(text)
+        print(f"wrote {page}")
+        return 0
+    if not page.is_file() or page.read_text() != text:
+        print(f"pflower claims: {page} is not current: run `pflower claims write`", file=sys.stderr)
+        return 1
+    print(f"{page} is current")
+    return 0

@@ -1,0 +1,60 @@
+"""docs/claims.md is generated from conf/claims.yaml and the committed runs, and stays in step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pflower.server_app import claims
+from pflower.server_app.config import ConfigError
+
+
+def test_the_committed_page_is_what_the_declared_claims_and_runs_give():
+    assert claims.main(["check"]) == 0, "run `pflower claims write` (or fix conf/claims.yaml)"
+
+
+def run(root, name: str, **summary: float) -> None:
+    path = root / "runs" / name
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
+    run(tmp_path, "a-s1", headline_test_before_acc=0.90)
+    run(tmp_path, "a-s2", headline_test_before_acc=0.92)
+    run(tmp_path, "b-s1", headline_test_before_acc=0.95, total_mib_up=12.5)
+    close = {"id": "X-1", "paper_value": 92.4, "rule": {"kind": "value", "runs": "runs/a-*"}}
+    verdict, reason, numbers = claims.judge(close, tmp_path)
+    assert verdict == "reproduced" and reason.startswith("-1.40 points")  # mean 91.0 +- 1.41 over 2 runs
+    assert (numbers[0].mean, round(numbers[0].sd, 2), numbers[0].n) == (91.0, 1.41, 2)
+    far = {**close, "rule": {**close["rule"], "tolerance": 1.0}}
+    assert claims.judge(far, tmp_path)[0] == "not_reproduced"
+    above = {"id": "X-2", "rule": {"kind": "above", "runs": "runs/a-*", "others": {"B": "runs/b-*"}}}
+    assert claims.judge(above, tmp_path)[:2] == ("not_reproduced", "B at or above it")
+    flipped = {"id": "X-3", "rule": {"kind": "above", "runs": "runs/b-*", "others": {"A": "runs/a-*"}}}
+    assert claims.judge(flipped, tmp_path)[:2] == ("reproduced", "highest of 2")
+    mib = {
+        "id": "X-4",
+        "rule": {
+            "kind": "judged",
+            "verdict": "partly",
+            "reason": "r",
+            "metric": "total_mib_up",
+            "numbers": [{"label": "B", "runs": "runs/b-*"}],
+        },
+    }
+    assert claims.judge(mib, tmp_path)[2][0].mean == 12.5  # not an accuracy: not scaled to percent
+
+
+@pytest.mark.parametrize(
+    "claim, message",
+    [
+        ({"id": "X", "paper_value": 1, "rule": {"kind": "value", "runs": "runs/none-*"}}, "no finished run matches"),
+        ({"id": "X", "rule": {"kind": "judged", "verdict": "maybe", "reason": "r"}}, "judged verdict 'maybe'"),
+        ({"id": "X", "rule": {"kind": "guess"}}, "rule kind 'guess'"),
+    ],
+)
+def test_a_declaration_that_cannot_be_judged_names_the_claim_and_the_fix(tmp_path, claim, message):
+    with pytest.raises(ConfigError, match=message):
+        claims.judge(claim, tmp_path)

@@ -62,17 +62,37 @@ class Measured:
         return f"{self.label} **{self.mean:.2f}{spread}** ({self.n} run{'s' if self.n != 1 else ''})"
 
 
+SERIES = ("second_half", "final")  # metric "<key>@second_half" / "<key>@final": from metrics.jsonl
+
+
+def run_value(run: Path, metric: str) -> float:
+    """One run's ``metric``: a ``summary.json`` key, or ``<key>@second_half`` (the mean of the
+    rounds after the run's midpoint that logged ``key``, the Felo/Velo paper's statistic) or
+    ``<key>@final`` (its last logged value) from ``metrics.jsonl``."""
+    key, _, series = metric.rpartition("@")
+    if series in SERIES:
+        rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        logged = [(int(r["round"]), r[key]) for r in rounds if isinstance(r.get(key), (int, float))]
+        half = max((n for n, _ in logged), default=0) / 2
+        values = [v for n, v in logged if n > half] if series == "second_half" else [v for _, v in logged[-1:]]
+        if not values:
+            raise ConfigError(f"conf/claims.yaml: {run / 'metrics.jsonl'} logs no {key!r}")
+        return float(np.mean(values))
+    value = json.loads((run / "summary.json").read_text()).get(metric)
+    if not isinstance(value, (int, float)):
+        raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no number {metric!r}")
+    return float(value)
+
+
 def measure(pattern: str, metric: str, label: str, root: Path = ROOT) -> Measured:
-    """``metric`` of every finished run under ``pattern`` (a glob of run directories)."""
+    """``metric`` (:func:`run_value`) of every finished run under ``pattern`` (a glob of run directories)."""
     runs = sorted(Path(p) for p in glob.glob(str(root / pattern)) if (Path(p) / "summary.json").is_file())
     if not runs:
         raise ConfigError(f"conf/claims.yaml: no finished run matches {pattern!r} ({label})")
     values = []
     for run in runs:
-        value = json.loads((run / "summary.json").read_text()).get(metric)
-        if not isinstance(value, (int, float)):
-            raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no number {metric!r}")
-        values.append(float(value) * (100.0 if any(w in metric for w in PERCENT_METRICS) else 1.0))
+        value = run_value(run, metric)
+        values.append(value * (100.0 if any(w in metric for w in PERCENT_METRICS) else 1.0))
     arr = np.asarray(values)
     return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
 

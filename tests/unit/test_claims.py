@@ -58,3 +58,14 @@ def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
 def test_a_declaration_that_cannot_be_judged_names_the_claim_and_the_fix(tmp_path, claim, message):
     with pytest.raises(ConfigError, match=message):
         claims.judge(claim, tmp_path)
+
+
+def test_a_series_metric_is_read_from_the_runs_rounds(tmp_path):
+    run(tmp_path, "felo", final_acc=0.5)
+    rounds = [{"round": r, **({"global_acc": r / 100} if r % 3 == 0 else {})} for r in range(1, 31)]
+    (tmp_path / "runs" / "felo" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rounds))
+    half = claims.measure("runs/felo", "global_acc@second_half", "Felo", tmp_path)
+    assert round(half.mean, 6) == 24.0  # rounds 18, 21, 24, 27, 30: the evaluations after round 15
+    assert claims.measure("runs/felo", "global_acc@final", "Felo", tmp_path).mean == 30.0
+    with pytest.raises(ConfigError, match="logs no 'cvae_loss'"):
+        claims.measure("runs/felo", "cvae_loss@final", "Felo", tmp_path)

@@ -66,27 +66,41 @@ SERIES = ("second_half", "final")  # metric "<key>@second_half" / "<key>@final":
 
 
 def run_value(run: Path, metric: str) -> float:
-    """One run's ``metric``: a ``summary.json`` key, or ``<key>@second_half`` (the mean of the
-    rounds after the run's midpoint that logged ``key``, the Felo/Velo paper's statistic) or
-    ``<key>@final`` (its last logged value) from ``metrics.jsonl``."""
+    """One run's ``metric``: a ``summary.json`` key (``key[i]``: the i-th entry of a list), or from
+    ``metrics.jsonl`` ``<key>@second_half`` (the mean of the rounds after the run's midpoint that
+    logged ``key``, the Felo/Velo paper's statistic), ``<key>@final`` (its last logged value) or
+    ``<key>@rounds:a-b`` (its mean over rounds a..b)."""
     key, _, series = metric.rpartition("@")
-    if series in SERIES:
+    if series in SERIES or series.startswith("rounds:"):
         rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         logged = [(int(r["round"]), r[key]) for r in rounds if isinstance(r.get(key), (int, float))]
-        half = max((n for n, _ in logged), default=0) / 2
-        values = [v for n, v in logged if n > half] if series == "second_half" else [v for _, v in logged[-1:]]
+        if series.startswith("rounds:"):
+            first, _, last = series.removeprefix("rounds:").partition("-")
+            values = [v for n, v in logged if int(first) <= n <= int(last)]
+        elif series == "second_half":
+            half = max((n for n, _ in logged), default=0) / 2
+            values = [v for n, v in logged if n > half]
+        else:
+            values = [v for _, v in logged[-1:]]
         if not values:
-            raise ConfigError(f"conf/claims.yaml: {run / 'metrics.jsonl'} logs no {key!r}")
+            raise ConfigError(f"conf/claims.yaml: {run / 'metrics.jsonl'} logs no {key!r} ({series})")
         return float(np.mean(values))
-    value = json.loads((run / "summary.json").read_text()).get(metric)
+    key, _, index = metric.partition("[")
+    value = json.loads((run / "summary.json").read_text()).get(key)
+    if index and isinstance(value, list):
+        position = int(index.rstrip("]"))
+        value = value[position] if -len(value) <= position < len(value) else None
     if not isinstance(value, (int, float)):
         raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no number {metric!r}")
     return float(value)
 
 
-def measure(pattern: str, metric: str, label: str, root: Path = ROOT) -> Measured:
-    """``metric`` (:func:`run_value`) of every finished run under ``pattern`` (a glob of run directories)."""
-    runs = sorted(Path(p) for p in glob.glob(str(root / pattern)) if (Path(p) / "summary.json").is_file())
+def measure(pattern: str | Sequence[str], metric: str, label: str, root: Path = ROOT) -> Measured:
+    """``metric`` (:func:`run_value`) of every finished run under ``pattern`` (a glob of run
+    directories, or a list of globs)."""
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    found = {Path(p) for pat in patterns for p in glob.glob(str(root / pat))}
+    runs = sorted(p for p in found if (p / "summary.json").is_file())
     if not runs:
         raise ConfigError(f"conf/claims.yaml: no finished run matches {pattern!r} ({label})")
     values = []
@@ -131,7 +145,10 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
 
 def load_claims(path: Path | None = None) -> dict[str, Any]:
     path = path or conf_dir() / "claims.yaml"
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from exc
     ids = [c["id"] for c in data.get("claims", [])]
     twice = sorted(i for i, n in Counter(ids).items() if n > 1)
     if twice:
@@ -183,7 +200,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         text = render(load_claims())
-    except (ConfigError, KeyError) as exc:
+    except (ConfigError, KeyError, yaml.YAMLError) as exc:
         print(f"pflower claims: {exc}", file=sys.stderr)
         return 2
     page = Path(args.page)

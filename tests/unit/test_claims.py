@@ -69,3 +69,14 @@ def test_a_series_metric_is_read_from_the_runs_rounds(tmp_path):
     assert claims.measure("runs/felo", "global_acc@final", "Felo", tmp_path).mean == 30.0
     with pytest.raises(ConfigError, match="logs no 'cvae_loss'"):
         claims.measure("runs/felo", "cvae_loss@final", "Felo", tmp_path)
+
+
+def test_a_list_of_globs_a_list_entry_and_a_round_window(tmp_path):
+    run(tmp_path, "x1", cube=[0.25, 0.5])
+    run(tmp_path, "y1", cube=[0.75, 1.0])
+    rounds = [{"round": r, "acc": r / 10} for r in range(1, 11)]
+    (tmp_path / "runs" / "x1" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rounds))
+    assert claims.measure(["runs/x*", "runs/y*"], "cube[1]", "both", tmp_path).mean == 0.75
+    assert claims.measure("runs/x1", "acc@rounds:6-8", "x", tmp_path).mean == pytest.approx(70.0)
+    with pytest.raises(ConfigError, match=r"has no number 'cube\[5\]'"):
+        claims.measure("runs/x1", "cube[5]", "x", tmp_path)

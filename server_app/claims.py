@@ -59,10 +59,36 @@ class Measured:
 
     def text(self) -> str:
         spread = f" ± {self.sd:.2f}" if self.n > 1 else ""
-        return f"{self.label} **{self.mean:.2f}{spread}** ({self.n} run{'s' if self.n != 1 else ''})"
+        whole = self.mean == int(self.mean) and self.sd == 0  # a count (re-clusterings, a round)
+        value = f"{int(self.mean)}" if whole else f"{self.mean:.2f}"
+        return f"{self.label} **{value}{spread}** ({self.n} run{'s' if self.n != 1 else ''})"
 
 
 SERIES = ("second_half", "final")  # metric "<key>@second_half" / "<key>@final": from metrics.jsonl
+
+
+def _shrinks(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """FedTSDP's re-clusterings that shrank the shared prefix (fewer shared units than before)."""
+    units, out = int(summary.get("units", 0)), []
+    for event in summary.get("reclusterings", []):
+        if int(event["shared_units"]) < units:
+            out.append(event)
+        units = int(event["shared_units"])
+    return out
+
+
+# metric "derived:<name>": a number computed from a run's summary.json lists (FedTSDP's events)
+DERIVED = {
+    "reclusterings": lambda s: len(s.get("reclusterings", [])),
+    "final_clusters": lambda s: len(s.get("clusters", [])),
+    "stage2_added_clusters": lambda s: sum(
+        int(e["num_clusters"]) - int(e["stage1_clusters"]) for e in s.get("reclusterings", [])
+    ),
+    "first_stage1_clusters": lambda s: int(s["reclusterings"][0]["stage1_clusters"]) if s.get("reclusterings") else 0,
+    "max_stage1_clusters": lambda s: max((int(e["stage1_clusters"]) for e in s.get("reclusterings", [])), default=0),
+    "layer_shrinks": lambda s: len(_shrinks(s)),
+    "first_shrink_round": lambda s: int(_shrinks(s)[0]["round"]) if _shrinks(s) else float("nan"),
+}
 
 
 def run_value(run: Path, metric: str) -> float:
@@ -85,8 +111,14 @@ def run_value(run: Path, metric: str) -> float:
         if not values:
             raise ConfigError(f"conf/claims.yaml: {run / 'metrics.jsonl'} logs no {key!r} ({series})")
         return float(np.mean(values))
+    summary = json.loads((run / "summary.json").read_text())
+    if metric.startswith("derived:"):
+        name = metric.removeprefix("derived:")
+        if name not in DERIVED:
+            raise ConfigError(f"conf/claims.yaml: unknown derived metric {name!r}, use one of {sorted(DERIVED)}")
+        return float(DERIVED[name](summary))
     key, _, index = metric.partition("[")
-    value = json.loads((run / "summary.json").read_text()).get(key)
+    value = summary.get(key)
     if index and isinstance(value, list):
         position = int(index.rstrip("]"))
         value = value[position] if -len(value) <= position < len(value) else None

@@ -80,3 +80,28 @@ def test_a_list_of_globs_a_list_entry_and_a_round_window(tmp_path):
     assert claims.measure("runs/x1", "acc@rounds:6-8", "x", tmp_path).mean == pytest.approx(70.0)
     with pytest.raises(ConfigError, match=r"has no number 'cube\[5\]'"):
         claims.measure("runs/x1", "cube[5]", "x", tmp_path)
+
+
+def test_fedtsdps_events_are_counted_from_its_summary(tmp_path):
+    events = [
+        {"round": 1, "shared_units": 18, "num_clusters": 3, "stage1_clusters": 3},
+        {"round": 9, "shared_units": 16, "num_clusters": 5, "stage1_clusters": 4},
+        {"round": 30, "shared_units": 16, "num_clusters": 5, "stage1_clusters": 5},
+        {"round": 50, "shared_units": 12, "num_clusters": 6, "stage1_clusters": 6},
+    ]
+    run(tmp_path, "t", units=18)
+    summary = {"units": 18, "reclusterings": events, "clusters": [[0, 1], [2]]}
+    (tmp_path / "runs" / "t" / "summary.json").write_text(json.dumps(summary))
+    got = {m: claims.measure("runs/t", f"derived:{m}", m, tmp_path).mean for m in claims.DERIVED}
+    assert got == {
+        "reclusterings": 4,
+        "final_clusters": 2,
+        "stage2_added_clusters": 1,  # round 9: 5 clusters from 4 stage-1 groups
+        "first_stage1_clusters": 3,
+        "max_stage1_clusters": 6,
+        "layer_shrinks": 2,  # 18 -> 16 at round 9, 16 -> 12 at round 50
+        "first_shrink_round": 9,
+    }
+    assert claims.Measured("rounds", 9.0, 0.0, 1).text() == "rounds **9** (1 run)"
+    with pytest.raises(ConfigError, match="unknown derived metric 'nope'"):
+        claims.measure("runs/t", "derived:nope", "x", tmp_path)

@@ -58,10 +58,11 @@ class Measured:
     n: int
 
     def text(self) -> str:
+        runs = f"{self.n} run{'s' if self.n != 1 else ''}"
+        if self.mean == int(self.mean) and self.sd == 0:  # a count (re-clusterings, a round), the same in every run
+            return f"{self.label} **{int(self.mean)}** ({runs}{', each' if self.n > 1 else ''})"
         spread = f" ± {self.sd:.2f}" if self.n > 1 else ""
-        whole = self.mean == int(self.mean) and self.sd == 0  # a count (re-clusterings, a round)
-        value = f"{int(self.mean)}" if whole else f"{self.mean:.2f}"
-        return f"{self.label} **{value}{spread}** ({self.n} run{'s' if self.n != 1 else ''})"
+        return f"{self.label} **{self.mean:.2f}{spread}** ({runs})"
 
 
 SERIES = ("second_half", "final")  # metric "<key>@second_half" / "<key>@final": from metrics.jsonl
@@ -92,7 +93,8 @@ DERIVED = {
 
 
 def run_value(run: Path, metric: str) -> float:
-    """One run's ``metric``: a ``summary.json`` key (``key[i]``: the i-th entry of a list), or from
+    """One run's ``metric``: a ``summary.json`` key (``key[i]``: the i-th entry of a list or the
+    entry ``i`` of a mapping), or from
     ``metrics.jsonl`` ``<key>@second_half`` (the mean of the rounds after the run's midpoint that
     logged ``key``, the Felo/Velo paper's statistic), ``<key>@final`` (its last logged value) or
     ``<key>@rounds:a-b`` (its mean over rounds a..b)."""
@@ -122,6 +124,8 @@ def run_value(run: Path, metric: str) -> float:
     if index and isinstance(value, list):
         position = int(index.rstrip("]"))
         value = value[position] if -len(value) <= position < len(value) else None
+    elif index and isinstance(value, dict):  # key[name]: an entry of a mapping (FedCPMD's personal_layers)
+        value = value.get(index.rstrip("]"))
     if not isinstance(value, (int, float)):
         raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no number {metric!r}")
     return float(value)
@@ -208,6 +212,10 @@ def render(data: Mapping[str, Any], root: Path = ROOT) -> str:
         total = paper.get("claims_in_paper", declared)
         cells = " | ".join(str(counts.get(v, 0)) for v in VERDICTS)
         lines.append(f"| {paper['short']} | {declared} of {total} | {cells} |")
+    every = Counter(v for _, v, _, _ in judged)
+    in_papers = sum(int(p.get("claims_in_paper", 0)) for p in papers.values())
+    cells = " | ".join(f"**{every.get(v, 0)}**" for v in VERDICTS)
+    lines.append(f"| **all** | **{len(judged)} of {in_papers}** | {cells} |")
     for key, paper in papers.items():
         lines += ["", f"## {paper['short']}", "", f"*{paper['title']}*. {str(paper.get('note', '')).strip()}", ""]
         mine = [(c, v, r, n) for c, v, r, n in judged if c["paper"] == key]

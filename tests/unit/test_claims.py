@@ -103,5 +103,7 @@ def test_fedtsdps_events_are_counted_from_its_summary(tmp_path):
         "first_shrink_round": 9,
     }
     assert claims.Measured("rounds", 9.0, 0.0, 1).text() == "rounds **9** (1 run)"
+    assert claims.Measured("units", 16.0, 0.0, 3).text() == "units **16** (3 runs, each)"
+    assert claims.Measured("acc", 91.5, 0.5, 3).text() == "acc **91.50 ± 0.50** (3 runs)"
     with pytest.raises(ConfigError, match="unknown derived metric 'nope'"):
         claims.measure("runs/t", "derived:nope", "x", tmp_path)

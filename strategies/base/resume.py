@@ -10,19 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import WARNING
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 from flwr.common import log
 
+from .architectures import Architectures
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
 
-if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
-    from .strategy import PersonalizedStrategy as Strategy
+
+class Resumable(Protocol):
+    """What resume reads from the strategy; each part restores its own state (load_state_dict)."""
+
+    name: str
+    client_spec: dict[str, Any]
+    architectures: Architectures
+    history: list[dict[str, Any]]
+    rng: np.random.Generator
+
+    def last_round(self) -> int: ...
+    def extra_state(self) -> dict[str, Any]: ...
 
 
-def strategy_state(s: Strategy) -> dict[str, Any]:
+def strategy_state(s: Resumable) -> dict[str, Any]:
     """Everything needed to continue the run after ``s.last_round()`` (live references:
     :func:`strategies.base.checkpoint.save_checkpoint` encodes them at once)."""
     archs = s.architectures.state()
@@ -39,7 +51,7 @@ def strategy_state(s: Strategy) -> dict[str, Any]:
     }
 
 
-def check_resumable(s: Strategy, state: Mapping[str, Any]) -> None:
+def check_resumable(s: Resumable, state: Mapping[str, Any]) -> None:
     """Refuse a checkpoint of another method or another run (reads ``s``, changes nothing)."""
     if state["method"] != s.name:
         raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {s.name!r}")

@@ -9,19 +9,43 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from .architectures import Architectures
+from .client_directory import ClientInfo
 from .messaging import TTL_MARGIN_S, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
 
-if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
-    from .strategy import PersonalizedStrategy as Strategy
+
+class RoundRunner(Protocol):
+    """What the run loop reads and calls on the strategy: Flower's four hooks, discovery, the
+    round history and the parts it holds (RunTiming, Architectures)."""
+
+    name: str
+    client_spec: dict[str, Any]
+    history: list[dict[str, Any]]
+    final_eval: bool
+    resume_force: bool
+    timing: RunTiming
+    architectures: Architectures
+
+    @property
+    def clients(self) -> Mapping[int, ClientInfo]: ...
+    def last_round(self) -> int: ...
+    def summary(self) -> None: ...
+    def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None: ...
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
+    def aggregate_train(self, server_round: int, replies: Any) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
+    def aggregate_evaluate(self, server_round: int, replies: Any) -> MetricRecord | None: ...
+    def global_record(self) -> ArrayRecord: ...
+
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -46,7 +70,7 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 def run_rounds(
-    strategy: Strategy,
+    strategy: RoundRunner,
     grid: Grid,
     initial_arrays: ArrayRecord | None,
     num_rounds: int,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
@@ -14,11 +14,25 @@ from pflower.protocol import wire
 from pflower.protocol.roles import RoleArgs
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-if TYPE_CHECKING:  # strategy.py imports this module: the class is named for the type checker only
-    from .strategy import PersonalizedStrategy as Strategy
+
+class Messenger(Protocol):
+    """What the message builder reads from the strategy (its hooks, schemas and client spec)."""
+
+    role: str
+    client_keeps: str
+    shared_buffers: bool
+    final_global_test: bool
+    client_spec: dict[str, Any]
+
+    def schema(self, client_id: int | None = None) -> ModelSchema: ...
+    def train_config(self, client_id: int, server_round: int) -> dict[str, Any]: ...
+    def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]: ...
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]: ...
+    def personal_keys(self, client_id: int, server_round: int) -> list[str]: ...
+    def uplink_groups(self, client_id: int, server_round: int) -> list[str]: ...
 
 
-def task_spec(s: Strategy, client_id: int, server_round: int, task: str) -> TaskSpec:
+def task_spec(s: Messenger, client_id: int, server_round: int, task: str) -> TaskSpec:
     """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
     schema = s.schema(client_id)
     args = s.role_config(client_id, server_round) if task != "query" else {}

@@ -1,0 +1,60 @@
+"""pflower as a library in a Flower app of one's own: a strategy from the public API with a user's
+module, the client builder's hooks, and the Flower arguments pflower does not take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+from user_code import Digits32, Net, client_digits32
+
+from pflower.client_app.hooks import ClientHooks
+from pflower.federated_data.datasets import DataHookError
+from pflower.protocol.wire import TaskSpec
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.strategies import FedCMD, FedPer, client_spec
+
+
+def context(partition: int, partitions: int = 4) -> Context:
+    return Context(
+        run_id=1,
+        node_id=partition + 1,
+        node_config={"partition-id": partition, "num-partitions": partitions},
+        state=RecordDict(),
+        run_config={},
+    )
+
+
+def test_a_strategy_takes_the_users_module_and_names_its_layer_groups():
+    strategy = FedCMD(Net(), client_spec(lr=0.05), num_clients=4, fraction=0.5, kp=2)
+    assert strategy.groups == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    assert strategy.schema().keys(["fc3"]) == ["groups.fc3.weight", "groups.fc3.bias"]
+    spec = strategy.client_spec
+    assert spec["train"]["lr"] == 0.05 and spec["train"]["epochs"] == 1 and len(spec["run"]) == 8
+
+
+def test_start_refuses_flowers_train_config_instead_of_dropping_it():
+    strategy = FedPer(Net(), client_spec(), num_clients=2)
+    with pytest.raises(ValueError, match=r"train_config=\{'lr': 0.1\}: pflower's strategies configure"):
+        strategy.start(InProcessGrid(2), num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
+
+
+def test_the_builders_hooks_seed_the_model_and_convert_the_data_once():
+    hooks = ClientHooks(model=Net, data=client_digits32)
+    spec = TaskSpec(run="r", seed=7, model={}, data={}, train={})
+    a, b = hooks.model_of(spec, (3, 32, 32)), hooks.model_of(spec, (3, 32, 32))
+    assert a is not b and all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    other = hooks.model_of(TaskSpec(run="r", seed=8, model={}, data={}, train={}), (3, 32, 32))
+    assert not torch.equal(a.state_dict()["groups.fc3.weight"], other.state_dict()["groups.fc3.weight"])
+    data = hooks.data_of(context(1), 1)
+    assert hooks.data_of(context(1), 1) is data  # loaded once per process and client
+    assert (data.num_train, data.num_test, data.num_classes) == (80, 20, 10)
+    expected = Digits32(np.arange(400)[1::4][:80])[0][0]
+    assert torch.equal(data.x_train[0], expected)  # the user's own normalisation kept
+
+
+def test_a_data_function_without_a_test_split_is_refused():
+    hooks = ClientHooks(model=Net, data=lambda context: Digits32(np.arange(10)))
+    with pytest.raises(DataHookError, match=r"must return \(train, test\)"):
+        hooks.data_of(context(0), 0)

@@ -56,11 +56,12 @@ def test_the_wheel_installs_one_import_name_beside_a_users_models_and_strategies
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     site = next(venv.glob("lib/python*/site-packages"))
     # the dependencies (torch, flwr...) from this environment's site-packages; its .pth files
-    # (pflower's editable finder among them) are not read from a directory a .pth line adds
+    # (pflower's editable finder among them) are not read from a directory a .pth line adds, but
+    # its pflower metadata is seen: --ignore-installed installs the wheel anyway
     (site / "deps.pth").write_text(next(p for p in map(Path, sys.path) if p.name == "site-packages").as_posix())
     before = {p.name for p in site.iterdir()}
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
         check=True,
         capture_output=True,
     )

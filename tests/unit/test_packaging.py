@@ -61,7 +61,17 @@ def test_the_wheel_installs_one_import_name_beside_a_users_models_and_strategies
     (site / "deps.pth").write_text(next(p for p in map(Path, sys.path) if p.name == "site-packages").as_posix())
     before = {p.name for p in site.iterdir()}
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
     )

@@ -685,24 +685,27 @@ def client_spec(
     tensors (simulation only: the path is the server's). ``data`` and ``models``: the data spec
     fields and model entries when already resolved (a :class:`server_app.run_plan.RunPlan`).
     """
+    from pflower.strategies.base.client_spec import client_spec as spec_of
+
+    checkpoint_every = int(cfg.get("checkpoint_every", 1))
     return {
-        "run": run_token,
-        "client_state_dir": client_state_dir,
-        # saves each client keeps: a server crash replays at most checkpoint_every rounds
-        "state_versions": int(cfg.get("checkpoint_every", 1)) + 1 if int(cfg.get("checkpoint_every", 1)) > 0 else 1,
-        "seed": int(cfg.seed),
-        "device": str(cfg.device),
-        "deterministic": bool(cfg.get("deterministic", False)),
-        "data": data_spec_dict(cfg) if data is None else data,
-        "train": {
-            "epochs": int(cfg.local_epochs),
-            "batch_size": int(cfg.batch_size),
-            "lr": float(cfg.lr),
-            "momentum": float(cfg.momentum),
-            "weight_decay": float(cfg.weight_decay),
-            "optimizer": str(cfg.get("optimizer", "sgd")),
-            "steps": None if cfg.get("local_steps") is None else int(cfg.local_steps),
-        },
+        **spec_of(
+            lr=float(cfg.lr),
+            local_epochs=int(cfg.local_epochs),
+            batch_size=int(cfg.batch_size),
+            momentum=float(cfg.momentum),
+            weight_decay=float(cfg.weight_decay),
+            optimizer=str(cfg.get("optimizer", "sgd")),
+            local_steps=None if cfg.get("local_steps") is None else int(cfg.local_steps),
+            seed=int(cfg.seed),
+            device=str(cfg.device),
+            run=run_token,
+            client_state_dir=client_state_dir,
+            # saves each client keeps: a server crash replays at most checkpoint_every rounds
+            state_versions=checkpoint_every + 1 if checkpoint_every > 0 else 1,
+            deterministic=bool(cfg.get("deterministic", False)),
+            data=data_spec_dict(cfg) if data is None else data,
+        ),
         # server-side only (the strategy takes them out): the per-round learning rate, and for a
         # heterogeneous federation the architectures and who runs which
         "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},

@@ -11,6 +11,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from pflower.protocol.wire import OPTIMIZERS
+
 
 def client_spec(
     *,
@@ -27,29 +29,34 @@ def client_spec(
     rounds: int | None = None,
     lr_schedule: dict[str, Any] | None = None,
     client_state_dir: str | None = None,
+    state_versions: int = 2,
+    deterministic: bool = False,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The client spec of a strategy constructor: ``FedCMD(Net(), client_spec(lr=0.05), num_clients=10)``.
 
     ``run``: the name under which clients keep their personal layers (a fresh token by default);
     ``client_state_dir``: where simulated clients keep them (deployed nodes: their ``state-dir``);
-    ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule)."""
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule).
+    pflower's runner builds its spec with this too (``server_app.config.client_spec``), adding
+    the data spec, the model entries and ``state_versions`` from the config."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
     return {
         "run": run or secrets.token_hex(4),
         "client_state_dir": client_state_dir,
-        "state_versions": 2,
+        "state_versions": int(state_versions),
         "seed": int(seed),
-        "device": device,
-        "deterministic": False,
-        "data": {},
+        "device": str(device),
+        "deterministic": bool(deterministic),
+        "data": {} if data is None else data,
         "train": {
             "epochs": int(local_epochs),
             "batch_size": int(batch_size),
             "lr": float(lr),
             "momentum": float(momentum),
             "weight_decay": float(weight_decay),
-            "optimizer": optimizer,
+            "optimizer": str(optimizer),
             "steps": None if local_steps is None else int(local_steps),
         },
         **({"lr_schedule": {**lr_schedule, "rounds": rounds}} if lr_schedule else {}),

@@ -1,5 +1,6 @@
 """conf/ must ship with a wheel and a FAB, so every way of running finds the same configs."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -52,8 +53,11 @@ def test_the_wheel_installs_one_import_name_beside_a_users_models_and_strategies
     }  # every module of every part, so a subpackage missing from pyproject's list fails here
     assert sources <= set(names), sorted(sources - set(names))[:5]
 
+    # an in-process Ray simulation earlier in this worker leaves PYTHONPATH = its sys.path (flwr's
+    # Ray backend sets it for its actors), which would put this checkout before the wheel
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, env=clean)
     site = next(venv.glob("lib/python*/site-packages"))
     # the dependencies (torch, flwr...) from this environment's site-packages; its .pth files
     # (pflower's editable finder among them) are not read from a directory a .pth line adds, but
@@ -74,6 +78,7 @@ def test_the_wheel_installs_one_import_name_beside_a_users_models_and_strategies
         ],
         check=True,
         capture_output=True,
+        env=clean,
     )
     added = {p.name for p in site.iterdir()} - before
     assert added == {"pflower", wheel.name.split("-py")[0] + ".dist-info"}, added
@@ -94,7 +99,7 @@ prov = json.loads(next(pathlib.Path({str(out)!r}).rglob("provenance.json")).read
 print(prov["code_from"], prov["code_root"])
 """
     run = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script], cwd=user, capture_output=True, text=True, timeout=600
+        [str(venv / "bin" / "python"), "-c", script], cwd=user, capture_output=True, text=True, timeout=600, env=clean
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-2:] == ["installed", str(site / "pflower")]

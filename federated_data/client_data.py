@@ -17,6 +17,7 @@ import torch
 from .catalog import DatasetInfo, dataset_info
 from .local import load_local_data
 from .partition import PartitionError, partition, train_test_split
+from .partition_file import read_partition_file
 from .sources import Splits, recording
 from .tensors import ClientData, normalize, to_unit
 
@@ -36,6 +37,7 @@ class DataSpec:
     min_size: int = 40
     self_balancing: bool = True
     shards_per_client: int = 2
+    partition_path: str | None = None  # partition=file: the JSON file of each client's indices
     test_fraction: float = 0.5
     pool_splits: bool = True  # merge the official train and test splits before partitioning
     public: str = "none"  # server-side public data: none | test (official test split) | holdout
@@ -148,6 +150,9 @@ def _pool(spec_key: DataSpec) -> _Pool:
 @lru_cache(maxsize=4)
 def _partition(spec: DataSpec) -> tuple[np.ndarray, ...]:
     labels = _pool(spec).labels
+    if spec.partitioner == "file":
+        given = read_partition_file(spec.partition_path or "", spec.num_clients, len(labels))
+        return tuple(train if test is None else np.concatenate([train, test]) for train, test in given)
     return tuple(
         partition(
             labels,
@@ -174,6 +179,13 @@ def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarr
             f"more nodes than num_clients={spec.num_clients} (set num_clients to the number of "
             'SuperNodes, e.g. --federation-config "num-supernodes=N" with num_clients=N)'
         )
+    if spec.partitioner == "file":
+        train, test = read_partition_file(spec.partition_path or "", spec.num_clients, len(_pool(spec).labels))[
+            client_id
+        ]
+        if test is not None:
+            return train, test
+        return train_test_split(train, spec.test_fraction, spec.seed * 100_003 + client_id)
     parts = _partition(spec)
     return train_test_split(parts[client_id], spec.test_fraction, spec.seed * 100_003 + client_id)
 

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-PARTITIONERS = ("iid", "dirichlet", "shards")
+PARTITIONERS = ("iid", "dirichlet", "shards", "file")  # file: partition_file.py
 MAX_REDRAWS = 10_000
 
 
@@ -32,6 +32,8 @@ def partition(
 ) -> list[np.ndarray]:
     """Indices into ``labels`` for each client; deterministic for a given seed."""
     labels = np.asarray(labels)
+    if method == "file":
+        raise PartitionError("partition=file is read, not drawn: use partition_file.read_partition_file")
     if method not in PARTITIONERS:
         raise PartitionError(f"unknown partitioner {method!r}; valid partitioners: {list(PARTITIONERS)}")
     if num_clients < 1:

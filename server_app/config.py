@@ -529,6 +529,10 @@ def validate(cfg: DictConfig) -> None:
         ),
         (cfg.partition.name in PARTITIONERS, f"unknown partition {cfg.partition.name!r}; valid: {list(PARTITIONERS)}"),
         (
+            cfg.partition.name != "file" or bool(cfg.partition.get("path")),
+            "partition=file needs partition.path=<JSON file of each client's indices> (docs/configuration.md)",
+        ),
+        (
             cfg.dataset.name != "hf" or bool((cfg.dataset.get("options") or {}).get("path")),
             "dataset=hf needs dataset.options.path=<hub id or local directory>, e.g. zalando-datasets/fashion_mnist",
         ),
@@ -661,6 +665,7 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
         "min_size": int(part.get("min_size", 40)),
         "self_balancing": bool(part.get("self_balancing", True)),
         "shards_per_client": int(part.get("shards_per_client", 2)),
+        "partition_path": str(part.path) if part.get("path") else None,
         "test_fraction": float(cfg.test_fraction),
         "pool_splits": bool(ds.get("pool_splits", True)),
         "public": str(ds.get("public", "none")),

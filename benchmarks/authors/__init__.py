@@ -1,0 +1,1 @@
+"""The papers' own code run beside pflower: recipes (``*.md``) and the scripts they use."""

@@ -117,6 +117,11 @@ class FedCMDOptions(MethodOptions):
     w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
     selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
     granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
+    relay_phase2: bool = option(
+        False,
+        "phase 2 trains a round's clients one after another, each from the model the previous one uploaded "
+        "(its own l* kept): what the authors' code does through parameter aliasing; false: the paper's algorithm",
+    )
 
 
 class FedCMD(PersonalizedStrategy):
@@ -149,6 +154,7 @@ class FedCMD(PersonalizedStrategy):
         if self.kp == 0 and o.force_layer is None:
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
         self.force_layer = o.force_layer
+        self.relay_phase2 = o.relay_phase2
         self.scoring = {
             "score_mode": o.score_mode,
             "w2_mode": o.w2_mode,
@@ -192,12 +198,20 @@ class FedCMD(PersonalizedStrategy):
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return [] if self.phase(server_round) == 1 else [self.personal_layer()]
 
+    def relay(self, server_round: int) -> bool:
+        return self.relay_phase2 and self.phase(server_round) == 2
+
+    def absorb_relay(self, server_round: int, update: ClientUpdate) -> None:
+        """The authors' code's phase 2: the next client starts from everything this one uploaded."""
+        self.arch_arrays[self.default_arch].update(update.arrays)
+
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """Phase 1: everything. Phase 2: global pre(l*), the client's own post(l*), φ_init once."""
+        """Phase 1: everything. Phase 2: global pre(l*), the client's own post(l*), φ_init once
+        (relay: the previous client's pre and post, φ_init once)."""
         out = super().downlinks(client_ids, server_round)
         if self.phase(server_round) == 2:
             for cid, down in out.items():
-                if self.weighted_aggregation:
+                if self.weighted_aggregation and not self.relay_phase2:
                     down.update(self.state.post_store.get(cid, self.state.post_init))
                 if cid not in self.state.phi_seen:
                     down.update(self.state.phi_init)
@@ -205,7 +219,7 @@ class FedCMD(PersonalizedStrategy):
 
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         """Phase 2 with Eq. 7: all groups, since the server needs each client's φ for Eq. 8."""
-        if self.phase(server_round) == 2 and self.weighted_aggregation:
+        if self.phase(server_round) == 2 and self.weighted_aggregation and not self.relay_phase2:
             return list(self.groups)
         return super().uplink_groups(client_id, server_round)
 
@@ -218,6 +232,10 @@ class FedCMD(PersonalizedStrategy):
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         record: dict[str, Any] = {"phase": self.phase(server_round)}
+        if self.relay(server_round):  # the global model is the last relayed client's (absorb_relay)
+            self.state.phi_seen.update(u.client_id for u in updates)
+            record.update(personal_layer=self.personal_layer(), log_keys=["phase", "personal_layer"])
+            return record
         super().aggregate(server_round, updates)  # FedAvg of what was uploaded (phase 2: pre; φ/post diagnostics)
         if record["phase"] == 1:
             record.update(self._count_votes(server_round, updates))
@@ -285,10 +303,11 @@ class FedCMD(PersonalizedStrategy):
         super().summary()
         log(
             INFO,
-            "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s, %s",
+            "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s%s, %s",
             self.kp,
             self.state.candidates,
             self.weighted_aggregation,
+            ", phase 2 relayed client to client (the authors' code)" if self.relay_phase2 else "",
             f", l* forced to {self.force_layer}" if self.force_layer else "",
             self.scoring,
         )

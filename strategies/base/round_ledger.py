@@ -45,6 +45,13 @@ class RoundLedger:
             cid = by_message.get(reply.metadata.reply_to_message_id)
         return cid
 
+    def only(self, client_id: int) -> RoundLedger:
+        """A ledger of ``client_id``'s message alone (a relay round checks one reply at a time)."""
+        return RoundLedger(
+            inflight={n: c for n, c in self.inflight.items() if c == client_id},
+            sent={c: m for c, m in self.sent.items() if c == client_id},
+        )
+
     def asked(self) -> list[int]:
         """The clients asked in this batch."""
         return list(self.inflight.values())

@@ -6,12 +6,12 @@ A plain function over the strategy's public hooks, so the base class stays the l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -41,6 +41,8 @@ class RoundRunner(Protocol):
     def summary(self) -> None: ...
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None: ...
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
+    def relay(self, server_round: int) -> bool: ...
+    def relay_train(self, server_round: int, grid: Grid) -> Generator[Message, list[Message], None]: ...
     def aggregate_train(self, server_round: int, replies: Any) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
     def aggregate_evaluate(self, server_round: int, replies: Any) -> MetricRecord | None: ...
@@ -67,6 +69,20 @@ class RunTiming:
 
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def relay_round(grid: Grid, messages: Generator[Message, list[Message], None], timeout: float) -> list[Message]:
+    """Send a relay round's messages one by one, each after the previous one's replies are in
+    (or its timeout passed); returns every reply of the round."""
+    replies: list[Message] = []
+    try:
+        message = next(messages)
+        while True:
+            got = send_and_receive(grid, [message], timeout)
+            replies.extend(got)
+            message = messages.send(got)
+    except StopIteration:
+        return replies
 
 
 def run_rounds(
@@ -100,7 +116,10 @@ def run_rounds(
     result = Result()
     for rnd in range(first, num_rounds + 1):
         t0 = time.perf_counter()
-        replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
+        if s.relay(rnd):
+            replies = relay_round(grid, s.relay_train(rnd, grid), timeout)
+        else:
+            replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
         arrays, metrics = s.aggregate_train(rnd, replies)
         record = s.history[-1]
         if lost:

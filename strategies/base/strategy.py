@@ -26,7 +26,7 @@ Values that cannot be encoded are refused before round 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -332,6 +332,28 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid))
             for cid in ids
         ]
+
+    def relay(self, server_round: int) -> bool:
+        """Whether this round trains its clients one after another, each message built after the
+        previous client's reply (:meth:`absorb_relay`). Default no: one batch of messages."""
+        return False
+
+    def absorb_relay(self, server_round: int, update: ClientUpdate) -> None:
+        """A relay round's valid reply, before the next client's message is built (default: nothing)."""
+
+    def relay_train(self, server_round: int, grid: Grid) -> Generator[Message, list[Message], None]:
+        """:meth:`configure_train` one client at a time: yields a message, is sent its replies.
+        Every message of the round is in the ledger, so :meth:`aggregate_train` collects the
+        round's replies as for a batch."""
+        self.discover(grid, wait_for=0, timeout=0)
+        self.ledger.reset()
+        for cid in self.connected(self.sample(server_round), server_round):
+            down, extra = self.downlinks([cid], server_round), self.extra_downlinks([cid], server_round)
+            replies = yield self.build_message(cid, server_round, "train", MessageType.TRAIN, down[cid], extra[cid])
+            expected = lambda c: self.expected_uploads(c, server_round)  # noqa: E731
+            updates, _ = collect_batch(server_round, replies, "train", self.ledger.only(cid), self.clients, expected)
+            for update in updates:  # an invalid or missing reply: the next client starts where this one did
+                self.absorb_relay(server_round, update)
 
     def expected_uploads(self, client_id: int, server_round: int) -> list[Template]:
         """The key sets (with shapes) a train reply of ``client_id`` may carry (model tensors and extras)."""

@@ -89,6 +89,8 @@ CASES = {
     "fedavg": ["method=fedavg"],
     "fedper": ["method=fedper"],
     "fedcmd": ["method=fedcmd", "method.kp=3"],  # votes of rounds 1-2 restored, l* fixed after the resume
+    # phase 2 relayed client to client: the next round starts from the last client's model
+    "fedcmd_relay": ["method=fedcmd", "method.kp=1", "method.force_layer=fc2", "method.relay_phase2=true"],
     "pfedsim": ["method=pfedsim", "method.warmup=1"],  # bodies and S restored mid personal phase
     "mixed": ["method=fedavg", "model=mixed"],  # three architectures, each with its own global model
     "fedcpmd": ["method=fedcpmd", "method.kp=1"],  # votes, clusters and stored bodies restored in phase 2

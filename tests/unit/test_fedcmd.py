@@ -223,3 +223,29 @@ def test_options_are_checked_before_round_1(compose, tiny_overrides):
     with pytest.raises(ConfigError, match="no option"):
         compose(*tiny_overrides, "method=fedcmd", "+method.sim_scope=all_seen")
     assert isinstance(make(compose, tiny_overrides, "method=fedcmd", "method.kp=1"), FedCMD)
+
+
+def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compose, tiny_overrides):
+    """The authors' code's phase 2 (parameter aliasing): client k+1 of a round receives exactly the
+    tensors client k uploaded (the round's first, the previous round's last), l* never travels
+    after φ_init, and the global model after the round is the last client's."""
+    strategy = make(
+        compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.force_layer=fc2", "method.relay_phase2=true"
+    )
+    grid = InProcessGrid(4)
+    records = run(strategy, grid, rounds=3)
+    assert [strategy.relay(r) for r in (1, 2, 3)] == [False, True, True]
+    fc2, shared = set(strategy.keys(["fc2"])), [k for k in strategy.keys() if k not in strategy.keys(["fc2"])]
+    sent, replies = train_messages(grid), train_replies(grid, strategy)
+    order = [(r, cid) for r, cid, _, _ in sent]
+    assert [c for r, c in order if r == 2] == records[1]["clients"] and len(records[1]["clients"]) > 1
+    down = {(r, cid): a for r, cid, a, _ in sent}
+    up = {(r, cid): a for r in replies for cid, a in replies[r]}
+    chain = [(r, c) for r, c in order if r >= 2]
+    for before, after in zip(chain, chain[1:]):
+        assert all(np.array_equal(down[after][k], up[before][k]) for k in shared), (before, after)
+        assert not fc2 & set(up[before])
+    again = [k for k in chain if k[0] == 3 and k[1] in records[1]["clients"]]  # φ_init went down in round 2
+    assert all(fc2 <= set(down[k]) for k in chain if k[0] == 2) and all(not fc2 & set(down[k]) for k in again)
+    assert all(np.array_equal(strategy.global_arrays[k], up[chain[-1]][k]) for k in shared)
+    assert records[2]["bytes_down"] > 0 and records[2]["phase"] == 2

@@ -223,11 +223,14 @@ class FedCMDArgs(RoleArgs):
     w2_mode: str = "gaussian"
     selection_timing: str = "during_training"
     granularity: str = "batch"
+    tie_prior: str | None = None  # the candidate an exact tie at a batch's minimum goes to (None: the earlier)
     personal_layer: str | None = None
     has_phi_init: bool = False
 
     def __post_init__(self) -> None:
         check_phase("FedCMD", self.phase, (1, 2), (1,), self.candidates)
+        if self.tie_prior is not None and self.phase == 1 and self.tie_prior not in self.candidates:
+            raise ValueError(f"FedCMD tie_prior={self.tie_prior!r} is not a candidate {self.candidates}")
         check_choice("FedCMD", "score_mode", self.score_mode, SCORE_MODES)
         check_choice("FedCMD", "w2_mode", self.w2_mode, W2_MODES)
         check_choice("FedCMD", "selection_timing", self.selection_timing, SELECTION_TIMINGS)

@@ -117,6 +117,10 @@ class FedCMDOptions(MethodOptions):
     w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
     selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
     granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
+    tie_prior: str | None = option(
+        None,
+        "the candidate an exact tie at a batch's minimum score goes to (the authors' code: fc2; null: the earlier)",
+    )
     relay_phase2: bool = option(
         False,
         "phase 2 trains a round's clients one after another, each from the model the previous one uploaded "
@@ -151,6 +155,8 @@ class FedCMD(PersonalizedStrategy):
         cands = [g for g in self.groups if g in cands]  # forward order: the last tie-break
         if o.force_layer is not None and o.force_layer not in cands:
             raise ValueError(f"FedCMD force_layer={o.force_layer!r} is not a candidate; candidates: {cands}")
+        if o.tie_prior is not None and o.tie_prior not in cands:
+            raise ValueError(f"FedCMD tie_prior={o.tie_prior!r} is not a candidate; candidates: {cands}")
         if self.kp == 0 and o.force_layer is None:
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
         self.force_layer = o.force_layer
@@ -160,6 +166,7 @@ class FedCMD(PersonalizedStrategy):
             "w2_mode": o.w2_mode,
             "selection_timing": o.selection_timing,
             "granularity": o.granularity,
+            "tie_prior": o.tie_prior,
         }
         FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # the role's own checks, before round 1
         self.state = FedCMDState(candidates=cands)

@@ -17,7 +17,7 @@ from pflower.protocol.roles import SELECTION_TIMINGS, FedCMDArgs
 
 from ..training import LossFn, TrainArgs, train
 from .base import Role, RoleContext
-from .layer_stats import LayerScorer, check_option, score_pass
+from .layer_stats import LayerScorer, ScoreRule, check_option, score_pass
 
 
 # ----------------------------------------------------------------------------- the role
@@ -41,13 +41,12 @@ class FedCMDRole(Role):
         return train_and_vote(model, data, train_args, ctx, self.scorer(model, data), self.args.selection_timing)
 
     def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
-        """This client's layer scorer (FedCMD's rule: W2, min-max labels, no floor, no tie prior)."""
+        """This client's layer scorer (FedCMD's rule: W2, min-max labels, no floor; ties to ``tie_prior``)."""
         return LayerScorer(
             model.group_names,
             list(self.args.candidates),
-            self.args.score_mode,
-            self.args.w2_mode,
-            self.args.granularity,
+            granularity=self.args.granularity,
+            rule=ScoreRule.fedcmd(self.args.score_mode, self.args.w2_mode, self.args.tie_prior),
         )
 
 

@@ -259,10 +259,10 @@ class ScoreRule:
     num_classes: int = 2  # C, for label_fit="scaled"
 
     @classmethod
-    def fedcmd(cls, score_mode: str = "paper", w2_mode: str = "gaussian") -> ScoreRule:
+    def fedcmd(cls, score_mode: str = "paper", w2_mode: str = "gaussian", tie_prior: str | None = None) -> ScoreRule:
         check_option("score_mode", score_mode, SCORE_MODES)
         check_option("w2_mode", w2_mode, W2_MODES)
-        return cls(selector=_SELECTOR_ALIASES[score_mode], distance=_DISTANCE_ALIASES[w2_mode])
+        return cls(selector=_SELECTOR_ALIASES[score_mode], distance=_DISTANCE_ALIASES[w2_mode], tie_prior=tie_prior)
 
 
 class LayerScorer:

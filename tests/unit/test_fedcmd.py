@@ -249,3 +249,26 @@ def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compos
     assert all(fc2 <= set(down[k]) for k in chain if k[0] == 2) and all(not fc2 & set(down[k]) for k in again)
     assert all(np.array_equal(strategy.global_arrays[k], up[chain[-1]][k]) for k in shared)
     assert records[2]["bytes_down"] > 0 and records[2]["phase"] == 2
+
+
+def test_tie_prior_sends_exact_ties_to_its_candidate_and_must_be_a_candidate(compose, tiny_overrides):
+    from pflower.client_app.roles.fedcmd import FedCMDRole
+    from pflower.client_app.roles.layer_stats import batch_vote
+    from pflower.models import build_model
+    from pflower.protocol.roles import FedCMDArgs
+
+    strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.tie_prior=fc2")
+    args = strategy.role_config(0, 1)
+    assert args.tie_prior == "fc2"
+    model = build_model("lenet5", (1, 28, 28), 10, fc_layers=3)
+    assert FedCMDRole(args).scorer(model, None).prior == 1  # fc1, fc2, classifier: fc2 is index 1
+    assert (
+        FedCMDRole(strategy.role_config(0, 1).__class__(phase=1, candidates=args.candidates)).scorer(model, None).prior
+        is None
+    )
+    assert batch_vote([0.5, 0.5, 0.5], prior=1) == 1 and batch_vote([0.5, 0.5, 0.5]) == 0
+    assert batch_vote([0.4, 0.5, 0.5], prior=1) == 0  # a prior only breaks ties at the minimum
+    with pytest.raises(ValueError, match=r"tie_prior='conv1' is not a candidate"):
+        make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.tie_prior=conv1")
+    with pytest.raises(ValueError, match=r"tie_prior='fc9' is not a candidate"):
+        FedCMDArgs(phase=1, candidates=["fc1", "fc2"], tie_prior="fc9")

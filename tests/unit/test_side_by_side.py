@@ -1,0 +1,62 @@
+"""benchmarks/authors/side_by_side.py: the paper's statistic from both codes' run files, and the
+page block it rewrites."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
+
+from benchmarks.authors import side_by_side as sbs  # noqa: E402
+
+
+def _authors(root: Path, variant: str, seed: int, curve: list[float]) -> None:
+    d = root / "authors" / variant / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "fmnist_acc_metrics.csv").write_text("test_before,test_after\n" + "".join(f"{v},0\n" for v in curve))
+
+
+def _pflower(root: Path, seed: int, method: dict, curve: list[float]) -> None:
+    d = root / "pflower" / f"seed{seed}" / "2026-11-26" / f"run-{len(list(root.rglob('metrics.jsonl')))}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"method": method}))
+    rows = [{"round": r + 1, "test_before_acc": v / 100} for r, v in enumerate(curve)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"final_acc": 0.5}\n')
+
+
+def test_the_last_rounds_mean_per_code_method_and_seed(tmp_path):
+    _authors(tmp_path, "fedcmd", 42, [10.0] * 5 + [90.0, 92.0])
+    _authors(tmp_path, "fedcmd", 1, [0.0] * 5 + [94.0, 96.0])
+    _pflower(tmp_path, 42, {"name": "fedcmd", "relay_phase2": False}, [50.0, 80.0, 88.0])
+    _pflower(tmp_path, 42, {"name": "fedcmd", "relay_phase2": True}, [50.0, 90.0, 92.0])
+    runs = sbs.collect(tmp_path, ("relay_phase2",))
+    assert set(runs) == {("authors", "fedcmd"), ("pflower", "fedcmd"), ("pflower", "fedcmd_relay_phase2")}
+    text = sbs.table(tmp_path, {"fedcmd": 92.26}, 2, {}, ("relay_phase2",))
+    row = next(line for line in text.splitlines() if line.startswith("| authors | fedcmd |"))
+    assert "| 1, 42 | 95.00, 91.00 | 93.00 | 92.26 |" in row  # seeds sorted; last-2 means 95 and 91
+    relay = next(line for line in text.splitlines() if "fedcmd_relay_phase2" in line)
+    assert "| 42 | 91.00 | 91.00 | 92.26 |" in relay  # the method's paper number, whatever the variant
+    assert (tmp_path / "curves.csv").read_text().count("\n") == 1 + 7 + 7 + 3 + 3
+
+
+def test_the_page_block_is_replaced_and_a_missing_block_is_named(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("a\n<!-- side-by-side:x -->\nold\n<!-- /side-by-side:x -->\nb\n")
+    sbs.write_section(page, "x", "new table\n")
+    assert page.read_text() == "a\n<!-- side-by-side:x -->\nnew table\n<!-- /side-by-side:x -->\nb\n"
+    with pytest.raises(SystemExit, match="has no <!-- side-by-side:y -->"):
+        sbs.write_section(page, "y", "t\n")
+
+
+def test_the_paper_number_comes_from_either_results_layout():
+    flat = {"results": {"fmnist": {0.5: {"fedcmd": 92.26}}}}
+    tables = {"tables": [{"results": {"cifar10": {0.1: {"x": 1}}}}, {"results": {"fmnist": {0.1: {"fedcpmd": 9}}}}]}
+    assert sbs.paper_numbers(flat, "fmnist", 0.5) == {"fedcmd": 92.26}
+    assert sbs.paper_numbers(tables, "fmnist", 0.1) == {"fedcpmd": 9}
+    with pytest.raises(SystemExit, match="no fmnist alpha=1.0"):
+        sbs.paper_numbers(flat, "fmnist", 1.0)

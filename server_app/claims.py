@@ -9,7 +9,8 @@ page is read from a run's ``summary.json``; none is typed by hand.
 Rules (``rule.kind``):
 
 - ``value``: the mean of ``metric`` over ``runs`` (a glob of run directories, percent) against
-  ``paper_value``: reproduced within ``tolerance`` points (default 1.5), else not reproduced;
+  ``paper_value``: reproduced within ``tolerance`` points (default 1.5), else not reproduced
+  (``note``: what else the reader needs, e.g. where the gap comes from);
 - ``above``: the mean over ``runs`` against each set of ``others``: reproduced when it is the
   highest, else not reproduced, naming who is above;
 - ``judged``: the verdict and its reason as declared, for a claim about a shape or a mechanism,
@@ -158,7 +159,8 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         paper, tolerance = float(claim["paper_value"]), float(rule.get("tolerance", 1.5))
         diff = got.mean - paper
         verdict = "reproduced" if abs(diff) <= tolerance else "not_reproduced"
-        return verdict, f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})", [got, *numbers]
+        reason = f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})"
+        return verdict, f"{reason}; {rule['note']}" if rule.get("note") else reason, [got, *numbers]
     if kind == "above":
         mine = measure(rule["runs"], metric, rule.get("label", "this method"), root)
         others = [measure(p, metric, name, root) for name, p in rule["others"].items()]

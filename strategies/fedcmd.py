@@ -241,7 +241,7 @@ class FedCMD(PersonalizedStrategy):
         record: dict[str, Any] = {"phase": self.phase(server_round)}
         if self.relay(server_round):  # the global model is the last relayed client's (absorb_relay)
             self.state.phi_seen.update(u.client_id for u in updates)
-            record.update(personal_layer=self.personal_layer(), log_keys=["phase", "personal_layer"])
+            record.update(personal_layer=self.personal_layer(), relay=True, log_keys=["phase", "personal_layer"])
             return record
         super().aggregate(server_round, updates)  # FedAvg of what was uploaded (phase 2: pre; φ/post diagnostics)
         if record["phase"] == 1:

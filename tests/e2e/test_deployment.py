@@ -406,6 +406,8 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
 
 METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
     "fedcpmd": (2, {"method": "fedcpmd"}, "method.kp=1"),  # a vote round, a clustered round
+    # the authors' code's phase 2: each node's message is built from the other node's reply
+    "fedcmd": (3, {"method": "fedcmd"}, "method.kp=1 method.force_layer=fc2 method.relay_phase2=true"),
     "kapc_bls": (
         2,
         {"method": "kapc_bls", "model": "cnn_kapc", "local_epochs": 1},
@@ -504,6 +506,14 @@ def test_fedcpmd_clusters_clients_over_a_real_deployment(methods):
     assert sorted(c for members in summary["clusters"] for c in members) == list(range(METHOD_NODES))
     assert sum(rounds[-1]["cluster_sizes"]) == METHOD_NODES and summary["final_clients"] == METHOD_NODES
     assert summary["mean_cluster_acc"] > 0.3
+
+
+def test_fedcmd_relays_phase_2_through_the_nodes_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "fedcmd")
+    assert [r["phase"] for r in rounds] == [1, 2, 2] and summary["personal_layer"] == "fc2"
+    assert [r.get("relay") for r in rounds] == [None, True, True]
+    assert all(r["bytes_down"] > 0 and r["bytes_up"] > 0 for r in rounds)
+    assert summary["final_clients"] == METHOD_NODES
 
 
 def test_fedtsdp_runs_over_a_real_deployment_with_node_cached_partitions(methods):

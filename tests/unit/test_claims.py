@@ -30,6 +30,11 @@ def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
     assert (numbers[0].mean, round(numbers[0].sd, 2), numbers[0].n) == (91.0, 1.41, 2)
     far = {**close, "rule": {**close["rule"], "tolerance": 1.0}}
     assert claims.judge(far, tmp_path)[0] == "not_reproduced"
+    noted = {**close, "rule": {**far["rule"], "note": "the gap: see there"}}
+    assert claims.judge(noted, tmp_path)[:2] == (
+        "not_reproduced",
+        "-1.40 points from the paper's 92.4 (tolerance 1); the gap: see there",
+    )
     above = {"id": "X-2", "rule": {"kind": "above", "runs": "runs/a-*", "others": {"B": "runs/b-*"}}}
     assert claims.judge(above, tmp_path)[:2] == ("not_reproduced", "B at or above it")
     flipped = {"id": "X-3", "rule": {"kind": "above", "runs": "runs/b-*", "others": {"A": "runs/a-*"}}}

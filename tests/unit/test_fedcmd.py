@@ -249,6 +249,7 @@ def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compos
     assert all(fc2 <= set(down[k]) for k in chain if k[0] == 2) and all(not fc2 & set(down[k]) for k in again)
     assert all(np.array_equal(strategy.global_arrays[k], up[chain[-1]][k]) for k in shared)
     assert records[2]["bytes_down"] > 0 and records[2]["phase"] == 2
+    assert [r.get("relay") for r in records] == [None, True, True]  # the rounds say how they ran
 
 
 def test_tie_prior_sends_exact_ties_to_its_candidate_and_must_be_a_candidate(compose, tiny_overrides):

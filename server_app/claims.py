@@ -10,7 +10,7 @@ Rules (``rule.kind``):
 
 - ``value``: the mean of ``metric`` over ``runs`` (a glob of run directories, percent) against
   ``paper_value``: reproduced within ``tolerance`` points (default 1.5), else not reproduced
-  (``note``: what else the reader needs, e.g. where the gap comes from);
+  (``note``, here and for ``above``: what else the reader needs, e.g. where the gap comes from);
 - ``above``: the mean over ``runs`` against each set of ``others``: reproduced when it is the
   highest, else not reproduced, naming who is above;
 - ``judged``: the verdict and its reason as declared, for a claim about a shape or a mechanism,
@@ -148,6 +148,11 @@ def measure(pattern: str | Sequence[str], metric: str, label: str, root: Path = 
     return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
 
 
+def _noted(reason: str, rule: Mapping[str, Any]) -> str:
+    """A computed reason with the rule's ``note`` (where a gap comes from), if it has one."""
+    return f"{reason}; {rule['note']}" if rule.get("note") else reason
+
+
 def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[Measured]]:
     """(verdict key, the reason in words, the numbers it rests on) of one declared claim."""
     rule = dict(claim.get("rule") or {})
@@ -160,15 +165,15 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         diff = got.mean - paper
         verdict = "reproduced" if abs(diff) <= tolerance else "not_reproduced"
         reason = f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})"
-        return verdict, f"{reason}; {rule['note']}" if rule.get("note") else reason, [got, *numbers]
+        return verdict, _noted(reason, rule), [got, *numbers]
     if kind == "above":
         mine = measure(rule["runs"], metric, rule.get("label", "this method"), root)
         others = [measure(p, metric, name, root) for name, p in rule["others"].items()]
         above = [o for o in others if o.mean >= mine.mean]
         if not above:
-            return "reproduced", f"highest of {len(others) + 1}", [mine, *others, *numbers]
+            return "reproduced", _noted(f"highest of {len(others) + 1}", rule), [mine, *others, *numbers]
         names = ", ".join(o.label for o in sorted(above, key=lambda o: -o.mean))
-        return "not_reproduced", f"{names} at or above it", [mine, *others, *numbers]
+        return "not_reproduced", _noted(f"{names} at or above it", rule), [mine, *others, *numbers]
     if kind == "judged":
         verdict = rule.get("verdict")
         if verdict not in VERDICTS:

@@ -54,6 +54,8 @@ def collect(root: Path, label_options: tuple[str, ...] = ()) -> dict[tuple[str, 
         runs.setdefault(("authors", variant), {})[seed] = authors_curve(csv_path)
     for jsonl in sorted(root.glob("pflower*/seed*/**/metrics.jsonl")):  # pflower/, pflower_<variant>/
         seed_dir = next(p for p in jsonl.parents if p.name.startswith("seed") and p.parent.name.startswith("pflower"))
+        if not (jsonl.parent / "summary.json").exists():  # unfinished: its last rounds are not the run's
+            continue
         config = yaml.safe_load((jsonl.parent / "config.yaml").read_text())
         method = config["method"]
         variant = "_".join([method["name"], *(o for o in label_options if method.get(o) is True)])

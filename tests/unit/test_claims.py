@@ -39,6 +39,8 @@ def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
     assert claims.judge(above, tmp_path)[:2] == ("not_reproduced", "B at or above it")
     flipped = {"id": "X-3", "rule": {"kind": "above", "runs": "runs/b-*", "others": {"A": "runs/a-*"}}}
     assert claims.judge(flipped, tmp_path)[:2] == ("reproduced", "highest of 2")
+    flipped["rule"]["note"] = "n"
+    assert claims.judge(flipped, tmp_path)[:2] == ("reproduced", "highest of 2; n")
     mib = {
         "id": "X-4",
         "rule": {

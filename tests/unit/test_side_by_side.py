@@ -21,12 +21,14 @@ def _authors(root: Path, variant: str, seed: int, curve: list[float]) -> None:
     (d / "fmnist_acc_metrics.csv").write_text("test_before,test_after\n" + "".join(f"{v},0\n" for v in curve))
 
 
-def _pflower(root: Path, seed: int, method: dict, curve: list[float]) -> None:
+def _pflower(root: Path, seed: int, method: dict, curve: list[float], finished: bool = True) -> None:
     d = root / "pflower" / f"seed{seed}" / "2026-11-26" / f"run-{len(list(root.rglob('metrics.jsonl')))}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({"method": method}))
     rows = [{"round": r + 1, "test_before_acc": v / 100} for r, v in enumerate(curve)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"final_acc": 0.5}\n')
+    if finished:
+        (d / "summary.json").write_text("{}")
 
 
 def test_the_last_rounds_mean_per_code_method_and_seed(tmp_path):
@@ -34,6 +36,7 @@ def test_the_last_rounds_mean_per_code_method_and_seed(tmp_path):
     _authors(tmp_path, "fedcmd", 1, [0.0] * 5 + [94.0, 96.0])
     _pflower(tmp_path, 42, {"name": "fedcmd", "relay_phase2": False}, [50.0, 80.0, 88.0])
     _pflower(tmp_path, 42, {"name": "fedcmd", "relay_phase2": True}, [50.0, 90.0, 92.0])
+    _pflower(tmp_path, 1, {"name": "fedcmd", "relay_phase2": True}, [10.0], finished=False)  # still running: left out
     runs = sbs.collect(tmp_path, ("relay_phase2",))
     assert set(runs) == {("authors", "fedcmd"), ("pflower", "fedcmd"), ("pflower", "fedcmd_relay_phase2")}
     text = sbs.table(tmp_path, {"fedcmd": 92.26}, 2, {}, ("relay_phase2",))

@@ -147,15 +147,18 @@ def _pool(spec_key: DataSpec) -> _Pool:
     return _Pool(images, labels, public, public_labels, mean, std, source, sha256)
 
 
+def _given(spec: DataSpec) -> tuple[tuple[np.ndarray, np.ndarray | None], ...]:
+    """partition=file: each client's (train, test) of the file, test None where it gives one list."""
+    return read_partition_file(spec.partition_path or "", spec.num_clients, len(_pool(spec).labels))
+
+
 @lru_cache(maxsize=4)
 def _partition(spec: DataSpec) -> tuple[np.ndarray, ...]:
-    labels = _pool(spec).labels
     if spec.partitioner == "file":
-        given = read_partition_file(spec.partition_path or "", spec.num_clients, len(labels))
-        return tuple(train if test is None else np.concatenate([train, test]) for train, test in given)
+        return tuple(train if test is None else np.concatenate([train, test]) for train, test in _given(spec))
     return tuple(
         partition(
-            labels,
+            _pool(spec).labels,
             spec.partitioner,
             spec.num_clients,
             spec.seed,
@@ -180,14 +183,12 @@ def client_indices(spec: DataSpec, client_id: int) -> tuple[np.ndarray, np.ndarr
             'SuperNodes, e.g. --federation-config "num-supernodes=N" with num_clients=N)'
         )
     if spec.partitioner == "file":
-        train, test = read_partition_file(spec.partition_path or "", spec.num_clients, len(_pool(spec).labels))[
-            client_id
-        ]
-        if test is not None:
-            return train, test
-        return train_test_split(train, spec.test_fraction, spec.seed * 100_003 + client_id)
-    parts = _partition(spec)
-    return train_test_split(parts[client_id], spec.test_fraction, spec.seed * 100_003 + client_id)
+        part, test = _given(spec)[client_id]
+        if test is not None:  # the file's own train/test split
+            return part, test
+    else:
+        part = _partition(spec)[client_id]
+    return train_test_split(part, spec.test_fraction, spec.seed * 100_003 + client_id)
 
 
 @lru_cache(maxsize=256)

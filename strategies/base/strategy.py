@@ -323,15 +323,20 @@ class PersonalizedStrategy(MethodHooks, Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self.discover(grid, wait_for=0, timeout=0)
-        self.ledger.reset()
-        ids = self.connected(self.sample(server_round), server_round)
+        ids = self.round_clients(server_round, grid)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
         return [
             self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid))
             for cid in ids
         ]
+
+    def round_clients(self, server_round: int, grid: Grid) -> list[int]:
+        """A training round's start: nodes that joined are discovered, the ledger is emptied, and
+        the sampled clients still connected are returned (a batch round and a relay round alike)."""
+        self.discover(grid, wait_for=0, timeout=0)
+        self.ledger.reset()
+        return self.connected(self.sample(server_round), server_round)
 
     def relay(self, server_round: int) -> bool:
         """Whether this round trains its clients one after another, each message built after the
@@ -345,9 +350,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         """:meth:`configure_train` one client at a time: yields a message, is sent its replies.
         Every message of the round is in the ledger, so :meth:`aggregate_train` collects the
         round's replies as for a batch."""
-        self.discover(grid, wait_for=0, timeout=0)
-        self.ledger.reset()
-        for cid in self.connected(self.sample(server_round), server_round):
+        for cid in self.round_clients(server_round, grid):
             down, extra = self.downlinks([cid], server_round), self.extra_downlinks([cid], server_round)
             replies = yield self.build_message(cid, server_round, "train", MessageType.TRAIN, down[cid], extra[cid])
             expected = lambda c: self.expected_uploads(c, server_round)  # noqa: E731

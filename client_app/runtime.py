@@ -386,11 +386,13 @@ def global_test_set(spec: TaskSpec, node_config: dict[str, Any]) -> tuple[Any, A
 
 def persist(model: LayeredNet, state: ClientState, ctx: RoleContext, keep: str = "personal") -> None:
     """Save what the client keeps for its next round: ``personal`` = its personal groups and
-    keys and the BN buffers; ``model`` = every tensor of the model. The role's extra tensors
-    (``ctx.extra_state``) are always kept."""
+    keys and the BN buffers; ``model`` = every tensor of the model; ``none`` = none of them. The
+    role's extra tensors (``ctx.extra_state``) are always kept."""
     sd = model.state_dict()
     if keep == "model":
         tensors = dict(sd)
+    elif keep == "none":
+        tensors = {}
     else:
         keep_keys = set(trainable_keys(model, ctx.personal)) | set(ctx.personal_keys) | set(buffer_keys(model))
         tensors = {k: sd[k] for k in sd if k in keep_keys}

@@ -320,6 +320,23 @@ class FeloArgs(RoleArgs):
         check_min(self.role, "feature_samples", self.feature_samples, 0)  # 0: class means
 
 
+@dataclass(frozen=True)
+class HeteroFLArgs(RoleArgs):
+    """HeteroFL (HeteroFL paper, client side): SGD on the client's width-scaled sub-model.
+    ``label_split``: the masked cross-entropy of the paper's non-IID training (the logits of the
+    classes the client has no sample of are zeroed) and the class presence uploaded as
+    ``heterofl/classes`` [C] (the server averages a classifier row over the clients that have its
+    class). ``static_bn``: static batch normalisation (sBN): statistics are not tracked in
+    training but computed from the local training split before every evaluation."""
+
+    role: ClassVar[str] = "heterofl"
+    label_split: bool = True
+    static_bn: bool = True
+
+
+HETEROFL_CLASSES = "heterofl/classes"  # the extra array of a HeteroFL reply: which classes the client has
+
+
 def role_args(role: str, values: dict[str, Any] | None) -> RoleArgs:
     """The arguments of ``role`` from a message (validated)."""
     if role not in ROLE_ARGS:

@@ -51,7 +51,7 @@ WIRE_EXTRA_PREFIX = "extra/"
 STATE_EXTRA_PREFIX = "extra."
 
 TASKS = ("query", "train", "evaluate")
-KEEP_MODES = ("personal", "model")  # what a client persists: see TaskSpec.keep
+KEEP_MODES = ("personal", "model", "none")  # what a client persists: see TaskSpec.keep
 OPTIMIZERS = ("sgd", "adam")  # TaskSpec.train["optimizer"]: the local optimizer
 
 
@@ -74,7 +74,9 @@ class TaskSpec:
     model checks it). ``personal``/``personal_keys``: groups and single keys that stay
     on the client. ``upload``: the groups to send back (the role may upload a declared subset,
     see the strategy's ``uplink_sets``). ``keep``: ``personal`` persists personal groups and keys
-    and BN buffers; ``model`` persists the whole model, so a tensor a round does not send keeps
+    and BN buffers; ``none`` only the role's own tensors (HeteroFL: a client whose width may
+    change between rounds, its BN statistics recomputed before every evaluation); ``model``
+    persists the whole model, so a tensor a round does not send keeps
     the client's own last value. ``shared_buffers``: float BN buffers travel with their group.
     ``global_test`` (evaluate tasks): the client also evaluates its model on the dataset's labelled
     public split, the global test set (FedHe: every client keeps its own model, so only the

@@ -109,6 +109,7 @@ DOC_PAGES = {
     "kapc": "kapc",
     "kapc_bls": "kapc",
     "cfl": "cfl",
+    "heterofl": "heterofl",
 }  # the others: baselines
 
 
@@ -133,7 +134,7 @@ def options_markdown(name: str) -> str:
                 r["type"].replace("|", "\\|"),
                 f"`{r['default']}`",
                 r["allowed"] or "-",
-                r["doc"],
+                r["doc"].replace("|", "\\|"),  # "a | b" in a doc line is prose, not a column
             ]
             out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
     if cls.diagnostic_panels:

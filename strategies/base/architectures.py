@@ -87,7 +87,11 @@ class Architectures:
 
     def template_of(self, client_id: int | None) -> Template:
         """Shape and dtype of every tensor of ``client_id``'s architecture that may travel."""
-        schema = self.schema(client_id)
+        return self.template_of_arch(self.schema(client_id).arch)
+
+    def template_of_arch(self, arch: str) -> Template:
+        """Shape and dtype of every tensor of architecture ``arch`` that may travel."""
+        schema = self.schemas[arch]
         return {k: schema.template[k] for k in schema.keys(buffers=self.shared_buffers)}
 
     def ordered_groups(self, groups: Iterable[str]) -> list[str]:

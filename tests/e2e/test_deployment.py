@@ -432,6 +432,13 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
         "method.cvae_label_dim=8 method.cvae_epochs=2 dataset.public=holdout dataset.public_fraction=0.2 ~model.archs "
         '"+model.archs={r10: {name: resnet10, feature_dim: 32}, le: {name: lenet5, feature_dim: 32}}"',
     ),
+    # one LeNet-5 at two widths: node 0 trains the half-width block of the global model, node 1 the
+    # whole of it; each computes its BN statistics from its own data before evaluating
+    "heterofl": (
+        2,
+        {"method": "heterofl", "dataset": "digits", "model": "lenet5_widths", "local_epochs": 1},
+        '~model.archs "+model.archs={b: {name: lenet5, width: 0.5, scaler: true}, a: {name: lenet5, scaler: true}}"',
+    ),
 }
 METHOD_NODES = 2
 IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
@@ -569,6 +576,13 @@ def test_velo_runs_two_architectures_over_a_real_deployment(methods):
     assert all(r["known_classes"] == 10 and {"global_acc@r10", "global_acc@le"} <= set(r) for r in rounds)
     assert set(summary["transfer_acc"]) == {"r10", "le"} and summary["final_clients"] == METHOD_NODES
     assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the class knowledge (S, P, M) in round 2
+
+
+def test_heterofl_trains_two_widths_of_one_model_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "heterofl")
+    assert all(r["clients@a"] == r["clients@b"] == 1 for r in rounds)
+    assert {"final_acc@a", "final_acc@b"} <= set(summary)
+    assert summary["final_clients"] == METHOD_NODES
 
 
 def test_a_supernode_holding_image_folders_trains_in_every_run(methods):

@@ -93,6 +93,8 @@ CASES: dict[str, list[str]] = {
         "method.cvae_epochs=2",
     ],
     "fedhe": [*HETERO, "method.warmup=0.34"],
+    "heterofl": ["model=lenet5_widths", "fraction=1.0"],  # widths 1/4, 1/2, 1 on two clients each
+    "heterofl_dynamic": ["method=heterofl", "model=lenet5_widths", "method.assignment=dynamic"],
 }
 
 

@@ -224,9 +224,10 @@ def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
     from pflower.server_app.methods_cli import options_markdown, write_docs
 
     (tmp_path / "methods").mkdir()
-    for page in ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "baselines"):
+    pages = ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "heterofl", "baselines")
+    for page in pages:
         (tmp_path / "methods" / f"{page}.md").write_text(f"# {page}\n\nprose\n")
-    assert len(write_docs(tmp_path)) == 7
+    assert len(write_docs(tmp_path)) == len(pages)
     text = (tmp_path / "methods" / "kapc.md").read_text()
     assert text.startswith("# kapc\n\nprose\n") and options_markdown("kapc_bls") in text
     assert write_docs(tmp_path) == []  # a second run changes nothing

@@ -1,0 +1,145 @@
+"""HeteroFL (Diao, Ding, Tarokh: "HeteroFL: Computation and Communication Efficient Federated
+Learning for Heterogeneous Clients", ICLR 2021; docs/methods/heterofl.md): clients of different
+capability train width-scaled sub-models of one global model.
+
+The federation's architectures are the width levels of one model (``conf/model/lenet5_widths.yaml``:
+LeNet-5 at rates 1, 1/2, 1/4 with the paper's scalers); the widest is the global model. Each
+client receives the leading block of every global tensor its level holds, trains it with the
+masked loss, and the server averages each global entry over the clients that hold it
+(strategies/heterofl_math.py), a classifier row only over the clients that have its class. A
+client's level comes from the assignment (``model.assign``) or from its device (node config
+``model``); ``assignment=dynamic`` draws the level of every sampled client anew each round, with
+the static assignment's proportions (HeteroFL's dynamic setting; a node that announced its level
+keeps it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.server import Grid
+
+from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
+
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+from .heterofl_math import fits_inside, partial_average, slice_arrays
+
+WEIGHTINGS = ("uniform", "examples")
+ASSIGNMENTS = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class HeteroFLOptions(MethodOptions):
+    label_split: bool = option(
+        True, "masked cross-entropy and per-class classifier rows (the paper's non-IID training)"
+    )
+    static_bn: bool = option(True, "static BN: statistics from the local training split before each evaluation")
+    weighting: str = option(
+        "uniform",
+        "uniform: every client that holds an entry counts once (the paper's code) | examples: by its samples (FedAvg)",
+        choices=WEIGHTINGS,
+    )
+    assignment: str = option(
+        "static", "static: a client keeps its level | dynamic: a new draw every round", choices=ASSIGNMENTS
+    )
+
+
+class HeteroFL(PersonalizedStrategy):
+    """Width-scaled sub-models of one global model (options: :class:`HeteroFLOptions`)."""
+
+    name = "heterofl"
+    options_type = HeteroFLOptions
+    role = "heterofl"
+    heterogeneous = True
+    clients_evaluate_on_public = True  # each client's level model on the global test set at the end (Felo's metric)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        if o.assignment == "dynamic" and not o.static_bn:
+            raise ValueError(
+                "heterofl assignment=dynamic needs static_bn=true: a client's BN statistics of one width cannot "
+                "be kept for the next round's other width"
+            )
+        # a client keeps nothing when sBN recomputes its statistics (so its width may change)
+        self.client_keeps = "none" if o.static_bn else "personal"
+        self.args = HeteroFLArgs(label_split=o.label_split, static_bn=o.static_bn)
+        self.full_arch = self._widest()
+        self.static_levels = dict(self.arch_of)
+
+    def _widest(self) -> str:
+        """The architecture every other one is a leading block of (the global model)."""
+        shapes = {a: {k: t[0] for k, t in self.architectures.template_of_arch(a).items()} for a in self.schemas}
+        for arch, full in shapes.items():
+            if all(set(sub) <= set(full) and all(fits_inside(sub[k], full[k]) for k in sub) for sub in shapes.values()):
+                return arch
+        raise ValueError(
+            f"heterofl needs width levels of one model (every tensor of each a leading block of the widest's), "
+            f"but the architectures {sorted(shapes)} are not: use one model at several widths "
+            "(conf/model/lenet5_widths.yaml)"
+        )
+
+    def role_config(self, client_id: int, server_round: int) -> HeteroFLArgs:
+        return self.args
+
+    # ------------------------------------------------------------------ levels
+    def sample(self, server_round: int) -> list[int]:
+        chosen = super().sample(server_round)
+        if self.options.assignment == "dynamic":
+            self.assign_levels(chosen, server_round)
+        return chosen
+
+    def assign_levels(self, client_ids: Iterable[int], server_round: int) -> None:
+        """Dynamic levels: each client's drawn from the static assignment's proportions, from a stream
+        of (seed, round) alone (a resumed run draws the same); announced levels are kept."""
+        archs = list(self.schemas)
+        counts = np.array([sum(1 for v in self.static_levels.values() if v == a) for a in archs], float)
+        rng = np.random.default_rng([int(self.seed), int(server_round), 4813])
+        for cid in sorted(client_ids):
+            level = archs[int(rng.choice(len(archs), p=counts / counts.sum()))]
+            if cid not in self.architectures.announced:
+                self.arch_of[cid] = level
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The final evaluation scores every client at its static level."""
+        self.arch_of.update({c: a for c, a in self.static_levels.items() if c not in self.architectures.announced})
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    # ------------------------------------------------------------------ messages
+    def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        full = self.arch_arrays[self.full_arch]
+        return {cid: slice_arrays(full, {k: t[0] for k, t in self.template_of(cid).items()}) for cid in client_ids}
+
+    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        if not self.options.label_split:
+            return {}
+        return {HETEROFL_CLASSES: ((self.num_classes,), np.dtype(np.uint8))}
+
+    @property
+    def num_classes(self) -> int:
+        schema = self.schema()
+        return int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
+
+    # ------------------------------------------------------------------ the round
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        ups = [u for u in updates if u.arrays]
+        if not ups:
+            return {}
+        full = self.arch_arrays[self.full_arch]
+        weights = [1.0 if self.options.weighting == "uniform" else float(u.num_examples) for u in ups]
+        masks = None
+        if self.options.label_split:
+            schema = self.schema()
+            head = schema.group_keys[schema.groups[-1]]
+            masks = [{k: np.asarray(u.extra[HETEROFL_CLASSES], bool) for k in head} for u in ups]
+        full.update(partial_average(full, [u.arrays for u in ups], weights, masks))
+        levels = {a: sum(1 for u in ups if self.arch_of[u.client_id] == a) for a in self.schemas}
+        return {f"clients@{a}": n for a, n in levels.items()}

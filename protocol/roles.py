@@ -334,6 +334,33 @@ class HeteroFLArgs(RoleArgs):
     static_bn: bool = True
 
 
+@dataclass(frozen=True)
+class FedGKTArgs(RoleArgs):
+    """FedGKT (FedGKT paper, client side): the client trains its whole model with CE + alpha x the
+    distillation loss against the server's logits of its training samples (extra array
+    ``gkt/z`` [N, C], row i for training sample i; none in its first round: CE only), then sends
+    the features, logits and labels of its training split and the features and labels of its
+    test split (``gkt/h``, ``gkt/z``, ``gkt/y``, ``gkt/ht``, ``gkt/yt``). It is evaluated as its
+    feature extractor followed by the server's model, whose tensors arrive as ``gkt/server/<key>``
+    (an MLP of ``hidden`` widths on features of width ``feature_dim``)."""
+
+    role: ClassVar[str] = "fedgkt"
+    alpha: float = 1.0
+    temperature: float = 3.0
+    feature_dim: int = 0
+    hidden: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "alpha", self.alpha, 0)
+        check_min(self.role, "temperature", self.temperature, 0, strict=True)
+        check_min(self.role, "feature_dim", self.feature_dim, 1)
+        if any(int(h) < 1 for h in self.hidden):
+            raise RoleArgsError(f"{self.role} hidden widths must be >= 1, got {self.hidden}")
+
+
+GKT = "gkt/"  # FedGKT's extra arrays: gkt/<h|z|y|ht|yt> up, gkt/z and gkt/server/<key> down
+
+
 HETEROFL_CLASSES = "heterofl/classes"  # the extra array of a HeteroFL reply: which classes the client has
 
 

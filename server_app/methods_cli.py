@@ -110,6 +110,7 @@ DOC_PAGES = {
     "kapc_bls": "kapc",
     "cfl": "cfl",
     "heterofl": "heterofl",
+    "fedgkt": "fedgkt",
 }  # the others: baselines
 
 

@@ -54,6 +54,18 @@ def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifie
     return int(next(s for s in shapes if len(s) == 2)[1])
 
 
+def shared_feature_width(schemas: Mapping[str, Any], method: str) -> int:
+    """D, the classifier input width every architecture of the federation shares (the method
+    exchanges features of that width)."""
+    widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in schemas.items()}
+    if len(set(widths.values())) > 1:
+        raise ValueError(
+            f"{method} shares class features, but the architectures end in different widths {widths}: "
+            "give them one model.feature_dim (the ResNets project to it)"
+        )
+    return next(iter(widths.values()))
+
+
 @dataclass(frozen=True)
 class FeloOptions(MethodOptions):
     alpha: float = option(0.5, "weight of the distillation terms in Eq. 1", low=0)
@@ -110,13 +122,7 @@ class Felo(PersonalizedStrategy):
         }  # the server runs the group models in these
         self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
         self.global_eval_every, self.total_rounds = o.global_eval_every, o.total_rounds
-        widths = {arch: feature_width(s.template, s.group_keys[s.groups[-1]]) for arch, s in self.schemas.items()}
-        if len(set(widths.values())) > 1:
-            raise ValueError(
-                f"{self.name} shares class features, but the architectures end in different widths {widths}: "
-                "give them one model.feature_dim (the ResNets project to it)"
-            )
-        self.feature_dim = next(iter(widths.values()))
+        self.feature_dim = shared_feature_width(self.schemas, self.name)
         self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
         self.warmup_rounds = math.ceil(o.warmup * o.total_rounds)
         self.args = FeloArgs(

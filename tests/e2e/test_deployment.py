@@ -439,6 +439,14 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
         {"method": "heterofl", "dataset": "digits", "model": "lenet5_widths", "local_epochs": 1},
         '~model.archs "+model.archs={b: {name: lenet5, width: 0.5, scaler: true}, a: {name: lenet5, scaler: true}}"',
     ),
+    # two LeNet-5 depths sharing a 16-wide feature: features, logits and labels go up, the server's
+    # logits of each node's samples and its model come down (no weights up)
+    "fedgkt": (
+        2,
+        {"method": "fedgkt", "dataset": "digits", "model": "mixed", "local_epochs": 1},
+        'method.hidden=[32] ~model.archs "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 16}, '
+        'l3: {name: lenet5, fc_layers: 3, feature_dim: 16}}"',
+    ),
 }
 METHOD_NODES = 2
 IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
@@ -583,6 +591,13 @@ def test_heterofl_trains_two_widths_of_one_model_over_a_real_deployment(methods)
     assert all(r["clients@a"] == r["clients@b"] == 1 for r in rounds)
     assert {"final_acc@a", "final_acc@b"} <= set(summary)
     assert summary["final_clients"] == METHOD_NODES
+
+
+def test_fedgkt_trains_the_server_model_on_the_nodes_features_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "fedgkt")
+    assert all(r["stored_clients"] == METHOD_NODES and 0.0 <= r["server_acc"] <= 1.0 for r in rounds)
+    assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the server's logits of each node's samples
+    assert summary["final_clients"] == METHOD_NODES and "final_global_acc" not in summary  # digits: no public split
 
 
 def test_a_supernode_holding_image_folders_trains_in_every_run(methods):

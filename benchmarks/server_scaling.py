@@ -283,9 +283,14 @@ def server_round(strategy: Any, updates: Sequence[Any], rnd: int) -> tuple[float
 
 def build(name: str, model: Any, n: int) -> Any:
     from pflower.strategies import build_strategy
+    from pflower.strategies.base.client_directory import ClientInfo
 
     c = CASES[name]
-    return build_strategy(c.method, model, {}, num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options))
+    strategy = build_strategy(c.method, model, {}, num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options))
+    # every client as if discovered (node 1000 + i, 50 training and 20 test samples): a method whose
+    # uploads are sized by the client's data (FedGKT's features) declares them from this
+    strategy.clients.update({i: ClientInfo(1000 + i, 50, 20) for i in range(n)})
+    return strategy
 
 
 def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:

@@ -23,7 +23,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
-from pflower.federated_data import ClientData, DataSpec, load_client_data, load_public_data
+from pflower.federated_data import ClientData, DataSpec, load_client_data, load_public_data, load_transfer_data
 from pflower.federated_data.local import with_node_data_dir
 from pflower.federated_data.node_cache import cache_dir, load_or_build
 from pflower.models import LayeredNet, buffer_keys, build_model, trainable_keys
@@ -242,6 +242,9 @@ def prepare(message: Message, context: Context, hooks: ClientHooks | None = None
         received_extra=received_extra,
         upload_keys=upload_keys(model, spec),
     )
+    data_spec = DataSpec.from_dict(spec.data)
+    if data_spec.transfer_fraction > 0 and not data_spec.info.node_local:
+        ctx.transfer = load_transfer_data(data_spec)
     timings["setup_time_s"] = time.perf_counter() - t0 - timings.get("device_setup_s", 0.0)
     return Job(spec, cid, data, model, state, ctx, len(saved), timings)
 

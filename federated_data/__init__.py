@@ -1,7 +1,14 @@
 """Datasets, partitioners and per-client tensors (cached once per process)."""
 
 from .catalog import DATASETS, DatasetInfo, DatasetNotFoundError, dataset_info
-from .client_data import DataSpec, data_origin, load_client_data, load_public_data, partition_sizes
+from .client_data import (
+    DataSpec,
+    data_origin,
+    load_client_data,
+    load_public_data,
+    load_transfer_data,
+    partition_sizes,
+)
 from .tensors import ClientData
 
 __all__ = [
@@ -14,5 +21,6 @@ __all__ = [
     "dataset_info",
     "load_client_data",
     "load_public_data",
+    "load_transfer_data",
     "partition_sizes",
 ]

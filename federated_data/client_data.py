@@ -42,6 +42,9 @@ class DataSpec:
     pool_splits: bool = True  # merge the official train and test splits before partitioning
     public: str = "none"  # server-side public data: none | test (official test split) | holdout
     public_fraction: float = 0.1
+    # a labelled share of the pooled data every party reads, in no client's partition (FedMD's
+    # public set for transfer learning and consensus); 0: none
+    transfer_fraction: float = 0.0
     subsample: float = 1.0  # keep this random fraction of the pooled data (KAPC's Scenario A: 0.1)
     seed: int = 42
 
@@ -73,6 +76,8 @@ class _Pool:
     labels: np.ndarray
     public_images: np.ndarray | None
     public_labels: np.ndarray | None
+    transfer_images: np.ndarray | None
+    transfer_labels: np.ndarray | None
     mean: np.ndarray
     std: np.ndarray
     source: str  # the directories (or the built-in source) the reader actually read
@@ -99,6 +104,8 @@ def _validate(spec: DataSpec) -> None:
         raise ValueError(f"data.public must be one of {list(PUBLIC_MODES)}, got {spec.public!r}")
     if spec.public == "holdout" and not 0 < spec.public_fraction < 1:
         raise ValueError(f"data.public_fraction must be in (0, 1), got {spec.public_fraction}")
+    if not 0 <= spec.transfer_fraction < 1:
+        raise ValueError(f"dataset.transfer_fraction must be in [0, 1), got {spec.transfer_fraction}")
     if not 0 < spec.subsample <= 1:
         raise ValueError(f"dataset.subsample must be in (0, 1] (the fraction of the data kept), got {spec.subsample}")
 
@@ -144,7 +151,13 @@ def _pool(spec_key: DataSpec) -> _Pool:
         as_float = to_unit(images)
         mean = as_float.mean(axis=(0, 2, 3)).astype(np.float32)
         std = (as_float.std(axis=(0, 2, 3)) + 1e-8).astype(np.float32)
-    return _Pool(images, labels, public, public_labels, mean, std, source, sha256)
+    transfer = transfer_labels = None
+    if spec.transfer_fraction > 0:  # after the statistics: a run with it normalizes as one without
+        order = np.random.default_rng(spec.seed + 15_485_863).permutation(len(labels))
+        n_transfer = int(len(labels) * spec.transfer_fraction)
+        transfer, transfer_labels = images[order[:n_transfer]], labels[order[:n_transfer]]
+        images, labels = images[np.sort(order[n_transfer:])], labels[np.sort(order[n_transfer:])]
+    return _Pool(images, labels, public, public_labels, transfer, transfer_labels, mean, std, source, sha256)
 
 
 def _given(spec: DataSpec) -> tuple[tuple[np.ndarray, np.ndarray | None], ...]:
@@ -224,6 +237,18 @@ def load_public_data(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return _normalize(pool.public_images, pool), torch.from_numpy(pool.public_labels)
 
 
+def load_transfer_data(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The labelled transfer split (``dataset.transfer_fraction``): normalized images and labels,
+    the same on every party that reads the dataset (FedMD's public set)."""
+    pool = _pool(spec)
+    if pool.transfer_images is None:
+        raise ValueError(
+            "this data spec has no transfer split: set dataset.transfer_fraction (e.g. 0.1, the share of the pooled "
+            "data every party holds labelled)"
+        )
+    return _normalize(pool.transfer_images, pool), torch.from_numpy(pool.transfer_labels)
+
+
 def data_origin(spec: DataSpec) -> dict[str, str]:
     """Where the run's pooled data came from, for its record: ``data_dir`` (what the reader read:
     the directory that held the files, not the root it was given) and ``data_sha256`` (of the
@@ -254,5 +279,6 @@ __all__ = [
     "fingerprint",
     "load_client_data",
     "load_public_data",
+    "load_transfer_data",
     "partition_sizes",
 ]

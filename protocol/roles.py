@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from .wire import unknown_fields
 
 # ---------------------------------------------------------------------------- shared constants
@@ -356,6 +358,49 @@ class FedGKTArgs(RoleArgs):
         check_min(self.role, "feature_dim", self.feature_dim, 1)
         if any(int(h) < 1 for h in self.hidden):
             raise RoleArgsError(f"{self.role} hidden widths must be >= 1, got {self.hidden}")
+
+
+FEDMD_DIGEST_LOSSES = ("l1", "kl")
+
+
+@dataclass(frozen=True)
+class FedMDArgs(RoleArgs):
+    """FedMD (FedMD paper, client side) on the labelled transfer split every party holds
+    (``dataset.transfer_fraction``). At its first round a client trains ``transfer_epochs`` on
+    that split (transfer learning); whenever the server sends a consensus (``md/consensus`` [P, C]
+    and the round ``md/round`` [1] of the subset it was computed on) it first digests it,
+    ``digest_epochs`` toward the consensus on that subset (``l1``: the mean absolute error of
+    the logits, FedMD's code; ``kl``: the KL of the softmaxes), then revisits its private data
+    (the usual local training), and uploads its logits on this round's subset (``md/scores``).
+    A round's subset: ``subset`` indices of the transfer split drawn from (``seed``, round)
+    alone, so every party draws the same without sending them."""
+
+    role: ClassVar[str] = "fedmd"
+    transfer_epochs: int = 5
+    digest_epochs: int = 1
+    digest_loss: str = "l1"
+    subset: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_min(self.role, "transfer_epochs", self.transfer_epochs, 0)
+        check_min(self.role, "digest_epochs", self.digest_epochs, 0)
+        check_min(self.role, "subset", self.subset, 1)
+        check_choice(self.role, "digest_loss", self.digest_loss, FEDMD_DIGEST_LOSSES)
+
+
+FEDMD = "md/"  # FedMD's extra arrays: md/scores up; md/consensus and md/round down
+
+
+def fedmd_subset(seed: int, server_round: int, size: int, population: int) -> list[int]:
+    """The transfer-split indices of a round's consensus (sorted), from (seed, round) alone."""
+    if size > population:
+        raise RoleArgsError(
+            f"fedmd subset {size} is larger than the transfer split ({population} samples): lower method.subset or "
+            "raise dataset.transfer_fraction"
+        )
+    rng = np.random.default_rng([int(seed), int(server_round), 6007])
+    return sorted(int(i) for i in rng.choice(population, size=size, replace=False))
 
 
 GKT = "gkt/"  # FedGKT's extra arrays: gkt/<h|z|y|ht|yt> up, gkt/z and gkt/server/<key> down

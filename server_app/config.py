@@ -670,6 +670,7 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
         "pool_splits": bool(ds.get("pool_splits", True)),
         "public": str(ds.get("public", "none")),
         "public_fraction": float(ds.get("public_fraction", 0.1)),
+        "transfer_fraction": float(ds.get("transfer_fraction", 0.0)),
         "subsample": float(ds.get("subsample", 1.0)),
         "seed": int(cfg.seed),
     }

@@ -111,6 +111,7 @@ DOC_PAGES = {
     "cfl": "cfl",
     "heterofl": "heterofl",
     "fedgkt": "fedgkt",
+    "fedmd": "fedmd",
 }  # the others: baselines
 
 

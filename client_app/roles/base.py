@@ -34,6 +34,9 @@ class RoleContext:
     # the model keys this reply uploads: the most the server asked for; a role may choose fewer, as
     # long as the set is one the strategy declared (uplink_sets: BLS's layer prefixes)
     upload_keys: list[str] = field(default_factory=list)
+    # the labelled transfer split every party holds (dataset.transfer_fraction > 0; FedMD's public
+    # set): normalized images and labels, None without one
+    transfer: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 # every client role, by name: a Role subclass defined in this package with its own ``name`` joins it

@@ -447,6 +447,13 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
         'method.hidden=[32] ~model.archs "+model.archs={l2: {name: lenet5, fc_layers: 2, feature_dim: 16}, '
         'l3: {name: lenet5, fc_layers: 3, feature_dim: 16}}"',
     ),
+    # the labelled transfer split every node reads: transfer learning, then the consensus of round 1
+    # digested in round 2 (only scores travel)
+    "fedmd": (
+        2,
+        {"method": "fedmd", "dataset": "digits", "local_epochs": 1},
+        "dataset.transfer_fraction=0.2 method.subset=50 method.transfer_epochs=1",
+    ),
 }
 METHOD_NODES = 2
 IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
@@ -598,6 +605,13 @@ def test_fedgkt_trains_the_server_model_on_the_nodes_features_over_a_real_deploy
     assert all(r["stored_clients"] == METHOD_NODES and 0.0 <= r["server_acc"] <= 1.0 for r in rounds)
     assert rounds[1]["bytes_down"] > rounds[0]["bytes_down"]  # + the server's logits of each node's samples
     assert summary["final_clients"] == METHOD_NODES and "final_global_acc" not in summary  # digits: no public split
+
+
+def test_fedmd_shares_only_scores_over_a_real_deployment(methods):
+    summary, rounds = finished_summary(methods, "fedmd")
+    assert all(r["consensus_clients"] == METHOD_NODES for r in rounds)
+    assert rounds[0]["bytes_down"] < rounds[1]["bytes_down"]  # round 2 brings round 1's consensus
+    assert summary["final_clients"] == METHOD_NODES
 
 
 def test_a_supernode_holding_image_folders_trains_in_every_run(methods):

@@ -224,7 +224,7 @@ def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
     from pflower.server_app.methods_cli import options_markdown, write_docs
 
     (tmp_path / "methods").mkdir()
-    pages = ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "heterofl", "fedgkt", "baselines")
+    pages = ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "heterofl", "fedgkt", "fedmd", "baselines")
     for page in pages:
         (tmp_path / "methods" / f"{page}.md").write_text(f"# {page}\n\nprose\n")
     assert len(write_docs(tmp_path)) == len(pages)

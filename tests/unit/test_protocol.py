@@ -56,6 +56,7 @@ def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides
             "fedcmd": ["method.kp=2", "rounds=4"],
             "fedcpmd": ["method.kp=2", "rounds=4"],
             "fedtsdp": ["dataset.public=holdout"],
+            "fedmd": ["dataset.transfer_fraction=0.2", "method.subset=20"],
         }.get(method, [])
         strategy = build(compose(*tiny_overrides, f"method={method}", *extra), run_token="t")
         for rnd in (1, 3):

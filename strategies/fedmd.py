@@ -1,0 +1,95 @@
+"""FedMD (Li and Wang: "FedMD: Heterogenous Federated Learning via Model Distillation", NeurIPS 2019
+workshop; docs/methods/fedmd.md): clients of any architecture learn from each other through their
+scores on a labelled set every party holds.
+
+The labelled set is the transfer split (``dataset.transfer_fraction``, e.g. 10 % of the pooled
+data, in no client's partition: the Felo/Velo paper's set-up). Each client first trains on it
+(transfer learning, at its first round), and every round scores a subset of it (``subset``
+samples, drawn from (seed, round) by every party alike). The server averages the round's scores
+into the consensus; the next round's clients digest it (train toward it on that subset), then
+train on their private data and score the new subset. No weights travel: each client keeps
+its model. With 20 % of the clients a round, the consensus a client digests comes from the
+previous round's clients (FedMD has every client in every round, scoring and then digesting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pflower.protocol.roles import FEDMD, FEDMD_DIGEST_LOSSES, FedMDArgs
+
+from .base.options import MethodOptions, option
+from .base.strategy import PersonalizedStrategy
+from .base.validation import ClientUpdate
+
+
+def consensus(scores: Sequence[np.ndarray]) -> np.ndarray:
+    """FedMD's consensus: the plain mean of the clients' scores (every client counts once)."""
+    if not scores:
+        raise ValueError("no scores to average")
+    return np.mean(np.stack([np.asarray(s, np.float64) for s in scores]), axis=0).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class FedMDOptions(MethodOptions):
+    subset: int = option(1000, "transfer-split samples scored and digested per round", low=1)
+    transfer_epochs: int = option(5, "epochs on the transfer split at a client's first round", low=0)
+    digest_epochs: int = option(1, "epochs toward the consensus on its subset per round", low=0)
+    digest_loss: str = option("l1", "l1: logits' mean absolute error (FedMD's code) | kl", choices=FEDMD_DIGEST_LOSSES)
+
+
+class FedMD(PersonalizedStrategy):
+    """Model distillation through a consensus on shared labelled data (options: :class:`FedMDOptions`)."""
+
+    name = "fedmd"
+    options_type = FedMDOptions
+    role = "fedmd"
+    heterogeneous = True
+    clients_evaluate_on_public = True  # every client's own model on the global test set at the end
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        data = self.client_spec.get("data")  # absent when a user's own ClientApp brings the data
+        if data is not None and float(data.get("transfer_fraction", 0.0)) <= 0:
+            raise ValueError(
+                "fedmd needs a labelled set every party holds: set dataset.transfer_fraction (e.g. 0.1: 10 % of the "
+                "pooled data, taken out of the clients' partitions)"
+            )
+        self.args = FedMDArgs(
+            transfer_epochs=o.transfer_epochs,
+            digest_epochs=o.digest_epochs,
+            digest_loss=o.digest_loss,
+            subset=o.subset,
+            seed=int(self.seed),
+        )
+        schema = self.schema()
+        self.num_classes = int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
+        self.consensus: np.ndarray | None = None
+        self.consensus_round = 0
+
+    def role_config(self, client_id: int, server_round: int) -> FedMDArgs:
+        return self.args
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        return list(self.schema(client_id).groups)  # no weights travel
+
+    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        if self.consensus is None:
+            return {cid: {} for cid in client_ids}
+        down = {FEDMD + "consensus": self.consensus, FEDMD + "round": np.array([self.consensus_round], np.int64)}
+        return {cid: dict(down) for cid in client_ids}
+
+    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        return {FEDMD + "scores": ((self.options.subset, self.num_classes), np.dtype(np.float32))}
+
+    def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        if not updates:
+            return {}
+        self.consensus = consensus([u.extra[FEDMD + "scores"] for u in updates])
+        self.consensus_round = server_round
+        return {"consensus_clients": len(updates)}

@@ -88,6 +88,13 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
                 f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, "
                 f"got {second!r}"
             )
+        evaluated = proto.get("evaluated")
+        group = (plan.get("entries") or {}).get(proto.get("entries")) or {}
+        if evaluated is not None and (not isinstance(evaluated, dict) or set(evaluated) - set(group)):
+            raise ConfigError(
+                f"{path}: protocol {name}'s evaluated must map its entries to what they measure; unknown entries: "
+                f"{sorted(set(evaluated) - set(group)) if isinstance(evaluated, dict) else evaluated!r}"
+            )
     for group in (plan.get("entries") or {}).values():
         for entry, spec in group.items():
             if spec.get("seeds", "seeds") not in plan or not isinstance(plan[spec.get("seeds", "seeds")], list):
@@ -255,12 +262,14 @@ def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
+def table(rows: Sequence[dict[str, Any]], second: str | None = None, evaluated: dict[str, str] | None = None) -> str:
     """The protocol's table; ``second``: the header of a second metric's column (mean ± std over
-    the seeds that wrote it, '-' for an entry that does not measure it)."""
+    the seeds that wrote it, '-' for an entry that does not measure it); ``evaluated``: what model
+    each entry's numbers measure (a column after the entry, when the protocol says)."""
     extra = [second] if second else []
     head = [
         "entry",
+        *(["evaluated model"] if evaluated else []),
         "seeds",
         "headline (mean ± std)",
         *extra,
@@ -291,6 +300,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None) -> str:
             " | ".join(
                 [
                     f"| {r['entry']}{mark}",
+                    *([evaluated.get(r["entry"], "-")] if evaluated else []),
                     seeds,
                     f"{r['mean']:.2f} ± {r['std']:.2f}",
                     *cells,
@@ -509,6 +519,7 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         *(["", str(plan["intro"]).strip()] if plan.get("intro") else []),
     ]
     total_spent, total_left, total_unfinished = 0.0, 0.0, 0
+    embeds: dict[str, str] = {}  # protocol -> its verdict and table, for the method pages that show it
     for name, proto in (plan.get("protocols") or {}).items():
         jobs = plan_jobs(plan, root, [name])
         planned = {}
@@ -533,7 +544,10 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
             "",
         ]
         if rows:
-            parts.append(table(rows, second.get("label")))
+            summary = [f"{verdict(rows)}" + (f" {second_verdict(rows, second['label'])}" if second.get("key") else "")]
+            embed = "\n\n".join([*summary, table(rows, second.get("label"), proto.get("evaluated"))])
+            embeds[name] = embed + f"\n\nFrom [the leaderboard](../leaderboard.md) (`{name}`), generated with it."
+            parts.append(table(rows, second.get("label"), proto.get("evaluated")))
             for path in plot_protocol(name, rows, root, plan):
                 parts += ["", f"![{path.stem}]({os.path.relpath(path, page.parent)})"]
             commits = sorted({c for r in rows for run in r["runs"] if (c := _commit(run["run"]))})
@@ -544,7 +558,27 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
     parts[1:1] = ["", f"The whole plan, all protocols: {budget_line(total_spent, total_left, total_unfinished)}"]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(parts) + "\n")
+    fill_method_pages(page.parent / "methods", embeds)
     return page
+
+
+def fill_method_pages(methods: Path, embeds: dict[str, str]) -> list[Path]:
+    """Replace each ``<!-- leaderboard:PROTOCOL -->...<!-- /leaderboard:PROTOCOL -->`` block of a
+    method page with that protocol's verdict and table (the pages that changed)."""
+    import re
+
+    changed = []
+    for path in sorted(methods.glob("*.md")) if methods.is_dir() else []:
+        text = before = path.read_text()
+        for name, embed in embeds.items():
+            start, end = f"<!-- leaderboard:{name} -->", f"<!-- /leaderboard:{name} -->"
+            text = re.sub(
+                re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{embed}\n{end}", text, flags=re.S
+            )
+        if text != before:
+            path.write_text(text)
+            changed.append(path)
+    return changed
 
 
 def _commit(run: Path) -> str | None:

@@ -146,6 +146,29 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     assert f"On the global test, final: best **fedavg**, {mean:.2f} ± {std:.2f} over 2 seed(s)." in text
     assert "Not measured by: local." in text
 
+    # what each row measures, as a column; a method page's block gets the protocol's verdict and table
+    plan["protocols"]["tiny"]["evaluated"] = {"fedavg": "the global model", "local": "each client's own model"}
+    methods = tmp_path / "docs" / "methods"
+    methods.mkdir()
+    (methods / "m.md").write_text(
+        "# m\n\nBefore.\n\n<!-- leaderboard:tiny -->\nold\n<!-- /leaderboard:tiny -->\nAfter.\n"
+    )
+    text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
+    assert "| entry | evaluated model | seeds |" in text
+    assert next(line for line in text.splitlines() if line.startswith("| local")).split(" | ")[1] == (
+        "each client's own model"
+    )
+    block = (methods / "m.md").read_text()
+    assert block.startswith("# m\n\nBefore.\n\n<!-- leaderboard:tiny -->\nBest: **") and block.endswith(
+        "<!-- /leaderboard:tiny -->\nAfter.\n"
+    )
+    assert "old" not in block and "| entry | evaluated model | seeds |" in block and "(../leaderboard.md)" in block
+    plan["protocols"]["tiny"]["evaluated"] = {"nobody": "x"}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(ConfigError, match="unknown entries: \\['nobody'\\]"):
+        load_plan(path)
+
 
 def test_ties_need_the_seed_spread_of_both_entries():
     def row(entry, mean, std, seeds=3):

@@ -66,7 +66,8 @@ class Measured:
         return f"{self.label} **{self.mean:.2f}{spread}** ({runs})"
 
 
-SERIES = ("second_half", "final")  # metric "<key>@second_half" / "<key>@final": from metrics.jsonl
+# metric "<key>@second_half" / "<key>@final" / "<key>@jitter_second_half": from metrics.jsonl
+SERIES = ("second_half", "final", "jitter_second_half")
 
 
 def _shrinks(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -98,7 +99,8 @@ def run_value(run: Path, metric: str) -> float:
     entry ``i`` of a mapping), or from
     ``metrics.jsonl`` ``<key>@second_half`` (the mean of the rounds after the run's midpoint that
     logged ``key``, the Felo/Velo paper's statistic), ``<key>@final`` (its last logged value) or
-    ``<key>@rounds:a-b`` (its mean over rounds a..b)."""
+    ``<key>@rounds:a-b`` (its mean over rounds a..b) or ``<key>@jitter_second_half`` (the mean
+    absolute change between consecutive logged values after the midpoint: how noisy the curve is)."""
     key, _, series = metric.rpartition("@")
     if series in SERIES or series.startswith("rounds:"):
         rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -106,9 +108,11 @@ def run_value(run: Path, metric: str) -> float:
         if series.startswith("rounds:"):
             first, _, last = series.removeprefix("rounds:").partition("-")
             values = [v for n, v in logged if int(first) <= n <= int(last)]
-        elif series == "second_half":
+        elif series in ("second_half", "jitter_second_half"):
             half = max((n for n, _ in logged), default=0) / 2
             values = [v for n, v in logged if n > half]
+            if series == "jitter_second_half":
+                values = list(np.abs(np.diff(values))) if len(values) > 1 else []
         else:
             values = [v for _, v in logged[-1:]]
         if not values:

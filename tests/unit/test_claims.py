@@ -76,6 +76,13 @@ def test_a_series_metric_is_read_from_the_runs_rounds(tmp_path):
     assert claims.measure("runs/felo", "global_acc@final", "Felo", tmp_path).mean == 30.0
     with pytest.raises(ConfigError, match="logs no 'cvae_loss'"):
         claims.measure("runs/felo", "cvae_loss@final", "Felo", tmp_path)
+    # how noisy a curve is: after round 15 the logged values 0.18, 0.21, ..., 0.30 step by 0.03
+    assert claims.measure("runs/felo", "global_acc@jitter_second_half", "Felo", tmp_path).mean == pytest.approx(3.0)
+    zigzag = [{"round": r, "test_before_acc": 0.5 + (0.1 if r % 2 else 0.0)} for r in range(1, 11)]
+    (tmp_path / "runs" / "felo" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in zigzag))
+    assert claims.measure("runs/felo", "test_before_acc@jitter_second_half", "Felo", tmp_path).mean == pytest.approx(
+        10.0
+    )
 
 
 def test_a_list_of_globs_a_list_entry_and_a_round_window(tmp_path):

@@ -14,14 +14,12 @@ that it is evaluated as FedGKT is: its feature extractor followed by the server'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
-from flwr.server import Grid
 
 from pflower.models.gkt import server_head
 from pflower.protocol.roles import GKT, FedGKTArgs
@@ -102,15 +100,10 @@ class FedGKT(PersonalizedStrategy):
             GKT + "yt": ((nt,), i64),
         }
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def evaluate_extras(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         """The final evaluation: every client's extractor with the server's model (sent along)."""
-        self.discover(grid, wait_for=0, timeout=0)
-        self.ledger.reset()
-        ids = sorted(self.clients)
         head = self.head_arrays()
-        return [self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, {}, dict(head)) for cid in ids]
+        return {cid: dict(head) for cid in client_ids}
 
     # ------------------------------------------------------------------ the round
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

@@ -107,6 +107,11 @@ class MethodHooks:
         """
         return {cid: {} for cid in client_ids}
 
+    def evaluate_extras(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+        """Arrays besides model tensors that the final evaluation's messages carry (default none;
+        FedGKT sends its server model, through which its clients are evaluated)."""
+        return {}
+
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         """Groups the client sends back after training (the most it may send)."""
         return self.shared_groups(client_id, server_round)

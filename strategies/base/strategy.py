@@ -426,9 +426,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.discover(grid, wait_for=0, timeout=0)
         self.ledger.reset()
         ids = sorted(self.clients)
-        down = self.downlinks(ids, server_round)
+        down, extra = self.downlinks(ids, server_round), self.evaluate_extras(ids, server_round)
         return [
-            self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), {}) for cid in ids
+            self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), extra.pop(cid, {}))
+            for cid in ids
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

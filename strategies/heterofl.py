@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.server import Grid
+from flwr.serverapp import Grid
 
 from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
 

@@ -543,9 +543,22 @@ def test_fedtsdp_runs_over_a_real_deployment_with_node_cached_partitions(methods
     assert summary["clusters"] == [list(range(METHOD_NODES))] and summary["reclusterings"] == []
     assert all(r["shared_units"] == summary["units"] and "hopkins" not in r for r in rounds)
     assert summary["final_clients"] == METHOD_NODES and summary["headline_test_before_acc"] > 0.1
-    # each node wrote its partition once and read it in every later message
-    cache = methods["cluster"].tmp / "cache" / "partitions"
-    assert len(list(cache.glob("*.npz"))) == METHOD_NODES
+    # each node wrote its partition once and read it in every later message: the cache holds one
+    # file per (data spec, node) of the runs that partition a shared dataset, FedTSDP's among them
+    from omegaconf import OmegaConf
+
+    from pflower.federated_data import DataSpec
+    from pflower.federated_data.node_cache import cache_path
+    from pflower.server_app.config import data_spec_dict
+
+    cache = methods["cluster"].tmp / "cache"
+    expected: dict[str, set[str]] = {}
+    for method in METHOD_RUNS:
+        spec = DataSpec.from_dict(data_spec_dict(OmegaConf.load(methods["cluster"].run_dir(method) / "config.yaml")))
+        if not spec.info.node_local:
+            expected[method] = {cache_path(cache, spec.to_dict(), c).name for c in range(METHOD_NODES)}
+    assert len(expected["fedtsdp"]) == METHOD_NODES
+    assert {p.name for p in (cache / "partitions").glob("*.npz")} == set().union(*expected.values())
     # the ClientApps ran in the node's pflower-superexec (its log), each one forked, not started afresh
     apps_log = methods["cluster"].procs["clientapp-0"].text()
     assert "cold start" in apps_log and "setup" in apps_log

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
@@ -112,6 +112,10 @@ class HeteroFL(PersonalizedStrategy):
         """The final evaluation scores every client at its static level."""
         self.arch_of.update({c: a for c, a in self.static_levels.items() if c not in self.architectures.announced})
         return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def global_record(self) -> ArrayRecord:
+        """The one global model (the widest level), what Flower's API and a server-side evaluation get."""
+        return ArrayRecord(array_dict={k: Array(v) for k, v in self.arch_arrays[self.full_arch].items()})
 
     # ------------------------------------------------------------------ messages
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:

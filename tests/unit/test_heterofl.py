@@ -144,6 +144,8 @@ def test_each_level_receives_its_block_of_the_one_global_model(compose, tiny_ove
             value = arr.numpy()
             np.testing.assert_array_equal(value, full_before[key][tuple(slice(0, s) for s in value.shape)])
     assert records[0]["clients@a"] == records[0]["clients@c"] == 2
+    full = strategy.global_record()  # Flower's result: the widest level, not the first architecture
+    assert all(full[k].numpy().shape == v.shape for k, v in strategy.arch_arrays["a"].items())
     # the full model's entries outside every sub-model block were trained by the a clients alone
     assert not np.array_equal(strategy.arch_arrays["a"]["groups.fc1.0.weight"], full_before["groups.fc1.0.weight"])
 

@@ -79,8 +79,13 @@ class FedMDRole(Role):
         if consensus is not None and a.digest_epochs > 0:
             done = int(ctx.received_extra[FEDMD + "round"].reshape(-1)[0])
             subset = torch.as_tensor(fedmd_subset(a.seed, done, a.subset, len(ty)))
-            if tuple(consensus.shape) != (len(subset), model(tx[:1]).shape[1]):
-                raise ValueError(f"fedmd: a consensus of shape {tuple(consensus.shape)} for a subset of {len(subset)}")
+            # The class count from the data, not a forward pass: one in train mode would move BN statistics.
+            if tuple(consensus.shape) != (len(subset), data.num_classes):
+                raise ValueError(
+                    f"fedmd: the server's consensus has shape {tuple(consensus.shape)}, expected "
+                    f"({len(subset)}, {data.num_classes}) (subset x classes): server and client disagree on "
+                    "method.subset or the dataset"
+                )
             metrics["digest_loss"] = train(
                 model,
                 tx[subset],

@@ -306,9 +306,12 @@ def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     run_dir = Path(str(cfg.resume)).expanduser().resolve()
     saved = load_saved_config(run_dir)
     touched = [_override_key(o) for o in overrides]
+    known = set(_flatten(OmegaConf.to_container(saved)))
     conflicts = []
     for path, mine, theirs in config_diff(cfg, saved):
         by = [t for t in touched if t == "experiment" or path == t or path.startswith(t + ".")]
+        if path not in known:  # a key pflower gained after the run began: its default is the run's behaviour
+            by = [t for t in by if t == path]
         if by:
             conflicts.append(f"{path}: given {mine!r} (by `{by[0]}`), the run has {theirs!r}")
     if conflicts:

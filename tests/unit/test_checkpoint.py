@@ -205,6 +205,23 @@ def test_resume_errors_say_what_and_how(compose, tiny_overrides, tmp_path):
         run_experiment(grid, compose(f"resume={run_dir}"))
 
 
+def test_a_run_saved_before_a_key_existed_resumes_with_its_command_line(compose, tiny_overrides):
+    """A key pflower gained after the run began (absent from its config.yaml) is not a conflict
+    when the original command line is repeated, even through `experiment=`; naming that key
+    with another value is."""
+    from omegaconf import OmegaConf
+
+    overrides = [*tiny_overrides, "method=fedavg", "rounds=3"]
+    run_dir, _ = crashed_run(compose, overrides)
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    del saved.dataset["transfer_fraction"]  # as a run made before FedMD's transfer split was
+    OmegaConf.save(saved, run_dir / "config.yaml")
+    cfg = compose(f"resume={run_dir}", *overrides)
+    assert "transfer_fraction" not in cfg.dataset
+    with pytest.raises(ConfigError, match=r"dataset.transfer_fraction: given 0.2"):
+        compose(f"resume={run_dir}", *overrides, "dataset.transfer_fraction=0.2")
+
+
 def test_flwr_run_config_resume_key(compose, tiny_overrides):
     """`flwr run . --run-config "resume='<dir>' rounds=5"`: the ServerApp's path to the same config."""
     from pflower.server_app.config import compose_config, overrides_from_run_config

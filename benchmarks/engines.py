@@ -145,7 +145,9 @@ def summarize(rows: list[dict[str, Any]], reference: str) -> list[dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--engines", default="parallel,serial,ray", help="comma list: parallel[:N], serial, ray, fl-bench"
+        "--engines",
+        default="parallel,serial,ray",
+        help="comma list: parallel[:N], batched[:threads], serial, ray, fl-bench",
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -169,12 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     reference = "fl-bench" if "fl-bench" in engines else engines[-1]
     detail = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     summary = summarize(rows, reference)
+    described = (
+        "FedAvg, FMNIST, LeNet-5, 100 clients, 10 a round, Dir(0.1), 5 local epochs"
+        if not args.overrides
+        else "FedAvg, FMNIST, LeNet-5, 5 local epochs, with the overrides shown"
+    )
     text = "\n\n".join(
         [
             run_header("python -m benchmarks.engines " + " ".join(sys.argv[1:] if argv is None else argv), t_start),
-            f"Workload: `pflower sim {' '.join(WORKLOAD)} rounds={args.rounds}` (FedAvg, FMNIST, LeNet-5, 100 clients, "
-            f"10 a round, Dir(0.1), 5 local "
-            f"epochs){'; FL-bench: the same set-up by its main.py' if args.flbench else ''}. "
+            f"Workload: `pflower sim {' '.join([*WORKLOAD, f'rounds={args.rounds}', *args.overrides])}` ({described})"
+            f"{'; FL-bench: the same set-up by its main.py' if args.flbench else ''}. "
             "Each run is a whole command; wall is the command's, memory the peak over the run of the summed PSS/RSS of "
             f"its whole process tree (sampled every 0.5 s). Runs alternated; medians of {args.repeats}. "
             f"Cores usable: {len(os.sched_getaffinity(0))}.",

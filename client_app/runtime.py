@@ -33,7 +33,7 @@ from pflower.protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecErr
 
 from .hooks import ClientHooks
 from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
-from .roles import RoleContext, build_role
+from .roles import Role, RoleContext, build_role
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
 
@@ -271,7 +271,23 @@ def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, floa
     return {f"{prefix}_correct": correct, f"{prefix}_loss_sum": loss_sum}
 
 
-def handle_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
+@dataclass
+class TrainTask:
+    """A train message between its evaluation before training and its training: the prepared
+    :class:`Job`, the role, the metrics so far and the seconds spent evaluating; ``batched``:
+    trained inside a group by the batched engine."""
+
+    message: Message
+    job: Job
+    role: Role
+    args: TrainArgs
+    metrics: dict[str, float]
+    eval_s: float
+    batched: bool = False
+
+
+def start_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> TrainTask:
+    """Prepare a train message and evaluate the received model (``test_before``)."""
     job = prepare(message, context, hooks)
     spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     args = _train_args(spec)
@@ -284,12 +300,25 @@ def handle_train(message: Message, context: Context, hooks: ClientHooks | None =
             evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device),
         )
     )
+    return TrainTask(message, job, role, args, metrics, time.perf_counter() - t0)
+
+
+def handle_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
+    task = start_train(message, context, hooks)
+    job = task.job
     t1 = time.perf_counter()
-    metrics.update(role.fit(model, data, args, ctx))
+    task.metrics.update(task.role.fit(job.model, job.data, task.args, job.ctx))
+    return finish_train(task, context, time.perf_counter() - t1)
+
+
+def finish_train(task: TrainTask, context: Context, train_s: float) -> Message:
+    """After training: evaluate (``test_after``), persist what the client keeps, and reply."""
+    job, metrics = task.job, task.metrics
+    spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     t2 = time.perf_counter()
-    after = role.trained_model(model, ctx)  # the trained model (Ditto: the personal one)
+    after = task.role.trained_model(model, ctx)  # the trained model (Ditto: the personal one)
     metrics.update(_eval_metrics("test_after", evaluate(after, data.x_test, data.y_test, device=ctx.device)))
-    metrics.update({"eval_time_s": (t1 - t0) + (time.perf_counter() - t2), "train_time_s": t2 - t1, **job.timings})
+    metrics.update({"eval_time_s": task.eval_s + (time.perf_counter() - t2), "train_time_s": train_s, **job.timings})
     persist(model, job.state, ctx, spec.keep)
     allowed = set(upload_keys(model, spec))
     chosen = [k for k in ctx.upload_keys if k in allowed]
@@ -317,7 +346,7 @@ def handle_train(message: Message, context: Context, hooks: ClientHooks | None =
     if TEST_FAULT_KEY in context.node_config:
         _tamper(str(context.node_config[TEST_FAULT_KEY]), ctx.server_round, metrics, tensors)
     arrays = ArrayRecord(array_dict={k: Array(v) for k, v in tensors.items()})
-    return _metrics_reply(message, metrics, arrays)
+    return _metrics_reply(task.message, metrics, arrays)
 
 
 def _timing_text(metrics: dict[str, float]) -> str:

@@ -412,7 +412,8 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-BACKENDS = ("parallel", "ray", "serial")  # pflower sim's engines (`flwr run` runs wherever its SuperLink runs)
+# pflower sim's engines (`flwr run` runs wherever its SuperLink runs)
+BACKENDS = ("batched", "parallel", "ray", "serial")
 
 # keys that must be numbers (checked before any range, so `lr=abc` says so in one line)
 NUMBERS: dict[str, type] = {
@@ -447,6 +448,10 @@ NUMBER_EXAMPLES = {
 def _positive(value: Any, zero: bool = False) -> bool:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return number and (value >= 0 if zero else value > 0)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 # the cores one run may use, when fewer than the process's: `pflower sim -m --jobs N` gives each
@@ -579,6 +584,10 @@ def validate(cfg: DictConfig) -> None:
             ray_cfg.get("client_gpus", "auto") == "auto" or _positive(ray_cfg.get("client_gpus"), zero=True),
             f"ray.client_gpus must be auto or a number >= 0 (0.25: four actors share a GPU), got "
             f"{ray_cfg.get('client_gpus')!r}",
+        ),
+        (
+            _positive_int(cfg.get("batch_clients", 64)),
+            f"batch_clients must be a positive whole number (backend=batched), got {cfg.get('batch_clients')!r}",
         ),
         (
             _workers_ok(cfg.get("workers", "auto")),

@@ -1,4 +1,4 @@
-"""Run one composed config in-process: ``pflower sim``'s engines (parallel, serial, Ray), shared
+"""Run one composed config in-process: ``pflower sim``'s engines (parallel, serial, batched, Ray), shared
 by the ``pflower`` command and ``pflower leaderboard``."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     """
     from .runner import prepare_run
 
-    backend = ray_backend_config(cfg) if cfg.get("backend", "ray") not in ("serial", "parallel") else None
+    in_process = cfg.get("backend", "ray") in ("serial", "parallel", "batched")
+    backend = None if in_process else ray_backend_config(cfg)
     prepared = prepare_run(cfg)  # the strategy built once, a bad option refused before an engine starts
     cfg = prepared.plan.cfg
     try:
@@ -35,7 +36,8 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
 def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict[str, Any] | None) -> dict[str, Any]:
     from .runner import run_experiment
 
-    if cfg.get("backend", "ray") in ("serial", "parallel"):
+    if cfg.get("backend", "ray") in ("serial", "parallel", "batched"):  # no Ray
+        from .batched import BatchedGrid
         from .config import resolve_workers
         from .inprocess import InProcessGrid
         from .parallel import ParallelGrid
@@ -46,6 +48,9 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
         # with client-resources num_cpus=1 does: the same numbers on every engine
         if cfg.backend == "serial":
             grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
+        elif cfg.backend == "batched":  # one process, a round's clients as grouped computations
+            threads = resolve_workers(cfg.get("workers", "auto"))
+            grid = BatchedGrid(int(cfg.num_clients), int(cfg.get("batch_clients", 64)), threads=threads)
         else:
             from pflower.client_app.runtime import computes_on_cuda
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,7 +13,12 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import RoleArgs, SGDArgs
 
-from ..training import TrainArgs, train
+from ..training import LossFn, TrainArgs, cross_entropy, train
+
+# a term added to every batch's loss, as a function of the trained parameters (by name) and the
+# client's reference tensors: written once, it serves a module's own parameters (one client at a
+# time) and one client's slice of stacked parameters (the batched engine, under torch.func.vmap)
+Penalty = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], torch.Tensor]
 
 
 @dataclass
@@ -37,6 +42,53 @@ class RoleContext:
     # the labelled transfer split every party holds (dataset.transfer_fraction > 0; FedMD's public
     # set): normalized images and labels, None without one
     transfer: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class FitPlan:
+    """A role's local training as data: mini-batch SGD (:func:`client_app.training.train`) on the
+    client's cross-entropy plus ``penalty(params, reference)``, updating ``params`` (names; None:
+    every trainable parameter), then ``after(model)`` for metrics computed on the trained model.
+    One plan runs one client (:func:`run_plan`) or many clients at once (``client_app.batched``),
+    so the two engines share one definition of the role."""
+
+    params: list[str] | None = None
+    penalty: Penalty | None = None
+    reference: dict[str, torch.Tensor] = field(default_factory=dict)
+    after: Callable[[nn.Module], dict[str, float]] | None = None
+
+    def loss_fn(self) -> LossFn:
+        """The per-batch loss of one client's module."""
+        if self.penalty is None:
+            return cross_entropy
+        penalty, reference = self.penalty, self.reference
+
+        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + penalty(dict(model.named_parameters()), reference)
+
+        return loss
+
+
+def run_plan(plan: FitPlan, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+    """One client's training by ``plan`` (the per-client engines' path)."""
+    params = None
+    if plan.params is not None:
+        wanted = set(plan.params)
+        params = [p for name, p in model.named_parameters() if name in wanted]
+    loss = train(
+        model,
+        data.x_train,
+        data.y_train,
+        train_args,
+        params=params,
+        loss_fn=plan.loss_fn(),
+        generator=ctx.generator,
+        device=ctx.device,
+    )
+    metrics = {"train_loss": loss}
+    if plan.after is not None:
+        metrics.update(plan.after(model))
+    return metrics
 
 
 # every client role, by name: a Role subclass defined in this package with its own ``name`` joins it
@@ -66,8 +118,22 @@ class Role:
         self.args: Any = args if isinstance(args, self.args_type) else self.args_type.from_dict(dict(args or {}))
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        """Local training; returns scalar metrics (at least ``train_loss``)."""
-        raise NotImplementedError
+        """Local training; returns scalar metrics (at least ``train_loss``): by this round's
+        :meth:`plan`, else :meth:`fit_alone`. A role that overrides this (rather than the two)
+        always runs one client at a time."""
+        plan = self.plan(model, data, train_args, ctx)
+        if plan is None:
+            return self.fit_alone(model, data, train_args, ctx)
+        return run_plan(plan, model, data, train_args, ctx)
+
+    def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+        """Training that is not a :class:`FitPlan` (e.g. FedCMD's votes taken on every batch)."""
+        raise NotImplementedError(f"role {self.name!r} defines none of fit, plan, fit_alone")
+
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        """This round's training as a :class:`FitPlan`, or None where it is not one (then
+        :meth:`fit_alone` runs, and the batched engine trains such a client on its own)."""
+        return None
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         """The model this client would use now (``test_before``); by default the received one."""
@@ -83,9 +149,8 @@ class SGDRole(Role):
 
     name = "sgd"
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
-        return {"train_loss": loss}
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        return FitPlan()
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         epochs = int(self.args.finetune_epochs)

@@ -13,8 +13,8 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import FedBabuArgs
 
-from ..training import TrainArgs, train
-from .base import RoleContext, SGDRole
+from ..training import TrainArgs
+from .base import FitPlan, RoleContext, SGDRole
 from .fedrep import head_groups, split_parameters
 
 
@@ -22,12 +22,10 @@ class FedBabuRole(SGDRole):
     name = "fedbabu"
     args_type = FedBabuArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        body, _ = split_parameters(model, head_groups(self.args, ctx))
-        loss = train(
-            model, data.x_train, data.y_train, train_args, params=body, generator=ctx.generator, device=ctx.device
-        )
-        return {"train_loss": loss}
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        """The body only (the head stays at its initial value, FedBABU paper)."""
+        body = {id(p) for p in split_parameters(model, head_groups(self.args, ctx))[0]}
+        return FitPlan(params=[name for name, p in model.named_parameters() if id(p) in body])
 
     def finetune_params(self, model: nn.Module, ctx: RoleContext) -> list[nn.Parameter] | None:
         return None if self.args.finetune_part == "all" else split_parameters(model, head_groups(self.args, ctx))[1]

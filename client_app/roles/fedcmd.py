@@ -16,7 +16,7 @@ from pflower.federated_data import ClientData
 from pflower.protocol.roles import SELECTION_TIMINGS, FedCMDArgs
 
 from ..training import LossFn, TrainArgs, train
-from .base import Role, RoleContext
+from .base import FitPlan, Role, RoleContext
 from .layer_stats import LayerScorer, ScoreRule, check_option, score_pass
 
 
@@ -31,14 +31,24 @@ class FedCMDRole(Role):
     name = "fedcmd"
     args_type = FedCMDArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        """Phase 2: plain SGD; phase 1 scored after training: SGD, then the scoring pass; phase 1
+        scored on the training batches themselves is not a plan (:meth:`fit_alone`)."""
         if self.args.phase != 1:
-            return {
-                "train_loss": train(
-                    model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device
-                )
-            }
-        return train_and_vote(model, data, train_args, ctx, self.scorer(model, data), self.args.selection_timing)
+            return FitPlan()
+        check_option("selection_timing", self.args.selection_timing, SELECTION_TIMINGS)
+        if self.args.selection_timing != "after_training":
+            return None
+        scorer = self.scorer(model, data)
+
+        def vote(trained: nn.Module) -> dict[str, float]:
+            score_pass(trained, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
+            return scorer.metrics()
+
+        return FitPlan(after=vote)
+
+    def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+        return train_and_vote(model, data, train_args, ctx, self.scorer(model, data))
 
     def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
         """This client's layer scorer (FedCMD's rule: W2, min-max labels, no floor; ties to ``tie_prior``)."""
@@ -51,24 +61,19 @@ class FedCMDRole(Role):
 
 
 def train_and_vote(
-    model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext, scorer: LayerScorer, timing: str
+    model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext, scorer: LayerScorer
 ) -> dict[str, float]:
-    """Local training that also scores the candidate layers, on the training batches' own forward
-    passes (``during_training``) or in one no-grad pass afterwards; returns the loss and the vote."""
-    check_option("selection_timing", timing, SELECTION_TIMINGS)
-    if timing == "during_training":
-        loss = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            loss_fn=_scoring_loss(scorer),
-            generator=ctx.generator,
-            device=ctx.device,
-        )
-    else:
-        loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
-        score_pass(model, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
+    """Local training that also scores the candidate layers on the training batches' own forward
+    passes (``selection_timing=during_training``); returns the loss and the vote."""
+    loss = train(
+        model,
+        data.x_train,
+        data.y_train,
+        train_args,
+        loss_fn=_scoring_loss(scorer),
+        generator=ctx.generator,
+        device=ctx.device,
+    )
     return {"train_loss": loss, **scorer.metrics()}
 
 

@@ -9,6 +9,7 @@ into the ``loss_fn`` of :func:`client_app.training.train`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import nn
@@ -16,8 +17,8 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import ProximalArgs
 
-from ..training import LossFn, TrainArgs, cross_entropy, train
-from .base import RoleContext, SGDRole
+from ..training import LossFn, TrainArgs, cross_entropy
+from .base import FitPlan, RoleContext, SGDRole
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -25,11 +26,18 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
-    """mu/2 * sum_k ||w_k - ref_k||^2 over the parameters named in ``reference`` (differentiable)."""
-    params = dict(model.named_parameters())
+def proximal_penalty(
+    params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], mu: float
+) -> torch.Tensor:
+    """mu/2 * sum_k ||w_k - ref_k||^2 over the parameters named in ``reference`` (differentiable);
+    ``params`` by name (a module's, or one client's slice of the batched engine's)."""
     terms = [((params[k] - ref) ** 2).sum() for k, ref in reference.items()]
     return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """:func:`proximal_penalty` on a module's parameters."""
+    return proximal_penalty(dict(model.named_parameters()), reference, mu)
 
 
 def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float, base: LossFn = cross_entropy) -> LossFn:
@@ -49,12 +57,10 @@ class ProximalRole(SGDRole):
     name = "proximal"
     args_type = ProximalArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
-        loss_fn = proximal_loss(self.reference(model, ctx), self.args.mu)
-        loss = train(
-            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
-        )
-        return {"train_loss": loss}
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        if self.args.mu == 0:
+            return FitPlan()
+        return FitPlan(penalty=partial(proximal_penalty, mu=self.args.mu), reference=self.reference(model, ctx))
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
         """What the term pulls toward: the received model (FedProx); FedAMP: its cloud model u_i."""

@@ -38,8 +38,9 @@ CASES = [
     (["method=fedcpmd", "method.kp=5", "method.distance=kl"], ["distance", "js"]),
     (["fraction=0"], ["fraction must be in (0, 1]"]),
     (["alpha=-1"], ["alpha must be > 0"]),
-    (["backend=dask"], ["backend must be one of ['parallel', 'ray', 'serial']", "'dask'"]),
+    (["backend=dask"], ["backend must be one of ['batched', 'parallel', 'ray', 'serial']", "'dask'"]),
     (["deterministic=maybe"], ["deterministic must be true or false", "'maybe'"]),
+    (["batch_clients=0"], ["batch_clients must be a positive whole number (backend=batched)", "got 0"]),
 ]
 
 

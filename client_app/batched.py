@@ -1,0 +1,240 @@
+"""Many clients' local training as one computation: the batched engine's arithmetic.
+
+The clients of one group share an architecture, a :class:`~client_app.roles.base.FitPlan` shape
+(which parameters train, which penalty) and the round's :class:`~client_app.training.TrainArgs`.
+Their parameters, BatchNorm buffers and momentum buffers are stacked along a new first
+dimension, and each step runs every active client's forward and backward at once through
+``torch.func.vmap`` over ``torch.func.functional_call`` of one template module.
+
+What stays as in :func:`client_app.training.train`, client by client: the batch order (each
+client's own :func:`~client_app.training.batch_indices` from its own generator), the loss (the
+mean cross-entropy of its batch plus the plan's penalty), the update (``PlainSGD``'s arithmetic:
+weight decay added to the gradient, momentum buffer started from the first step's direction),
+the BatchNorm statistics (each client's from its own batch) and the returned mean batch loss.
+What differs: clients of unequal size run unequal step counts, so at a step only the clients
+with a batch left take part, grouped by batch size (the last batch of an epoch is smaller);
+and float sums are taken in another order, so the result equals the one-at-a-time engines' to
+a tolerance, not bit for bit (tests/unit/test_batched_engine.py states it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from .roles.base import FitPlan, Role
+from .runtime import TrainTask
+from .training import TrainArgs, batch_indices
+
+Say = Callable[[str, str], None]  # (role, why it trains one client at a time): the engine logs it once
+
+
+def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]:
+    """Train every task's client (each already prepared and evaluated: ``runtime.start_train``):
+    those whose role describes this round's training as a :class:`FitPlan` in groups that train
+    as one computation (:func:`group_key`), the rest one at a time with their role's ``fit``.
+    Each task's training seconds (a group's wall shared equally), or the exception its training
+    raised; its metrics get ``train_loss`` and the plan's ``after`` metrics."""
+    out: list[float | Exception | None] = [None] * len(tasks)
+    plans: list[FitPlan | None] = []
+    groups: dict[Any, list[int]] = {}
+    for i, task in enumerate(tasks):
+        try:
+            plans.append(plan_of(task, say))
+        except Exception as exc:  # noqa: BLE001 - this client's error reply, not the round's end
+            plans.append(None)
+            out[i] = exc
+            continue
+        if plans[i] is not None:
+            groups.setdefault(group_key(task, plans[i]), []).append(i)
+    for members in groups.values():
+        first = tasks[members[0]]
+        t0 = time.perf_counter()
+        try:
+            losses = train_together(
+                [tasks[i].job.model for i in members],
+                [(tasks[i].job.data.x_train, tasks[i].job.data.y_train) for i in members],
+                [plans[i] for i in members],  # type: ignore[misc]
+                first.args,
+                [tasks[i].job.ctx.generator for i in members],
+                first.job.ctx.device,
+            )
+        except NotBatchable as exc:
+            say(first.role.name, str(exc))
+            for i in members:
+                plans[i] = None  # trains alone below
+            continue
+        share = (time.perf_counter() - t0) / len(members)
+        for i, loss in zip(members, losses):
+            tasks[i].metrics["train_loss"] = loss
+            tasks[i].batched = True
+            out[i] = share
+    for i, task in enumerate(tasks):
+        if isinstance(out[i], Exception):
+            continue
+        job = task.job
+        try:
+            if out[i] is not None:
+                after = plans[i].after  # type: ignore[union-attr]
+                if after is not None:  # e.g. FedCMD's vote, on the trained model
+                    task.metrics.update(after(job.model))
+                continue
+            t0 = time.perf_counter()
+            task.metrics.update(task.role.fit(job.model, job.data, task.args, job.ctx))
+            out[i] = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - as above
+            out[i] = exc
+    return out  # type: ignore[return-value]
+
+
+def plan_of(task: TrainTask, say: Say) -> FitPlan | None:
+    """The client's plan when its role trains by one this round (its ``fit`` is the base class's,
+    which runs the plan), else None, and ``say`` why."""
+    role = task.role
+    if type(role).fit is not Role.fit:
+        say(role.name, "its training is not written as a FitPlan")
+        return None
+    plan = role.plan(task.job.model, task.job.data, task.args, task.job.ctx)
+    if plan is None:
+        say(role.name, "this round's training is not a FitPlan")
+    return plan
+
+
+def group_key(task: TrainTask, plan: FitPlan) -> tuple:
+    """Clients that can train as one computation share this: role, architecture (every tensor's
+    name, shape and dtype), device, training arguments and the plan's shape."""
+    model = task.job.model
+    penalty = plan.penalty
+    if isinstance(penalty, partial):
+        penalty_key: Any = (penalty.func, tuple(sorted(penalty.keywords.items())), penalty.args)
+    else:
+        penalty_key = penalty
+    return (
+        task.role.name,
+        type(model).__name__,
+        tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items()),
+        str(task.job.ctx.device),
+        task.args,
+        None if plan.params is None else tuple(plan.params),
+        penalty_key,
+        tuple((n, tuple(t.shape)) for n, t in plan.reference.items()),
+    )
+
+
+class NotBatchable(Exception):
+    """A group that cannot run as one computation (the engine runs its clients one at a time)."""
+
+
+def train_together(
+    models: Sequence[nn.Module],
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    plans: Sequence[FitPlan],
+    args: TrainArgs,
+    generators: Sequence[torch.Generator],
+    device: torch.device,
+) -> list[float]:
+    """Train every ``models[k]`` on ``data[k]`` by ``plans[k]``, in place; each client's mean
+    batch loss, as :func:`~client_app.training.train` returns it.
+
+    Raises :class:`NotBatchable` (models untouched) where the group cannot be one computation:
+    an optimizer other than SGD, or a model ``vmap`` cannot run (randomness such as dropout)."""
+    if args.optimizer != "sgd":
+        raise NotBatchable(f"optimizer {args.optimizer!r} (the batched engine runs SGD)")
+    template = models[0]
+    count = len(models)
+    named = dict(template.named_parameters())
+    wanted = set(plans[0].params) if plans[0].params is not None else set(named)
+    trained = [n for n, p in named.items() if n in wanted and p.requires_grad]
+    if not trained or (args.epochs <= 0 if args.steps is None else args.steps <= 0):
+        return [float("nan")] * count
+    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).to(device) for n in named}
+    buffers = {
+        n: torch.stack([dict(m.named_buffers())[n] for m in models]).to(device) for n, _ in template.named_buffers()
+    }
+    reference = {
+        n: torch.stack([plan.reference[n].to(device) for plan in plans]) for n in plans[0].reference
+    }  # each client's penalty reference
+    penalty = plans[0].penalty
+    orders = [list(batch_indices(len(y), args, g)) for (_, y), g in zip(data, generators)]
+    offsets = torch.tensor([0, *[len(y) for _, y in data]]).cumsum(0)[:-1].tolist()
+    x_all = torch.cat([x for x, _ in data]).to(device)
+    y_all = torch.cat([y for _, y in data]).to(device)
+    momentum: dict[str, torch.Tensor] = {}
+    totals = torch.zeros(count, dtype=torch.float64, device=device)
+
+    def client_loss(p: dict, b: dict, ref: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(functional_call(template, {**p, **b}, (x,)), y)
+        return loss if penalty is None else loss + penalty(p, ref)
+
+    batched_loss = vmap(client_loss)
+    template.train()
+    for step in range(max((len(o) for o in orders), default=0)):
+        by_size: dict[int, list[int]] = {}
+        for k, order in enumerate(orders):
+            if step < len(order):
+                by_size.setdefault(len(order[step]), []).append(k)
+        for ks in by_size.values():
+            whole = len(ks) == count
+            rows = torch.tensor(ks, device=device)
+            pick = (lambda t: t) if whole else (lambda t: t[rows])
+            p = {n: pick(t).detach().requires_grad_(n in trained) for n, t in params.items()}
+            b = {n: pick(t) if whole else t[rows].clone() for n, t in buffers.items()}
+            index = torch.stack([orders[k][step] + offsets[k] for k in ks]).to(device)
+            try:
+                losses = batched_loss(p, b, {n: pick(t) for n, t in reference.items()}, x_all[index], y_all[index])
+            except RuntimeError as exc:  # e.g. "vmap: called random operation while in randomness error mode"
+                if step == 0:
+                    raise NotBatchable(f"the model does not run under torch.func.vmap ({exc})") from exc
+                raise
+            grads = torch.autograd.grad(losses.sum(), [p[n] for n in trained])
+            with torch.no_grad():
+                _sgd_step(params, momentum, trained, grads, rows, whole, step == 0, args)
+                if not whole:
+                    for n, t in b.items():
+                        buffers[n][rows] = t
+                totals[rows] += losses.detach().double()
+    with torch.no_grad():
+        for k, model in enumerate(models):
+            for n, t in model.named_parameters():
+                t.copy_(params[n][k])
+            for n, t in model.named_buffers():
+                t.copy_(buffers[n][k])
+    return [float(totals[k]) / max(len(orders[k]), 1) for k in range(count)]
+
+
+def _sgd_step(
+    params: dict[str, torch.Tensor],
+    momentum: dict[str, torch.Tensor],
+    trained: list[str],
+    grads: Sequence[torch.Tensor],
+    rows: torch.Tensor,
+    whole: bool,
+    first: bool,
+    args: TrainArgs,
+) -> None:
+    """``PlainSGD.step``'s arithmetic on the stacked rows ``rows`` (``whole``: every row): d = g +
+    wd p; buf = d on the first step, else m buf + d; p -= lr buf. Every client taking part is at
+    the same step of its own training (all start at step 0), so ``first`` holds for all or none."""
+    for n, g in zip(trained, grads):
+        p = params[n] if whole else params[n][rows]
+        d = torch.add(g, p, alpha=args.weight_decay) if args.weight_decay != 0 else g
+        if args.momentum != 0:
+            if first:
+                buf = torch.clone(d)
+            else:
+                buf = momentum[n] if whole else momentum[n][rows]
+                buf.mul_(args.momentum).add_(d)
+            if whole:
+                momentum[n] = buf
+            else:
+                momentum.setdefault(n, torch.zeros_like(params[n]))[rows] = buf
+            d = buf
+        p.add_(d, alpha=-args.lr)
+        if not whole:
+            params[n][rows] = p

@@ -1,0 +1,130 @@
+"""The batched engine (``backend=batched``) trains a round's clients as one computation; its
+float sums run in another order than the one-at-a-time engines', so its numbers equal theirs to
+a tolerance, not bit for bit. Stated and tested here, for every method of the pinned cases:
+
+- every train reply's tensors within ``RTOL`` of the serial engine's (relative to the tensor's
+  largest magnitude), and its ``train_loss`` within ``RTOL`` (relative);
+- the methods whose roles train by a FitPlan run batched (no client alone); the others train
+  one client at a time on the same engine, say so in one log line, and equal the serial
+  engine's numbers within the same tolerance.
+
+On the synthetic images (noise everywhere), not the pinned cases' digits: those are 8x8 images
+upsampled bilinearly, whose flat background gives exactly equal values in max-pooling windows
+(249 positive ties in one batch of 32 after conv1). A max with ties has no unique gradient; which
+input gets it follows the convolution's last bit, so one engine's gradient can differ from the
+other's by its whole size there. docs/engines.md says so.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from pflower.server_app.batched import BatchedGrid
+from pflower.server_app.config import compose_config
+from pflower.server_app.inprocess import InProcessGrid
+from pflower.server_app.runner import run_experiment
+from pinned.cases import CASES, overrides
+
+RTOL = 1e-4
+# the methods whose client training is a FitPlan (plain SGD, a proximal penalty, a trained subset,
+# statistics after training); FedCMD with its votes taken after training (the default takes them
+# on the training batches: those rounds train one client at a time)
+BATCHED = {
+    "local": [],
+    "fedavg": [],
+    "fedavg_mixed": [],  # three architectures: one group each
+    "fedprox": [],
+    "fedper": [],
+    "fedbabu": [],
+    "fedbn": [],
+    "lgfedavg": [],
+    "fedamp": [],
+    "pfedla": [],
+    "pfedsim": [],
+    "cfl": [],
+    "fedtsdp": [],
+    "fedcmd": ["method.selection_timing=after_training"],
+}
+# past FedCMD's 2 vote rounds into phase 2; FedAMP's cloud models; FedCPMD needs a phase-2 round
+ROUNDS = {"fedcmd": 3, "fedamp": 2, "fedcpmd": 2}
+
+
+def one_run(case: str, grid_cls, extra: list[str], tmp_path, name: str):  # noqa: ANN001, ANN201
+    """One short run of ``case`` on the synthetic images (``batch_clients=2``: a round in chunks)."""
+    base = ["dataset=synthetic" if o == "dataset=digits" else o for o in overrides(case)]
+    rounds = f"rounds={ROUNDS.get(case, 1)}"
+    cfg = compose_config([*base, "dataset.options.num_samples=1200", *extra, rounds, f"output_dir={tmp_path / name}"])
+    n = int(cfg.num_clients)
+    grid = BatchedGrid(n, batch_clients=2, threads=1, record=True) if grid_cls is BatchedGrid else InProcessGrid(n)
+    run_experiment(grid, cfg)
+    return grid
+
+
+def train_replies(grid) -> list:  # noqa: ANN001
+    return [r for r in grid.replies if r.metadata.message_type == "train" and not r.has_error()]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, tmp_path, caplog):
+    torch.set_num_threads(1)
+    extra = BATCHED.get(case, [])
+    serial = one_run(case, InProcessGrid, extra, tmp_path, "serial")
+    with caplog.at_level(logging.INFO):
+        batched = one_run(case, BatchedGrid, extra, tmp_path, "batched")
+    expected, actual = train_replies(serial), train_replies(batched)
+    assert len(expected) == len(actual) > 0
+    for a, b in zip(expected, actual):
+        arrays_a, arrays_b = a.content.array_records["arrays"], b.content.array_records["arrays"]
+        assert list(arrays_a) == list(arrays_b)
+        for key in arrays_a:
+            x, y = arrays_a[key].numpy(), arrays_b[key].numpy()
+            scale = max(float(np.abs(x).max()), 1e-6)
+            assert np.abs(x - y).max() <= RTOL * scale, f"{case}: {key} differs by {np.abs(x - y).max():.3g}"
+        loss_a, loss_b = (m.content.metric_records["metrics"]["train_loss"] for m in (a, b))
+        assert loss_b == pytest.approx(loss_a, rel=RTOL, nan_ok=True)
+    said = [r.getMessage() for r in caplog.records if "trains one client at a time" in r.getMessage()]
+    if case in BATCHED:
+        assert batched.alone_clients == 0 and batched.batched_clients == len(actual), said
+    else:
+        assert batched.batched_clients == 0 and said, f"{case}: no log line says why its clients train alone"
+
+
+def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
+    """Memory: at most ``batch_clients`` clients are prepared and trained at once, whatever the
+    round's size (a round of 1,000 clients holds that many models, not 1,000)."""
+    import pflower.client_app.batched as engine
+
+    sizes: list[int] = []
+    real = engine.train_together
+
+    def recording(models, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        sizes.append(len(models))
+        return real(models, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_together", recording)
+    cfg = compose_config(
+        [
+            "dataset=synthetic",
+            "num_clients=5",
+            "fraction=1.0",
+            "rounds=2",
+            "local_epochs=1",
+            "partition.min_size=20",
+            "method=fedavg",
+            "progress=false",
+            f"output_dir={tmp_path}",
+        ]
+    )
+    grid = BatchedGrid(5, batch_clients=2, threads=1)
+    run_experiment(grid, cfg)
+    assert sizes == [2, 2, 1, 2, 2, 1]
+    assert grid.batched_clients == 10 and grid.alone_clients == 0
+
+
+def test_batch_clients_must_be_a_positive_whole_number():
+    with pytest.raises(ValueError, match="batch_clients must be a positive whole number"):
+        BatchedGrid(3, batch_clients=0)

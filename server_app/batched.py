@@ -46,6 +46,8 @@ class BatchedGrid(InProcessGrid):
         self.said: set[tuple[str, str]] = set()  # (role, reason) already logged
         self.batched_clients = 0  # clients trained inside a group (tests, the benchmark)
         self.alone_clients = 0  # clients trained one at a time
+        threads_text = f"{threads} torch threads" if threads else "the process's torch threads"
+        log(INFO, "batched engine: up to %d clients as one computation, %s", batch_clients, threads_text)
 
     def handle_all(self, tasks: list[tuple[Message, int]]) -> list[Message]:
         replies: list[Message | None] = [None] * len(tasks)

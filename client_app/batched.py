@@ -14,7 +14,7 @@ the BatchNorm statistics (each client's from its own batch) and the returned mea
 What differs: clients of unequal size run unequal step counts, so at a step only the clients
 with a batch left take part, grouped by batch size (the last batch of an epoch is smaller);
 and float sums are taken in another order, so the result equals the one-at-a-time engines' to
-a tolerance, not bit for bit (tests/unit/test_batched_engine.py states it).
+a tolerance, not bit for bit (tests/pinned/test_batched_engine.py states it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 
 from .roles.base import FitPlan, Role
 from .runtime import TrainTask
-from .training import TrainArgs, batch_indices
+from .training import TrainArgs, batch_indices, sgd_update
 
 Say = Callable[[str, str], None]  # (role, why it trains one client at a time): the engine logs it once
 
@@ -153,10 +153,10 @@ def train_together(
     trained = [n for n, p in named.items() if n in wanted and p.requires_grad]
     if not trained or (args.epochs <= 0 if args.steps is None else args.steps <= 0):
         return [float("nan")] * count
-    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).to(device) for n in named}
-    buffers = {
-        n: torch.stack([dict(m.named_buffers())[n] for m in models]).to(device) for n, _ in template.named_buffers()
-    }
+    own_params = [dict(m.named_parameters()) for m in models]
+    own_buffers = [dict(m.named_buffers()) for m in models]
+    params = {n: torch.stack([mine[n].detach() for mine in own_params]).to(device) for n in named}
+    buffers = {n: torch.stack([mine[n] for mine in own_buffers]).to(device) for n in own_buffers[0]}
     reference = {
         n: torch.stack([plan.reference[n].to(device) for plan in plans]) for n in plans[0].reference
     }  # each client's penalty reference
@@ -200,10 +200,10 @@ def train_together(
                         buffers[n][rows] = t
                 totals[rows] += losses.detach().double()
     with torch.no_grad():
-        for k, model in enumerate(models):
-            for n, t in model.named_parameters():
+        for k in range(count):
+            for n, t in own_params[k].items():
                 t.copy_(params[n][k])
-            for n, t in model.named_buffers():
+            for n, t in own_buffers[k].items():
                 t.copy_(buffers[n][k])
     return [float(totals[k]) / max(len(orders[k]), 1) for k in range(count)]
 
@@ -218,23 +218,19 @@ def _sgd_step(
     first: bool,
     args: TrainArgs,
 ) -> None:
-    """``PlainSGD.step``'s arithmetic on the stacked rows ``rows`` (``whole``: every row): d = g +
-    wd p; buf = d on the first step, else m buf + d; p -= lr buf. Every client taking part is at
-    the same step of its own training (all start at step 0), so ``first`` holds for all or none."""
-    for n, g in zip(trained, grads):
-        p = params[n] if whole else params[n][rows]
-        d = torch.add(g, p, alpha=args.weight_decay) if args.weight_decay != 0 else g
-        if args.momentum != 0:
-            if first:
-                buf = torch.clone(d)
-            else:
-                buf = momentum[n] if whole else momentum[n][rows]
-                buf.mul_(args.momentum).add_(d)
+    """:func:`~client_app.training.sgd_update` (``PlainSGD``'s arithmetic) on the stacked rows
+    ``rows`` (``whole``: every row, updated in place; else copies written back). Every client
+    taking part is at the same step of its own training (all start at step 0), so ``first``
+    (no momentum buffer yet) holds for all of them or none."""
+    pick = (lambda t: t) if whole else (lambda t: t[rows])
+    tensors = [pick(params[n]) for n in trained]
+    old = [None if first or args.momentum == 0 else pick(momentum[n]) for n in trained]
+    bufs = sgd_update(tensors, list(grads), old, args.lr, args.momentum, args.weight_decay)
+    for n, tensor, buf in zip(trained, tensors, bufs):
+        if not whole:
+            params[n][rows] = tensor
+        if buf is not None:
             if whole:
                 momentum[n] = buf
             else:
                 momentum.setdefault(n, torch.zeros_like(params[n]))[rows] = buf
-            d = buf
-        p.add_(d, alpha=-args.lr)
-        if not whole:
-            params[n][rows] = p

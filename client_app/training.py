@@ -69,26 +69,48 @@ class PlainSGD:
 
     @torch.no_grad()
     def step(self) -> None:
-        # one multi-tensor (``torch._foreach_*``) call per operation instead of a Python loop over
-        # the parameters: one kernel launch per op on a GPU; on CPU the same per-tensor arithmetic
         live = [i for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
-        params = [self.params[i] for i in live]
-        d_p = [self.params[i].grad for i in live]
-        if self.weight_decay != 0:
-            d_p = torch._foreach_add(d_p, params, alpha=self.weight_decay)
-        if self.momentum != 0:
-            old = [j for j, i in enumerate(live) if self.buffers[i] is not None]
-            if old:
-                bufs = [self.buffers[live[j]] for j in old]
-                torch._foreach_mul_(bufs, self.momentum)
-                torch._foreach_add_(bufs, [d_p[j] for j in old])
-            for j, i in enumerate(live):
-                if self.buffers[i] is None:
-                    self.buffers[i] = torch.clone(d_p[j]).detach()
-            d_p = [self.buffers[i] for i in live]
-        torch._foreach_add_(params, d_p, alpha=-self.lr)
+        bufs = sgd_update(
+            [self.params[i] for i in live],
+            [self.params[i].grad for i in live],
+            [self.buffers[i] for i in live],
+            self.lr,
+            self.momentum,
+            self.weight_decay,
+        )
+        for i, buf in zip(live, bufs):
+            self.buffers[i] = buf
+
+
+@torch.no_grad()
+def sgd_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    buffers: list[torch.Tensor | None],
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+) -> list[torch.Tensor | None]:
+    """:class:`PlainSGD`'s update of ``params`` in place, given their gradients and momentum
+    buffers (None: the first step, where the buffer starts as the direction itself); returns the
+    buffers after the step. d = g + wd p; buf = m buf + d; p -= lr buf. The batched engine calls
+    it on stacked parameters (one row per client): the same arithmetic, element by element.
+
+    One multi-tensor (``torch._foreach_*``) call per operation instead of a Python loop over the
+    tensors: one kernel launch per op on a GPU; on CPU the same per-tensor arithmetic."""
+    d_p = torch._foreach_add(grads, params, alpha=weight_decay) if weight_decay != 0 else list(grads)
+    if momentum != 0:
+        old = [j for j, b in enumerate(buffers) if b is not None]
+        if old:
+            bufs = [buffers[j] for j in old]
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, [d_p[j] for j in old])
+        buffers = [b if b is not None else torch.clone(d_p[j]).detach() for j, b in enumerate(buffers)]
+        d_p = buffers
+    torch._foreach_add_(params, d_p, alpha=-lr)
+    return list(buffers)
 
 
 def exact_sqrt(x: torch.Tensor) -> torch.Tensor:

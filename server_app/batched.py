@@ -16,7 +16,7 @@ Memory: at most ``batch_clients`` clients are prepared, trained and answered at 
 round of 1,000 clients holds ``batch_clients`` models and their stacked copies, not 1,000.
 
 Numbers: equal to the other engines' up to float rounding (sums in another order), not bit for
-bit; tests/unit/test_batched_engine.py states the tolerance. Every pinned number and committed
+bit; tests/pinned/test_batched_engine.py states the tolerance. Every pinned number and committed
 result comes from the other engines.
 """
 

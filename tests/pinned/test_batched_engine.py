@@ -1,6 +1,6 @@
 """The batched engine (``backend=batched``) trains a round's clients as one computation; its
 float sums run in another order than the one-at-a-time engines', so its numbers equal theirs to
-a tolerance, not bit for bit. Stated and tested here, for every method of the pinned cases:
+a tolerance, not bit for bit. Stated and tested here, for the pinned cases of every batched method and three fallbacks:
 
 - every train reply's tensors within ``RTOL`` of the serial engine's (relative to the tensor's
   largest magnitude), and its ``train_loss`` within ``RTOL`` (relative);

@@ -382,5 +382,7 @@ def summary_table(summary: dict[str, Any]) -> str:
             value = f"{100 * value:.2f}%" if "acc" in key else f"{value:.3f}"
         elif isinstance(value, (list, tuple)):
             value = format_value(value)  # per-layer lists: 4 significant digits (summary.json keeps them all)
+        elif isinstance(value, dict) and len(value) > 8:  # one value per client: the file has them
+            value = f"{len(value)} entries, in summary.json"
         rows.append(f"| {key} | {value} |")
     return "\n".join(rows)

@@ -119,6 +119,13 @@ def _eval_share(history: Sequence[Mapping[str, float]]) -> float | None:
     return ev / (train + ev) if train + ev > 0 else None
 
 
+def per_client_accuracy(client_metrics: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """Each client's accuracy on its own test split, keyed by client id (as text, ascending): a
+    per-client comparison across runs (which personal layer suits which client) needs it, the
+    sample-weighted ``final_acc`` hides it."""
+    return {str(cid): m["test_correct"] / m[TEST_SIZE] for cid, m in sorted(client_metrics.items())}
+
+
 PerArch = Callable[[Callable[[list[Mapping[str, float]]], dict[str, float]]], dict[str, float]]
 
 

@@ -45,7 +45,7 @@ from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures
 from .client_directory import ClientDirectory, ClientInfo
-from .evaluation import client_time_totals, final_evaluation, weighted_test_metrics
+from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
 from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
 from .resume import check_resumable, restored_history, strategy_state
@@ -439,7 +439,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         metrics = final_evaluation(
             [u.metrics for u in updates], lambda f: self.per_arch(updates, f), self.final_global_test
         )
-        self.final_metrics = {**metrics, "dropped": dropped}
+        per_client = per_client_accuracy({u.client_id: u.metrics for u in updates})
+        # in the summary only (the record stays scalar): per-client comparisons across runs
+        self.final_metrics = {**metrics, "final_client_acc": per_client, "dropped": dropped}
         return MetricRecord(metrics)
 
     # ------------------------------------------------------------------ checkpoint/resume

@@ -59,3 +59,10 @@ def test_a_short_runs_plot_has_whole_rounds_only(tmp_path):
         matplotlib.figure.Figure.savefig = original
     assert isinstance(captured["locator"], MaxNLocator)
     assert captured["ticks"] and all(float(t).is_integer() for t in captured["ticks"]), captured["ticks"]
+
+
+def test_summary_table_names_a_per_client_mapping_instead_of_printing_it():
+    per_client = {str(i): 0.5 for i in range(100)}
+    table = summary_table({"final_client_acc": per_client, "small": {"a": 1}})
+    assert "| final_client_acc | 100 entries, in summary.json |" in table
+    assert "| small | {'a': 1} |" in table  # a short mapping is still shown

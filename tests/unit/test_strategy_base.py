@@ -236,3 +236,13 @@ def test_extra_arrays_reach_the_role_come_back_validated_and_count_as_bytes(comp
     model_bytes = sum(v.nbytes for v in strategy.global_arrays.values())
     assert records[0]["bytes_down"] > 4 * (model_bytes + 12)  # the extras count
     assert all(keys == set(strategy.global_arrays) | {"extra/probe/x"} for keys in sent_keys(grid))
+
+
+def test_per_client_accuracy_is_each_clients_own_share_keyed_by_id_in_order():
+    from pflower.strategies.base.evaluation import per_client_accuracy
+
+    got = per_client_accuracy(
+        {10: {"test_correct": 3.0, "test_size": 4.0}, 2: {"test_correct": 1.0, "test_size": 8.0}}
+    )
+    assert list(got) == ["2", "10"]  # numeric order, not text order
+    assert got == {"2": 0.125, "10": 0.75}

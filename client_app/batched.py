@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .roles.base import FitPlan, Role
+from .roles.base import FitPlan, Plans, Role, finish_stages, stages, train_stage
 from .runtime import TrainTask
 from .training import TrainArgs, batch_indices, sgd_update
 
@@ -37,53 +37,66 @@ Say = Callable[[str, str], None]  # (role, why it trains one client at a time): 
 
 def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]:
     """Train every task's client (each already prepared and evaluated: ``runtime.start_train``):
-    those whose role describes this round's training as a :class:`FitPlan` in groups that train
-    as one computation (:func:`group_key`), the rest one at a time with their role's ``fit``.
-    Each task's training seconds (a group's wall shared equally), or the exception its training
-    raised; its metrics get ``train_loss`` and the plan's ``after`` metrics."""
+    those whose role describes this round's training as :class:`FitPlan` stages in groups that
+    train as one computation (:func:`group_key`), stage by stage, the rest one at a time with
+    their role's ``fit``. Each task's training seconds (a group's wall shared equally), or the
+    exception its training raised; its metrics get the stages' losses
+    (:func:`~client_app.roles.base.stage_metrics`) and the plans' ``after`` metrics."""
     out: list[float | Exception | None] = [None] * len(tasks)
-    plans: list[FitPlan | None] = []
-    groups: dict[Any, list[int]] = {}
+    plans: list[list[FitPlan] | None] = []
     for i, task in enumerate(tasks):
         try:
-            plans.append(plan_of(task, say))
+            plan = plan_of(task, say)
+            plans.append(None if plan is None else stages(plan))
         except Exception as exc:  # noqa: BLE001 - this client's error reply, not the round's end
             plans.append(None)
             out[i] = exc
-            continue
-        if plans[i] is not None:
-            groups.setdefault(group_key(task, plans[i]), []).append(i)
-    for members in groups.values():
-        first = tasks[members[0]]
-        t0 = time.perf_counter()
-        try:
-            losses = train_together(
-                [tasks[i].job.model for i in members],
-                [(tasks[i].job.data.x_train, tasks[i].job.data.y_train) for i in members],
-                [plans[i] for i in members],  # type: ignore[misc]
-                first.args,
-                [tasks[i].job.ctx.generator for i in members],
-                first.job.ctx.device,
-            )
-        except NotBatchable as exc:
-            say(first.role.name, str(exc))
-            for i in members:
-                plans[i] = None  # trains alone below
-            continue
-        share = (time.perf_counter() - t0) / len(members)
-        for i, loss in zip(members, losses):
-            tasks[i].metrics["train_loss"] = loss
-            tasks[i].batched = True
-            out[i] = share
+    losses: dict[int, list[float]] = {i: [] for i, p in enumerate(plans) if p is not None}
+    seconds = dict.fromkeys(losses, 0.0)
+    for stage in range(max((len(p) for p in plans if p is not None), default=0)):
+        groups: dict[Any, list[int]] = {}
+        for i in losses:
+            if len(losses[i]) == stage < len(plans[i]):  # type: ignore[arg-type]  (not yet trained alone)
+                groups.setdefault(group_key(tasks[i], plans[i][stage]), []).append(i)  # type: ignore[index]
+        for members in groups.values():
+            steps = [plans[i][stage] for i in members]  # type: ignore[index]
+            first = tasks[members[0]]
+            t0 = time.perf_counter()
+            try:
+                trained = train_together(
+                    [tasks[i].job.model if step.model is None else step.model for i, step in zip(members, steps)],
+                    [(tasks[i].job.data.x_train, tasks[i].job.data.y_train) for i in members],
+                    steps,
+                    steps[0].train_args(first.args),
+                    [tasks[i].job.ctx.generator for i in members],
+                    first.job.ctx.device,
+                )
+            except NotBatchable as exc:
+                say(first.role.name, str(exc))
+                for i in members:  # this stage on: one at a time (the models are untouched)
+                    job, t0 = tasks[i].job, time.perf_counter()
+                    try:
+                        for step in plans[i][stage:]:  # type: ignore[index]
+                            losses[i].append(train_stage(step, job.model, job.data, tasks[i].args, job.ctx))
+                    except Exception as failed:  # noqa: BLE001 - this client's error reply
+                        out[i] = failed
+                        del losses[i]
+                    else:
+                        seconds[i] += time.perf_counter() - t0
+                continue
+            share = (time.perf_counter() - t0) / len(members)
+            for i, loss in zip(members, trained):
+                losses[i].append(loss)
+                seconds[i] += share
+                tasks[i].batched = True
     for i, task in enumerate(tasks):
         if isinstance(out[i], Exception):
             continue
         job = task.job
         try:
-            if out[i] is not None:
-                after = plans[i].after  # type: ignore[union-attr]
-                if after is not None:  # e.g. FedCMD's vote, on the trained model
-                    task.metrics.update(after(job.model))
+            if i in losses:  # e.g. FedCMD's vote in an ``after``, on the trained model
+                task.metrics.update(finish_stages(plans[i], losses[i], job.model))  # type: ignore[arg-type]
+                out[i] = seconds[i]
                 continue
             t0 = time.perf_counter()
             task.metrics.update(task.role.fit(job.model, job.data, task.args, job.ctx))
@@ -93,7 +106,7 @@ def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]
     return out  # type: ignore[return-value]
 
 
-def plan_of(task: TrainTask, say: Say) -> FitPlan | None:
+def plan_of(task: TrainTask, say: Say) -> Plans | None:
     """The client's plan when its role trains by one this round (its ``fit`` is the base class's,
     which runs the plan), else None, and ``say`` why."""
     role = task.role
@@ -107,24 +120,27 @@ def plan_of(task: TrainTask, say: Say) -> FitPlan | None:
 
 
 def group_key(task: TrainTask, plan: FitPlan) -> tuple:
-    """Clients that can train as one computation share this: role, architecture (every tensor's
-    name, shape and dtype), device, training arguments and the plan's shape."""
-    model = task.job.model
-    penalty = plan.penalty
-    if isinstance(penalty, partial):
-        penalty_key: Any = (penalty.func, tuple(sorted(penalty.keywords.items())), penalty.args)
-    else:
-        penalty_key = penalty
+    """Clients that can train a stage as one computation share this: role, architecture (every
+    tensor's name, shape and dtype), device, training arguments and the plan's shape."""
+    model = task.job.model if plan.model is None else plan.model
     return (
         task.role.name,
         type(model).__name__,
         tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items()),
         str(task.job.ctx.device),
-        task.args,
+        plan.train_args(task.args),
         None if plan.params is None else tuple(plan.params),
-        penalty_key,
+        tuple(_penalty_key(p) for p in plan.penalties()),
         tuple((n, tuple(t.shape)) for n, t in plan.reference.items()),
     )
+
+
+def _penalty_key(penalty: Any) -> Any:
+    """A penalty's identity: the function and its fixed arguments (two ``partial`` objects of one
+    function with equal arguments are one penalty)."""
+    if isinstance(penalty, partial):
+        return (penalty.func, tuple(sorted(penalty.keywords.items())), penalty.args)
+    return penalty
 
 
 class NotBatchable(Exception):
@@ -160,7 +176,7 @@ def train_together(
     reference = {
         n: torch.stack([plan.reference[n].to(device) for plan in plans]) for n in plans[0].reference
     }  # each client's penalty reference
-    penalty = plans[0].penalty
+    penalties = plans[0].penalties()
     orders = [list(batch_indices(len(y), args, g)) for (_, y), g in zip(data, generators)]
     offsets = torch.tensor([0, *[len(y) for _, y in data]]).cumsum(0)[:-1].tolist()
     x_all = torch.cat([x for x, _ in data]).to(device)
@@ -170,7 +186,9 @@ def train_together(
 
     def client_loss(p: dict, b: dict, ref: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = nn.functional.cross_entropy(functional_call(template, {**p, **b}, (x,)), y)
-        return loss if penalty is None else loss + penalty(p, ref)
+        for penalty in penalties:  # in order, as FitPlan.loss_fn adds them
+            loss = loss + penalty(p, ref)
+        return loss
 
     batched_loss = vmap(client_loss)
     template.train()

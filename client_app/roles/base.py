@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,48 +48,99 @@ class RoleContext:
 @dataclass
 class FitPlan:
     """A role's local training as data: mini-batch SGD (:func:`client_app.training.train`) on the
-    client's cross-entropy plus ``penalty(params, reference)``, updating ``params`` (names; None:
-    every trainable parameter), then ``after(model)`` for metrics computed on the trained model.
+    client's cross-entropy plus ``penalty(params, reference)`` (or several penalties, added in
+    order), updating ``params`` (names; None: every trainable parameter) of ``model`` (None: the
+    received model; Ditto: its personal copy) for ``epochs`` (None: the round's), then
+    ``after(model)`` for metrics computed on the trained model. A round may be several plans run
+    one after another (stages: FedRep's head then body, Ditto's personal model then the global
+    one); each stage's mean loss is reported as ``loss_name`` (:func:`stage_metrics`).
     One plan runs one client (:func:`run_plan`) or many clients at once (``client_app.batched``),
     so the two engines share one definition of the role."""
 
     params: list[str] | None = None
-    penalty: Penalty | None = None
+    penalty: Penalty | tuple[Penalty, ...] | None = None
     reference: dict[str, torch.Tensor] = field(default_factory=dict)
     after: Callable[[nn.Module], dict[str, float]] | None = None
+    model: nn.Module | None = None
+    epochs: int | None = None
+    loss_name: str = "train_loss"
+
+    def penalties(self) -> tuple[Penalty, ...]:
+        if self.penalty is None:
+            return ()
+        return self.penalty if isinstance(self.penalty, tuple) else (self.penalty,)
 
     def loss_fn(self) -> LossFn:
         """The per-batch loss of one client's module."""
-        if self.penalty is None:
+        penalties, reference = self.penalties(), self.reference
+        if not penalties:
             return cross_entropy
-        penalty, reference = self.penalty, self.reference
 
         def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return cross_entropy(model, x, y) + penalty(dict(model.named_parameters()), reference)
+            total = cross_entropy(model, x, y)
+            params = dict(model.named_parameters())
+            for penalty in penalties:  # left to right: ((CE + p1) + p2), the same sum on both engines
+                total = total + penalty(params, reference)
+            return total
 
         return loss
 
+    def train_args(self, args: TrainArgs) -> TrainArgs:
+        """The round's arguments with this stage's epoch count (a whole number of epochs)."""
+        return args if self.epochs is None else replace(args, epochs=int(self.epochs), steps=None)
 
-def run_plan(plan: FitPlan, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
-    """One client's training by ``plan`` (the per-client engines' path)."""
+
+Plans = FitPlan | Sequence[FitPlan]
+
+
+def stages(plan: Plans) -> list[FitPlan]:
+    """A round's plans in the order they train."""
+    return [plan] if isinstance(plan, FitPlan) else list(plan)
+
+
+def stage_metrics(plans: Sequence[FitPlan], losses: Sequence[float]) -> dict[str, float]:
+    """Each stage's mean loss under its ``loss_name`` where it trained (a stage of 0 epochs has
+    NaN and reports nothing), and ``train_loss`` always: the stage named so (as it came), else
+    the last stage that trained (0.0 when none did)."""
+    out = {p.loss_name: loss for p, loss in zip(plans, losses) if math.isfinite(loss) and p.loss_name != "train_loss"}
+    named = [loss for p, loss in zip(plans, losses) if p.loss_name == "train_loss"]
+    finite = [loss for loss in losses if math.isfinite(loss)]
+    out["train_loss"] = named[-1] if named else (finite[-1] if finite else 0.0)
+    return out
+
+
+def train_stage(stage: FitPlan, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> float:
+    """One client's training by one stage (``model``: the received one); its mean batch loss."""
+    module = model if stage.model is None else stage.model
     params = None
-    if plan.params is not None:
-        wanted = set(plan.params)
-        params = [p for name, p in model.named_parameters() if name in wanted]
-    loss = train(
-        model,
+    if stage.params is not None:
+        wanted = set(stage.params)
+        params = [p for name, p in module.named_parameters() if name in wanted]
+    return train(
+        module,
         data.x_train,
         data.y_train,
-        train_args,
+        stage.train_args(train_args),
         params=params,
-        loss_fn=plan.loss_fn(),
+        loss_fn=stage.loss_fn(),
         generator=ctx.generator,
         device=ctx.device,
     )
-    metrics = {"train_loss": loss}
-    if plan.after is not None:
-        metrics.update(plan.after(model))
+
+
+def finish_stages(plans: Sequence[FitPlan], losses: Sequence[float], model: nn.Module) -> dict[str, float]:
+    """The metrics of a client's trained stages: their losses, then each ``after`` in order."""
+    metrics = stage_metrics(plans, losses)
+    for stage in plans:
+        if stage.after is not None:
+            metrics.update(stage.after(model if stage.model is None else stage.model))
     return metrics
+
+
+def run_plan(plan: Plans, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+    """One client's training by ``plan``, stage by stage (the per-client engines' path)."""
+    plans = stages(plan)
+    return finish_stages(plans, [train_stage(s, model, data, train_args, ctx) for s in plans], model)
 
 
 # every client role, by name: a Role subclass defined in this package with its own ``name`` joins it
@@ -130,8 +182,9 @@ class Role:
         """Training that is not a :class:`FitPlan` (e.g. FedCMD's votes taken on every batch)."""
         raise NotImplementedError(f"role {self.name!r} defines none of fit, plan, fit_alone")
 
-    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
-        """This round's training as a :class:`FitPlan`, or None where it is not one (then
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> Plans | None:
+        """This round's training as a :class:`FitPlan` (or several, trained in order), or None
+        where it is not one (then
         :meth:`fit_alone` runs, and the batched engine trains such a client on its own)."""
         return None
 

@@ -10,17 +10,16 @@ between rounds; on first contact it starts from the received global model. ``tes
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import replace
+from functools import partial
 
 from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import DittoArgs
 
-from ..training import TrainArgs, train
-from .base import Role, RoleContext
-from .proximal import proximal_loss, snapshot
+from ..training import TrainArgs
+from .base import FitPlan, Role, RoleContext
+from .proximal import proximal_penalty, snapshot
 
 PREFIX = "ditto."
 
@@ -35,31 +34,30 @@ def personal_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
 
 
 class DittoRole(Role):
+    """Two stages: the personal model v on F(v) + lam/2 ||v - w||^2, then the received w by plain
+    SGD (that order: each client's batch order comes from its generator in this sequence)."""
+
     name = "ditto"
     args_type = DittoArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> list[FitPlan]:
         lam = self.args.lam
-        epochs = self.args.personal_epochs
-        personal_args = train_args if epochs is None else replace(train_args, epochs=int(epochs), steps=None)
         v = personal_model(model, ctx)
-        reference = snapshot(model)  # the received global w^t
-        personal_loss = train(
-            v,
-            data.x_train,
-            data.y_train,
-            personal_args,
-            loss_fn=proximal_loss(reference, lam),
-            generator=ctx.generator,
-            device=ctx.device,
-        )
-        loss = train(model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device)
-        ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in v.state_dict().items()})
         self._trained = v
-        metrics = {"train_loss": loss}
-        if math.isfinite(personal_loss):  # NaN with 0 personal epochs
-            metrics["personal_loss"] = personal_loss
-        return metrics
+
+        def keep(trained: nn.Module) -> dict[str, float]:
+            ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in trained.state_dict().items()})
+            return {}
+
+        personal = FitPlan(
+            penalty=None if lam == 0 else partial(proximal_penalty, mu=lam),
+            reference={} if lam == 0 else snapshot(model),  # the received global w^t
+            model=v,
+            epochs=self.args.personal_epochs,
+            loss_name="personal_loss",
+            after=keep,
+        )
+        return [personal, FitPlan()]
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         return personal_model(model, ctx)

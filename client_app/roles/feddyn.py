@@ -9,6 +9,7 @@ The terms are plain functions of a model and tensors, unit-tested on hand number
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import nn
@@ -16,18 +17,28 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import FedDynArgs
 
-from ..training import LossFn, TrainArgs, cross_entropy, train
-from .base import Role, RoleContext
-from .proximal import proximal_loss, snapshot
+from ..training import LossFn, TrainArgs, cross_entropy
+from .base import FitPlan, Role, RoleContext
+from .proximal import proximal_loss, proximal_penalty, snapshot
 
 PREFIX = "feddyn.g."
+G_PREFIX, W_PREFIX = "g/", "w/"  # the plan's reference tensors: the state g, the received w
 
 
 def linear_term(model: nn.Module, g: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """<g, w> = sum_k <g_k, w_k> over the parameters named in ``g`` (differentiable)."""
-    params = dict(model.named_parameters())
+    return linear_penalty_of(dict(model.named_parameters()), g)
+
+
+def linear_penalty_of(params: Mapping[str, torch.Tensor], g: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """<g, w> on parameters by name (a module's, or one client's slice of the batched engine's)."""
     terms = [(params[k] * gk).sum() for k, gk in g.items()]
     return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def linear_penalty(params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """-<g, w>, g the reference tensors under ``G_PREFIX`` (FedDyn's first penalty)."""
+    return -linear_penalty_of(params, {k[len(G_PREFIX) :]: t for k, t in reference.items() if k.startswith(G_PREFIX)})
 
 
 def feddyn_loss(reference: Mapping[str, torch.Tensor], g: Mapping[str, torch.Tensor], alpha: float) -> LossFn:
@@ -50,22 +61,27 @@ def updated_state(
 
 
 class FedDynRole(Role):
+    """One plan: CE + (-<g, w>) + alpha/2 ||w - w_global||^2 (added in that order, as
+    :func:`feddyn_loss`), then g updated from the trained model."""
+
     name = "feddyn"
     args_type = FedDynArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan:
         alpha = self.args.alpha
         reference = snapshot(model)  # the received global model
         g = {k: ctx.extra_state.get(PREFIX + k, torch.zeros_like(ref)).to(ref.device) for k, ref in reference.items()}
-        loss = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            loss_fn=feddyn_loss(reference, g, alpha),
-            generator=ctx.generator,
-            device=ctx.device,
+
+        def update_state(trained: nn.Module) -> dict[str, float]:
+            new_g = updated_state(g, snapshot(trained), reference, alpha)
+            ctx.extra_state.update({PREFIX + k: v.detach().cpu() for k, v in new_g.items()})
+            return {}
+
+        penalties: tuple = (linear_penalty,)
+        if alpha != 0:  # proximal_loss adds no term at alpha 0
+            penalties += (partial(proximal_penalty, mu=alpha, prefix=W_PREFIX),)
+        return FitPlan(
+            penalty=penalties,
+            reference={**{G_PREFIX + k: t for k, t in g.items()}, **{W_PREFIX + k: t for k, t in reference.items()}},
+            after=update_state,
         )
-        new_g = updated_state(g, snapshot(model), reference, alpha)
-        ctx.extra_state.update({PREFIX + k: v.detach().cpu() for k, v in new_g.items()})
-        return {"train_loss": loss}

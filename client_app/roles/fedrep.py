@@ -8,17 +8,15 @@ papers compared use body_epochs = 1). Which groups are the head comes from the s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import replace
 
 from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import FedRepArgs
 
-from ..training import TrainArgs, train
-from .base import Role, RoleContext
+from ..training import TrainArgs
+from .base import FitPlan, Role, RoleContext
 
 
 def split_parameters(model: nn.Module, head: Sequence[str]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -36,25 +34,22 @@ def head_groups(args: FedRepArgs, ctx: RoleContext) -> list[str]:
     return list(args.head or ctx.personal)
 
 
+def parameter_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
+    """The names (``model.named_parameters()``) of ``params``."""
+    ids = {id(p) for p in params}
+    return [name for name, p in model.named_parameters() if id(p) in ids]
+
+
 class FedRepRole(Role):
+    """Two stages: the head for E - body_epochs epochs, then the body for body_epochs."""
+
     name = "fedrep"
     args_type = FedRepArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> list[FitPlan]:
         body_epochs = min(int(self.args.body_epochs), train_args.epochs)
         body, head = split_parameters(model, head_groups(self.args, ctx))
-        metrics: dict[str, float] = {}
-        for part, params, epochs in (("head", head, train_args.epochs - body_epochs), ("body", body, body_epochs)):
-            loss = train(
-                model,
-                data.x_train,
-                data.y_train,
-                replace(train_args, epochs=epochs, steps=None),
-                params=params,
-                generator=ctx.generator,
-                device=ctx.device,
-            )
-            if math.isfinite(loss):  # a part trained for 0 epochs reports nothing
-                metrics[f"{part}_loss"] = loss
-        metrics["train_loss"] = metrics.get("body_loss", metrics.get("head_loss", 0.0))
-        return metrics
+        return [
+            FitPlan(params=parameter_names(model, head), epochs=train_args.epochs - body_epochs, loss_name="head_loss"),
+            FitPlan(params=parameter_names(model, body), epochs=body_epochs, loss_name="body_loss"),
+        ]

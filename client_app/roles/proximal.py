@@ -27,11 +27,12 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def proximal_penalty(
-    params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], mu: float
+    params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], mu: float, prefix: str = ""
 ) -> torch.Tensor:
     """mu/2 * sum_k ||w_k - ref_k||^2 over the parameters named in ``reference`` (differentiable);
-    ``params`` by name (a module's, or one client's slice of the batched engine's)."""
-    terms = [((params[k] - ref) ** 2).sum() for k, ref in reference.items()]
+    ``params`` by name (a module's, or one client's slice of the batched engine's). With
+    ``prefix``, only the reference keys ``prefix + name`` count (a plan with other tensors too)."""
+    terms = [((params[k[len(prefix) :]] - ref) ** 2).sum() for k, ref in reference.items() if k.startswith(prefix)]
     return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
 
 

@@ -1,9 +1,11 @@
 """The batched engine (``backend=batched``) trains a round's clients as one computation; its
 float sums run in another order than the one-at-a-time engines', so its numbers equal theirs to
-a tolerance, not bit for bit. Stated and tested here, for the pinned cases of every batched method and three fallbacks:
+a tolerance, not bit for bit. Stated and tested here, for the pinned cases of every batched method and three
+fallbacks:
 
 - every train reply's tensors within ``RTOL`` of the serial engine's (relative to the tensor's
-  largest magnitude), and its ``train_loss`` within ``RTOL`` (relative);
+  largest magnitude), and its losses (each training stage's, both evaluations') within ``RTOL``
+  (relative);
 - the methods whose roles train by a FitPlan run batched (no client alone); a role that is not
   a plan (three stand for the rest) trains one client at a time on the same engine, says so in
   one log line, and equals the serial engine's numbers within the same tolerance.
@@ -48,9 +50,13 @@ BATCHED = {
     "cfl": [],
     "fedtsdp": [],
     "fedcmd": ["method.selection_timing=after_training"],
+    "feddyn": [],  # two penalties, the state g updated after training
+    "ditto": [],  # two stages: the personal model, then the global one
+    "fedrep": [],  # two stages: the head, then the body
 }
 # past FedCMD's 2 vote rounds into phase 2; FedAMP's cloud models; FedCPMD needs a phase-2 round
-ROUNDS = {"fedcmd": 3, "fedamp": 2, "fedcpmd": 2}
+# Ditto's personal model and FedDyn's g: a second round starts from the state the first kept
+ROUNDS = {"fedcmd": 3, "fedamp": 2, "fedcpmd": 2, "ditto": 2, "feddyn": 2}
 
 
 def one_run(case: str, grid_cls, extra: list[str], tmp_path, name: str):  # noqa: ANN001, ANN201
@@ -69,7 +75,7 @@ def train_replies(grid) -> list:  # noqa: ANN001
 
 
 # three roles that are not plans stand for the rest (each is also a pinned case of the other engines)
-ALONE = ["ditto", "fedrep", "fedcpmd"]
+ALONE = ["moon", "fedfomo", "fedcpmd"]
 
 
 @pytest.mark.parametrize("case", [*BATCHED, *ALONE])
@@ -88,8 +94,14 @@ def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, tmp
             x, y = arrays_a[key].numpy(), arrays_b[key].numpy()
             scale = max(float(np.abs(x).max()), 1e-6)
             assert np.abs(x - y).max() <= RTOL * scale, f"{case}: {key} differs by {np.abs(x - y).max():.3g}"
-        loss_a, loss_b = (m.content.metric_records["metrics"]["train_loss"] for m in (a, b))
-        assert loss_b == pytest.approx(loss_a, rel=RTOL, nan_ok=True)
+        metrics_a, metrics_b = (m.content.metric_records["metrics"] for m in (a, b))
+        losses = [k for k in metrics_a if k.endswith("_loss") and not k.startswith("test_")]  # each stage's
+        assert "train_loss" in losses and set(losses) <= set(metrics_b)
+        for key in losses:
+            assert metrics_b[key] == pytest.approx(metrics_a[key], rel=RTOL, nan_ok=True), f"{case}: {key}"
+        # the evaluated models: the one kept from the round before (Ditto's v) and the trained one
+        for key in ("test_before_loss_sum", "test_after_loss_sum"):
+            assert metrics_b[key] == pytest.approx(metrics_a[key], rel=RTOL), f"{case}: {key}"
     said = [r.getMessage() for r in caplog.records if "trains one client at a time" in r.getMessage()]
     if case in BATCHED:
         assert batched.alone_clients == 0 and batched.batched_clients == len(actual), said

@@ -125,3 +125,17 @@ def test_what_cannot_run_as_one_computation_leaves_the_models_untouched(lenet):
         train_together(dropout, clients([40, 40]), [FitPlan()] * 2, TrainArgs(), gens, torch.device("cpu"))
     for m, sd in zip(models, before):
         assert all(torch.equal(v, m.state_dict()[k]) for k, v in sd.items())
+
+
+def test_stage_metrics_name_each_stages_loss_and_pick_train_loss():
+    from pflower.client_app.roles.base import FitPlan, stage_metrics
+
+    nan = float("nan")
+    head, body = FitPlan(loss_name="head_loss"), FitPlan(loss_name="body_loss")
+    assert stage_metrics([head, body], [0.5, 0.25]) == {"head_loss": 0.5, "body_loss": 0.25, "train_loss": 0.25}
+    assert stage_metrics([head, body], [0.5, nan]) == {"head_loss": 0.5, "train_loss": 0.5}  # 0 body epochs
+    assert stage_metrics([head, body], [nan, nan]) == {"train_loss": 0.0}
+    personal = FitPlan(loss_name="personal_loss")
+    assert stage_metrics([personal, FitPlan()], [0.75, 0.125]) == {"personal_loss": 0.75, "train_loss": 0.125}
+    got = stage_metrics([personal, FitPlan()], [0.75, nan])  # the stage named train_loss: as it came
+    assert got["personal_loss"] == 0.75 and got["train_loss"] != got["train_loss"]

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from method_helpers import BODY, HEAD, ctx, params, same
 
+from pflower.client_app.roles import base as role_base
 from pflower.client_app.roles import build_role
-from pflower.client_app.roles import fedrep as fedrep_role
 from pflower.client_app.training import train
 
 
@@ -22,7 +22,7 @@ def test_fedrep_trains_the_head_first_then_the_body(client, monkeypatch):
         phases.append((train_args, same(before_head, params(m, HEAD)), same(before_body, params(m, BODY))))
         return loss
 
-    monkeypatch.setattr(fedrep_role, "train", recording_train)
+    monkeypatch.setattr(role_base, "train", recording_train)  # every stage trains through it
     metrics = build_role("fedrep", {"head": HEAD, "body_epochs": 1}).fit(
         model, data, replace(args, epochs=3), ctx(HEAD)
     )

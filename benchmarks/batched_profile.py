@@ -5,7 +5,10 @@ Ten LeNet-5 clients of 640 FMNIST-shaped samples each train one epoch of batch 3
 each), first one after the other (``client_app.training.train``, what the serial and parallel
 engines run), then together (``client_app.batched.train_together``, the batched engine). Prints
 milliseconds per client-step (median of ``--repeats``) and, from ``torch.profiler``, the
-operators that take the time in each.
+operators that take the time in each. Then the same clients' evaluation on a test split of
+``--test-samples`` each: one model at a time (``client_app.training.evaluate``) against
+together (``client_app.batched.evaluate_together``, what ``batch_eval`` turns on), in
+milliseconds per client.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from statistics import median
 import torch
 
 from benchmarks.common import markdown_table, publish, run_header
-from pflower.client_app.batched import train_together
+from pflower.client_app.batched import evaluate_together, train_together
 from pflower.client_app.roles.base import FitPlan
-from pflower.client_app.training import TrainArgs, train
+from pflower.client_app.training import TrainArgs, evaluate, train
 from pflower.models import build_model
 
 
@@ -46,6 +49,34 @@ def together(model, data, args, device) -> None:  # noqa: ANN001
     train_together(models, data, [FitPlan() for _ in data], args, gens, device)
 
 
+def evaluation_rows(model, clients: int, samples: int, repeats: int, device: torch.device) -> list[dict]:  # noqa: ANN001
+    """ms per client of evaluating ``clients`` models (perturbed copies) one at a time and together."""
+    _, tests = workload(clients, samples, device)
+    models = []
+    for k in range(clients):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)).to(device))
+        models.append(m)
+    ways = {
+        "one model at a time": lambda: [evaluate(m, x, y, device=device) for m, (x, y) in zip(models, tests)],
+        "together (vmap)": lambda: evaluate_together(models, tests, device),
+    }
+    rows = []
+    for name, run in ways.items():
+        run()  # warm-up
+        times = []
+        for _ in range(repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            run()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        rows.append({"evaluation": name, "ms per client (median)": f"{1000 * median(times) / clients:.2f}"})
+    return rows
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -57,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=640)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--test-samples", type=int, default=128, help="each client's test split (evaluation)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="benchmarks/results/batched_profile.md", help="'' = print only")
     args = parser.parse_args(argv)
@@ -100,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     ratio = float(rows[1]["ms per client-step (median)"]) / float(rows[0]["ms per client-step (median)"])
+    evals = evaluation_rows(model, args.clients, args.test_samples, args.repeats, device)
+    eval_ratio = float(evals[1]["ms per client (median)"]) / float(evals[0]["ms per client (median)"])
     text = "\n\n".join(
         [
             run_header(
@@ -113,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             profiles[0],
             "Operators, batched:",
             profiles[1],
+            f"Evaluation of the {args.clients} models, {args.test_samples} test samples each (eval mode):",
+            markdown_table(evals, list(evals[0])),
+            f"Together / one at a time: **{eval_ratio:.2f}x** the time per client.",
         ]
     )
     publish(text, args.out)

@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 
 from .roles.base import FitPlan, Plans, Role, finish_stages, stages, train_stage
 from .runtime import TrainTask
-from .training import TrainArgs, batch_indices, sgd_update
+from .training import TrainArgs, batch_indices, evaluate, sgd_update
 
 Say = Callable[[str, str], None]  # (role, why it trains one client at a time): the engine logs it once
 
@@ -252,3 +252,87 @@ def _sgd_step(
                 momentum[n] = buf
             else:
                 momentum.setdefault(n, torch.zeros_like(params[n]))[rows] = buf
+
+
+def evaluate_alone(task: TrainTask, model: nn.Module) -> tuple[int, float, int] | Exception:
+    """One client's evaluation of ``model`` on its test split, the seconds added to the task's
+    evaluation time; its exception is its result (the client's error reply)."""
+    t0 = time.perf_counter()
+    try:
+        return evaluate(model, task.job.data.x_test, task.job.data.y_test, device=task.job.ctx.device)
+    except Exception as exc:  # noqa: BLE001 - this client's error reply
+        return exc
+    finally:
+        task.eval_s += time.perf_counter() - t0
+
+
+def evaluate_together(
+    models: Sequence[nn.Module],
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    batch_size: int = 256,
+) -> list[tuple[int, float, int]]:
+    """:func:`~client_app.training.evaluate` of every ``models[k]`` on ``data[k]``, the models of
+    one architecture as one computation: in eval mode (BatchNorm's running statistics), each
+    client's test set in its own batches of ``batch_size``, the clients that have a batch at a
+    step evaluated together (grouped by batch size, as in training). Each model's (correct,
+    summed cross-entropy, samples); the sum in float64 as ``evaluate`` does, its float32 terms
+    from another order of reductions (the tolerance of the training). Models of other
+    architectures, and a model vmap cannot run, are evaluated one at a time."""
+    out: list[tuple[int, float, int] | None] = [None] * len(models)
+    groups: dict[tuple, list[int]] = {}
+    for k, model in enumerate(models):
+        shape = tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items())
+        groups.setdefault((type(model).__name__, shape), []).append(k)
+    for members in groups.values():
+        try:
+            results = _evaluate_group([models[k] for k in members], [data[k] for k in members], device, batch_size)
+        except NotBatchable:
+            results = [evaluate(models[k], *data[k], batch_size=batch_size, device=device) for k in members]
+        for k, result in zip(members, results):
+            out[k] = result
+    return out  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def _evaluate_group(
+    models: Sequence[nn.Module],
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    batch_size: int,
+) -> list[tuple[int, float, int]]:
+    template = models[0]
+    if len(models) == 1:
+        return [evaluate(template, *data[0], batch_size=batch_size, device=device)]
+    state = {n: torch.stack([m.state_dict()[n] for m in models]).to(device) for n in template.state_dict()}
+    offsets = torch.tensor([0, *[len(y) for _, y in data]]).cumsum(0)[:-1].tolist()
+    x_all = torch.cat([x for x, _ in data]).to(device)
+    y_all = torch.cat([y for _, y in data]).to(device)
+    correct = torch.zeros(len(models), dtype=torch.int64, device=device)
+    loss_sum = torch.zeros(len(models), dtype=torch.float64, device=device)
+
+    def client_eval(s: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = functional_call(template, s, (x,))
+        return nn.functional.cross_entropy(logits, y, reduction="sum"), (logits.argmax(dim=1) == y).sum()
+
+    batched = vmap(client_eval)
+    was_training = template.training
+    template.eval()
+    try:
+        for start in range(0, max(len(y) for _, y in data), batch_size):
+            by_size: dict[int, list[int]] = {}
+            for k, (_, y) in enumerate(data):
+                if start < len(y):
+                    by_size.setdefault(min(batch_size, len(y) - start), []).append(k)
+            for size, ks in by_size.items():
+                rows = torch.tensor(ks, device=device)
+                index = torch.stack([torch.arange(start, start + size) + offsets[k] for k in ks]).to(device)
+                try:
+                    losses, hits = batched({n: t[rows] for n, t in state.items()}, x_all[index], y_all[index])
+                except RuntimeError as exc:
+                    raise NotBatchable(f"the model does not run under torch.func.vmap ({exc})") from exc
+                loss_sum[rows] += losses.double()
+                correct[rows] += hits
+    finally:
+        template.train(was_training)
+    return [(int(correct[k]), float(loss_sum[k]), len(y)) for k, (_, y) in enumerate(data)]

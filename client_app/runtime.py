@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
+from torch import nn
 
 from pflower.federated_data import ClientData, DataSpec, load_client_data, load_public_data, load_transfer_data
 from pflower.federated_data.local import with_node_data_dir
@@ -271,11 +272,15 @@ def _eval_metrics(prefix: str, result: tuple[int, float, int]) -> dict[str, floa
     return {f"{prefix}_correct": correct, f"{prefix}_loss_sum": loss_sum}
 
 
+Evaluation = tuple[int, float, int]  # (correct, summed loss, samples): what evaluate() returns
+
+
 @dataclass
 class TrainTask:
     """A train message between its evaluation before training and its training: the prepared
     :class:`Job`, the role, the metrics so far and the seconds spent evaluating; ``batched``:
-    trained inside a group by the batched engine."""
+    trained inside a group by the batched engine; ``before``: the model ``test_before`` is still
+    to evaluate (an engine that evaluates many clients at once: :func:`record_before`)."""
 
     message: Message
     job: Job
@@ -284,23 +289,31 @@ class TrainTask:
     metrics: dict[str, float]
     eval_s: float
     batched: bool = False
+    before: nn.Module | None = None
 
 
-def start_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> TrainTask:
-    """Prepare a train message and evaluate the received model (``test_before``)."""
+def start_train(
+    message: Message, context: Context, hooks: ClientHooks | None = None, *, evaluate_before: bool = True
+) -> TrainTask:
+    """Prepare a train message and evaluate the received model (``test_before``); without
+    ``evaluate_before``, the model to evaluate is left in ``task.before`` for the engine."""
     job = prepare(message, context, hooks)
     spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     args = _train_args(spec)
     role = build_role(spec.role, spec.role_args)
     metrics: dict[str, float] = {wire.CLIENT_KEY: cid, wire.NUM_EXAMPLES: data.num_train, wire.TEST_SIZE: data.num_test}
     t0 = time.perf_counter()
-    metrics.update(
-        _eval_metrics(
-            "test_before",
-            evaluate(role.eval_model(model, data, args, ctx), data.x_test, data.y_test, device=ctx.device),
-        )
-    )
-    return TrainTask(message, job, role, args, metrics, time.perf_counter() - t0)
+    task = TrainTask(message, job, role, args, metrics, 0.0, before=role.eval_model(model, data, args, ctx))
+    if evaluate_before:
+        record_before(task, evaluate(task.before, data.x_test, data.y_test, device=ctx.device))
+    task.eval_s += time.perf_counter() - t0
+    return task
+
+
+def record_before(task: TrainTask, result: Evaluation) -> None:
+    """``test_before``'s numbers, from the evaluation of ``task.before``."""
+    task.metrics.update(_eval_metrics("test_before", result))
+    task.before = None
 
 
 def handle_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
@@ -311,13 +324,15 @@ def handle_train(message: Message, context: Context, hooks: ClientHooks | None =
     return finish_train(task, context, time.perf_counter() - t1)
 
 
-def finish_train(task: TrainTask, context: Context, train_s: float) -> Message:
-    """After training: evaluate (``test_after``), persist what the client keeps, and reply."""
+def finish_train(task: TrainTask, context: Context, train_s: float, after: Evaluation | None = None) -> Message:
+    """After training: evaluate (``test_after``; ``after``: its numbers where the engine already
+    evaluated ``role.trained_model``), persist what the client keeps, and reply."""
     job, metrics = task.job, task.metrics
     spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     t2 = time.perf_counter()
-    after = task.role.trained_model(model, ctx)  # the trained model (Ditto: the personal one)
-    metrics.update(_eval_metrics("test_after", evaluate(after, data.x_test, data.y_test, device=ctx.device)))
+    if after is None:  # the trained model (Ditto: the personal one)
+        after = evaluate(task.role.trained_model(model, ctx), data.x_test, data.y_test, device=ctx.device)
+    metrics.update(_eval_metrics("test_after", after))
     metrics.update({"eval_time_s": task.eval_s + (time.perf_counter() - t2), "train_time_s": train_s, **job.timings})
     persist(model, job.state, ctx, spec.keep)
     allowed = set(upload_keys(model, spec))

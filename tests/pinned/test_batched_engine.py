@@ -4,8 +4,8 @@ a tolerance, not bit for bit. Stated and tested here, for the pinned cases of ev
 fallbacks:
 
 - every train reply's tensors within ``RTOL`` of the serial engine's (relative to the tensor's
-  largest magnitude), and its losses (each training stage's, both evaluations') within ``RTOL``
-  (relative);
+  largest magnitude), and its losses (each training stage's, both evaluations', evaluated as one
+  computation too) within ``RTOL`` (relative);
 - the methods whose roles train by a FitPlan run batched (no client alone); a role that is not
   a plan (three stand for the rest) trains one client at a time on the same engine, says so in
   one log line, and equals the serial engine's numbers within the same tolerance.
@@ -65,7 +65,10 @@ def one_run(case: str, grid_cls, extra: list[str], tmp_path, name: str):  # noqa
     rounds = f"rounds={ROUNDS.get(case, 1)}"
     cfg = compose_config([*base, "dataset.options.num_samples=1200", *extra, rounds, f"output_dir={tmp_path / name}"])
     n = int(cfg.num_clients)
-    grid = BatchedGrid(n, batch_clients=2, threads=1, record=True) if grid_cls is BatchedGrid else InProcessGrid(n)
+    if grid_cls is BatchedGrid:  # evaluation batched too (on a CPU the default evaluates one at a time)
+        grid = BatchedGrid(n, batch_clients=2, threads=1, record=True, batch_eval=True)
+    else:
+        grid = InProcessGrid(n)
     run_experiment(grid, cfg)
     return grid
 
@@ -139,6 +142,28 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
     run_experiment(grid, cfg)
     assert sizes == [2, 2, 1, 2, 2, 1]
     assert grid.batched_clients == 10 and grid.alone_clients == 0
+
+
+@pytest.mark.parametrize("batch_eval, together", [(None, 0), (True, 4)])
+def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, together, tmp_path, monkeypatch):
+    """One round of 2 clients: test_before and test_after, each one call for the chunk's two
+    models when batched; none on this CPU by default (one at a time is faster on a CPU)."""
+    import pflower.server_app.batched as engine
+
+    calls: list[int] = []
+    real = engine.evaluate_together
+
+    def recording(models, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(len(models))
+        return real(models, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "evaluate_together", recording)
+    cfg = compose_config(
+        ["dataset=synthetic", "num_clients=2", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20"]
+        + ["method=fedavg", "progress=false", "final_eval=false", f"output_dir={tmp_path}"]
+    )
+    run_experiment(BatchedGrid(2, threads=1, batch_eval=batch_eval), cfg)
+    assert sum(calls) == 2 * together and all(n == 2 for n in calls)
 
 
 def test_the_lists_name_pinned_cases():

@@ -139,3 +139,27 @@ def test_stage_metrics_name_each_stages_loss_and_pick_train_loss():
     assert stage_metrics([personal, FitPlan()], [0.75, 0.125]) == {"personal_loss": 0.75, "train_loss": 0.125}
     got = stage_metrics([personal, FitPlan()], [0.75, nan])  # the stage named train_loss: as it came
     assert got["personal_loss"] == 0.75 and got["train_loss"] != got["train_loss"]
+
+
+def test_evaluate_together_equals_evaluating_each_model_alone():
+    """Uneven test sets (one longer than a batch, one without a sample of some class), three
+    clients of one architecture and one of another, BatchNorm in eval mode (running statistics
+    moved by a training step first, so eval differs from train mode)."""
+    from pflower.client_app.batched import evaluate_together
+    from pflower.client_app.training import evaluate
+
+    lenet = build_model("lenet5", (1, 28, 28), 10, seed=3)
+    models = perturbed_copies(lenet, 3)
+    data = clients([300, 7, 64, 5], seed=3)
+    args = TrainArgs(epochs=1, batch_size=32, lr=0.01, momentum=0.0, weight_decay=0.0)
+    for m, d in zip(models, data):  # running statistics of its own
+        train(m, *d, args, generator=torch.Generator().manual_seed(0))
+    other = build_model("lenet5", (1, 28, 28), 10, seed=4, fc_layers=1)
+    models.append(other)
+    was = [m.training for m in models]
+    got = evaluate_together(models, data, torch.device("cpu"), batch_size=256)
+    for m, d, (correct, loss_sum, n) in zip(models, data, got):
+        want_correct, want_loss, want_n = evaluate(m, *d, batch_size=256)
+        assert (correct, n) == (want_correct, want_n)
+        assert loss_sum == pytest.approx(want_loss, rel=1e-5)
+    assert [m.training for m in models] == was  # modes left as they were

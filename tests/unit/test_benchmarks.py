@@ -53,3 +53,17 @@ def test_exponent_fit_and_skip_over_budget():
         ["fedavg"], ["resnet18"], [1000], repeats=1, budget=2**30, case_seconds=1, timeout=10, progress=False
     )
     assert res[0]["status"] == "skipped" and "inputs need 41.7 GiB" in res[0]["reason"]
+
+
+def test_batched_profile_prints_training_and_evaluation_tables(capsys):
+    from benchmarks import batched_profile
+
+    assert (
+        batched_profile.main(
+            ["--clients", "2", "--samples", "32", "--test-samples", "40", "--repeats", "1", "--out", ""]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "| batched (vmap) |" in text and "| together (vmap) |" in text
+    assert "the time per client-step" in text and "the time per client." in text

@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from .roles.base import FitPlan, Plans, Role, finish_stages, stages, train_stage
-from .runtime import TrainTask
+from .runtime import TrainTask, resume_random
 from .training import TrainArgs, batch_indices, evaluate, sgd_update
 
 Say = Callable[[str, str], None]  # (role, why it trains one client at a time): the engine logs it once
@@ -62,6 +62,7 @@ def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]
             steps = [plans[i][stage] for i in members]  # type: ignore[index]
             first = tasks[members[0]]
             t0 = time.perf_counter()
+            drawn = [tasks[i].job.ctx.generator.get_state() for i in members]  # batch orders not yet drawn
             try:
                 trained = train_together(
                     [tasks[i].job.model if step.model is None else step.model for i, step in zip(members, steps)],
@@ -73,8 +74,10 @@ def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]
                 )
             except NotBatchable as exc:
                 say(first.role.name, str(exc))
-                for i in members:  # this stage on: one at a time (the models are untouched)
+                for i, state in zip(members, drawn):  # this stage on: one at a time (models untouched)
                     job, t0 = tasks[i].job, time.perf_counter()
+                    job.ctx.generator.set_state(state)  # the batch orders the attempt drew, drawn again
+                    resume_random(tasks[i])
                     try:
                         for step in plans[i][stage:]:  # type: ignore[index]
                             losses[i].append(train_stage(step, job.model, job.data, tasks[i].args, job.ctx))
@@ -99,6 +102,7 @@ def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]
                 out[i] = seconds[i]
                 continue
             t0 = time.perf_counter()
+            resume_random(task)
             task.metrics.update(task.role.fit(job.model, job.data, task.args, job.ctx))
             out[i] = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - as above

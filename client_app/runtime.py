@@ -290,6 +290,9 @@ class TrainTask:
     eval_s: float
     batched: bool = False
     before: nn.Module | None = None
+    # the global random state this client's preparation left (dropout masks draw from it): an
+    # engine that prepares several clients before training one restores it first (:func:`resume_random`)
+    random_state: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 def start_train(
@@ -307,7 +310,19 @@ def start_train(
     if evaluate_before:
         record_before(task, evaluate(task.before, data.x_test, data.y_test, device=ctx.device))
     task.eval_s += time.perf_counter() - t0
+    cuda = torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None
+    task.random_state = (torch.get_rng_state(), cuda)
     return task
+
+
+def resume_random(task: TrainTask) -> None:
+    """Put back the global random state ``task``'s preparation left, so that its training draws
+    the masks it draws when it trains right after its own preparation (the serial engine)."""
+    if task.random_state is not None:
+        cpu, cuda = task.random_state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, task.job.ctx.device)
 
 
 def record_before(task: TrainTask, result: Evaluation) -> None:

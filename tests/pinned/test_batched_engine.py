@@ -173,3 +173,25 @@ def test_the_lists_name_pinned_cases():
 def test_batch_clients_must_be_a_positive_whole_number():
     with pytest.raises(ValueError, match="batch_clients must be a positive whole number"):
         BatchedGrid(3, batch_clients=0)
+
+
+def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_path, caplog):
+    """A model with dropout cannot run under vmap, so its clients train one at a time after the
+    whole chunk was prepared; each starts from the random state its own preparation left (the
+    serial engine's masks), not the last prepared client's: the replies equal the serial ones."""
+    torch.set_num_threads(1)
+    overrides_ = ["dataset=synthetic", "dataset.options.num_samples=600", "num_clients=3", "fraction=1.0"]
+    overrides_ += ["rounds=1", "local_epochs=1", "partition.min_size=20", "method=fedavg", "model=cnn_fedtsdp"]
+    overrides_ += ["progress=false", "final_eval=false"]
+    grids = {}
+    serial, batched = InProcessGrid(3, record=True, client_threads=1), BatchedGrid(3, threads=1, record=True)
+    for name, grid in (("serial", serial), ("batched", batched)):
+        cfg = compose_config([*overrides_, f"output_dir={tmp_path / name}"])
+        with caplog.at_level(logging.INFO):
+            run_experiment(grid, cfg)
+        grids[name] = grid
+    assert grids["batched"].alone_clients == 3 and any("vmap" in r.getMessage() for r in caplog.records)
+    for a, b in zip(train_replies(grids["serial"]), train_replies(grids["batched"])):
+        arrays_a, arrays_b = a.content.array_records["arrays"], b.content.array_records["arrays"]
+        for key in arrays_a:
+            assert np.array_equal(arrays_a[key].numpy(), arrays_b[key].numpy()), key

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO
+from typing import TYPE_CHECKING
 
 from flwr.app import Message
 from flwr.common import log
@@ -32,6 +33,9 @@ from pflower.client_app.batched import evaluate_alone, evaluate_together, train_
 from pflower.client_app.runtime import TrainTask, finish_train, record_before, start_train
 
 from .inprocess import InProcessGrid, _threads, error_reply, handle_safely
+
+if TYPE_CHECKING:
+    from .together import SharedTrainer
 
 
 class BatchedGrid(InProcessGrid):
@@ -44,16 +48,19 @@ class BatchedGrid(InProcessGrid):
         threads: int | None = None,
         record: bool = False,
         batch_eval: bool | None = None,
+        trainer: SharedTrainer | None = None,
     ):
         """``batch_clients``: the most clients prepared and trained at once; ``threads``: torch
         threads for everything this process computes (None: unchanged); ``batch_eval``: evaluate
         a chunk's models as one computation too (None: on CUDA only; on a CPU one at a time is
-        faster, measured in docs/benchmarks.md section 5)."""
+        faster, measured in docs/benchmarks.md section 5); ``trainer``: the training step this
+        run shares with others (``pflower sim --together``, :mod:`server_app.together`)."""
         if isinstance(batch_clients, bool) or not isinstance(batch_clients, int) or batch_clients < 1:
             raise ValueError(f"batch_clients must be a positive whole number, got {batch_clients!r}")
         super().__init__(num_nodes, record=record, client_threads=threads)
         self.batch_clients = batch_clients
         self.batch_eval = batch_eval
+        self.trainer = trainer
         self.said: set[tuple[str, str]] = set()  # (role, reason) already logged
         self.batched_clients = 0  # clients trained inside a group (tests, the benchmark)
         self.alone_clients = 0  # clients trained one at a time
@@ -90,7 +97,8 @@ class BatchedGrid(InProcessGrid):
             else:
                 record_before(task, result)
         started = [(i, task) for (i, task), result in zip(started, befores) if not isinstance(result, Exception)]
-        outcomes = train_tasks([task for _, task in started], self._say)
+        ready = [task for _, task in started]
+        outcomes = self.trainer.train(ready, self._say) if self.trainer else train_tasks(ready, self._say)
         trained = [(i, task, outcome) for (i, task), outcome in zip(started, outcomes)]
         for i, _, outcome in trained:
             if isinstance(outcome, Exception):

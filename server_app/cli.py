@@ -181,7 +181,11 @@ def _sim_main(argv: list[str]) -> int:
 
     try:
         jobs, argv = parse_jobs(argv)
+        together = "--together" in argv
+        argv = [a for a in argv if a != "--together"]
         sweep_mode = "-m" in argv or "--multirun" in argv
+        if together:
+            return _together_main(argv, jobs)
         if jobs > 1 and not sweep_mode:
             raise ConfigError("--jobs runs a sweep's runs at once: add -m (e.g. pflower sim -m seed=1,2,3 --jobs 2)")
         combos = sweep_combinations(argv) if jobs > 1 else []
@@ -219,6 +223,38 @@ def _sim_main(argv: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     return 0
+
+
+def _together_main(argv: list[str], jobs: int) -> int:
+    """``pflower sim -m ... backend=batched --together``: the sweep's runs in this process, each
+    round's training of all of them as one computation (:mod:`server_app.together`)."""
+    from .config import compose_config
+    from .failures import USER_ERRORS
+    from .together import run_together
+
+    try:
+        if "-m" not in argv and "--multirun" not in argv:
+            raise ConfigError("--together runs a sweep's runs as one computation: add -m (e.g. -m seed=1,2,3)")
+        if jobs > 1:
+            raise ConfigError("--together runs the whole sweep in one process: drop --jobs")
+        combos = sweep_combinations(argv)
+        if any("(" in o for combo in combos for o in combo):
+            raise ConfigError("--together needs the sweep's values listed (a,b,c), not a hydra sweep function")
+        precheck(argv)  # every combination composed, validated and its strategy and data checked
+        cfgs = []
+        for combo in combos:
+            cfg = compose_config(combo)
+            cfgs.append(resume_config(cfg, combo) if cfg.get("resume") else cfg)
+        varying = {i for i in range(len(combos[0])) if len({c[i] for c in combos}) > 1}
+        labels = [" ".join(o for i, o in enumerate(c) if i in varying) or f"run {k + 1}" for k, c in enumerate(combos)]
+        outcomes = run_together(cfgs, labels)
+    except USER_ERRORS as exc:
+        print(f"pflower: {exc}", file=sys.stderr)
+        return 2
+    failed = [(label, out) for label, out in zip(labels, outcomes) if isinstance(out, Exception)]
+    for label, exc in failed:
+        print(f"pflower: the run {label} failed: {exc}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -218,10 +218,12 @@ def documented_keys() -> list[tuple[str, str, str]]:
 def sim_help() -> str:
     """``pflower sim --help``: the keys with defaults and meanings, the groups and their choices."""
     lines = [
-        "usage: pflower sim [-m [--jobs N]] [key=value ...] [group=choice ...]",
+        "usage: pflower sim [-m [--jobs N | --together]] [key=value ...] [group=choice ...]",
         "",
         "  -m          a sweep: one run per combination of the comma-separated values",
         "  --jobs N    with -m: N runs at a time, each its own process (docs/scaling.md)",
+        "  --together  with -m and backend=batched: the runs in one process, each round's training of",
+        "              all of them as one computation (docs/scaling.md)",
         "",
         "Keys (default, meaning):",
     ]

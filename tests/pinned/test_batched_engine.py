@@ -195,3 +195,48 @@ def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_pa
         arrays_a, arrays_b = a.content.array_records["arrays"], b.content.array_records["arrays"]
         for key in arrays_a:
             assert np.array_equal(arrays_a[key].numpy(), arrays_b[key].numpy()), key
+
+
+@pytest.mark.parametrize("case", ["fedper", "ditto"])
+def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path):
+    """``pflower sim --together``: two seeds of a method share each round's training (one group
+    twice as wide); each run's train replies equal its replies alone on the batched engine."""
+    from pflower.server_app.together import run_together
+
+    torch.set_num_threads(1)
+    base = ["dataset=synthetic" if o == "dataset=digits" else o for o in overrides(case)]
+    base += ["dataset.options.num_samples=1200", "rounds=2", "backend=batched", "workers=1"]
+    seeds = ["seed=1", "seed=2"]
+    alone = []
+    for seed in seeds:
+        cfg = compose_config([*base, seed, f"output_dir={tmp_path / 'alone'}"])
+        grid = BatchedGrid(int(cfg.num_clients), threads=1, record=True)
+        run_experiment(grid, cfg)
+        alone.append(train_replies(grid))
+    recorded: dict[int, BatchedGrid] = {}  # run -> its grid (each made in its run's thread)
+    real = BatchedGrid.__init__
+
+    def recording(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        import threading
+
+        real(self, *args, **{**kwargs, "record": True})
+        recorded[int(threading.current_thread().name.rsplit("-", 1)[1])] = self
+
+    cfgs = [compose_config([*base, seed, f"output_dir={tmp_path / 'together'}"]) for seed in seeds]
+    try:
+        BatchedGrid.__init__ = recording
+        outcomes = run_together(cfgs, seeds)
+    finally:
+        BatchedGrid.__init__ = real
+    assert not any(isinstance(o, Exception) for o in outcomes), outcomes
+    per_round = len(alone[0]) // 2  # a run's clients a round (2 rounds)
+    assert recorded[0].trainer.widths == [2 * per_round] * 2  # both runs' clients in each round's training
+    for k, expected in enumerate(alone):
+        grid = recorded[k]
+        actual = train_replies(grid)
+        assert len(actual) == len(expected) > 0
+        for a, b in zip(expected, actual):
+            arrays_a, arrays_b = a.content.array_records["arrays"], b.content.array_records["arrays"]
+            for key in arrays_a:
+                x, y = arrays_a[key].numpy(), arrays_b[key].numpy()
+                assert np.abs(x - y).max() <= RTOL * max(float(np.abs(x).max()), 1e-6), f"{case}: {key}"

@@ -87,6 +87,7 @@ SIMULATION_HARNESS = {
     "server_app/inprocess.py",
     "server_app/parallel.py",
     "server_app/batched.py",
+    "server_app/together.py",
     "server_app/simulate.py",
 }
 # a benchmark of the client's own training loops (one client at a time against the batched engine)

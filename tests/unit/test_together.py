@@ -1,0 +1,104 @@
+"""``pflower sim --together``: the shared training step (server_app.together.SharedTrainer) and the
+command line's refusals. The runs' numbers against each run alone: tests/pinned/test_batched_engine.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pflower.server_app import together
+from pflower.server_app.cli import main
+
+
+@pytest.fixture
+def joint_calls(monkeypatch):
+    """train_tasks replaced: each task's outcome is its own value; the calls' task lists recorded."""
+    calls: list[list] = []
+
+    def fake(tasks, say):  # noqa: ANN001, ANN202
+        calls.append(list(tasks))
+        return [t * 10 for t in tasks]
+
+    monkeypatch.setattr(together, "train_tasks", fake)
+    return calls
+
+
+def in_threads(trainer: together.SharedTrainer, chunks: dict[str, list | None]) -> dict[str, list]:
+    """Each run in its own thread, holding the lock as run_together's do: a list hands that chunk
+    in, None ends the run without training."""
+    out: dict[str, list] = {}
+
+    def one(name: str, chunk: list | None) -> None:
+        with trainer.lock:
+            try:
+                if chunk is not None:
+                    out[name] = trainer.train(chunk, lambda role, reason: None)
+            finally:
+                trainer.leave()
+
+    threads = [threading.Thread(target=one, args=item) for item in chunks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "a run is still waiting"
+    return out
+
+
+def test_the_runs_chunks_train_once_all_are_in_and_each_gets_its_own_outcomes(joint_calls):
+    trainer = together.SharedTrainer(3)
+    out = in_threads(trainer, {"a": [1, 2], "b": [3], "c": [4, 5, 6]})
+    assert len(joint_calls) == 1 and sorted(joint_calls[0]) == [1, 2, 3, 4, 5, 6]
+    assert out == {"a": [10, 20], "b": [30], "c": [40, 50, 60]}
+    assert trainer.widths == [6]
+
+
+def test_a_run_that_ends_does_not_keep_the_others_waiting(joint_calls):
+    trainer = together.SharedTrainer(3)
+    out = in_threads(trainer, {"a": [1], "gone": None, "b": [2]})
+    assert out == {"a": [10], "b": [20]} and [sorted(c) for c in joint_calls] == [[1, 2]]
+
+
+def test_a_trainer_needs_a_run():
+    with pytest.raises(ValueError, match="at least one run"):
+        together.SharedTrainer(0)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--together", "seed=1", "backend=batched"],
+            "pflower: --together runs a sweep's runs as one computation: add -m",
+        ),
+        (
+            ["-m", "--together", "seed=1,2"],
+            "pflower: --together trains a sweep's runs as one computation on the batched",
+        ),
+        (["-m", "--together", "--jobs", "2", "seed=1,2", "backend=batched"], "drop --jobs"),
+        (["-m", "--together", "seed=range(1,3)", "backend=batched"], "needs the sweep's values listed"),
+    ],
+)
+def test_together_refusals_are_one_line(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sim", *args, "dataset=digits", f"output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_together_sweep_writes_each_runs_directory_and_labels_its_lines(tmp_path, monkeypatch, caplog):
+    import json
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", "seed=1,2", "backend=batched", "workers=1", "dataset=digits", "method=fedavg", "rounds=2"]
+    args += ["num_clients=3", "fraction=1.0", "local_epochs=1", "progress=false", "--together"]
+    with caplog.at_level(logging.INFO):
+        assert main(["sim", *args, f"output_dir={tmp_path / 'out'}"]) == 0
+    summaries = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*/*/summary.json"))]
+    assert len(summaries) == 2 and all(s["rounds"] == 2 for s in summaries)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("[seed=2] [round   2/2]") for line in lines), lines
+    assert "together: 2 joint trainings, 6 to 6 clients each" in lines

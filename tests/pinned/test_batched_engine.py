@@ -112,19 +112,25 @@ def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, tmp
         assert batched.batched_clients == 0 and said, f"{case}: no log line says why its clients train alone"
 
 
-def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
-    """Memory: at most ``batch_clients`` clients are prepared and trained at once, whatever the
-    round's size (a round of 1,000 clients holds that many models, not 1,000)."""
-    import pflower.client_app.batched as engine
-
+def group_sizes(monkeypatch, module, name: str) -> list[int]:  # noqa: ANN001
+    """``module.name`` (a function of a list of models first) wrapped: the list's length at each call."""
     sizes: list[int] = []
-    real = engine.train_together
+    real = getattr(module, name)
 
     def recording(models, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         sizes.append(len(models))
         return real(models, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "train_together", recording)
+    monkeypatch.setattr(module, name, recording)
+    return sizes
+
+
+def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
+    """Memory: at most ``batch_clients`` clients are prepared and trained at once, whatever the
+    round's size (a round of 1,000 clients holds that many models, not 1,000)."""
+    import pflower.client_app.batched as engine
+
+    sizes = group_sizes(monkeypatch, engine, "train_together")
     cfg = compose_config(
         [
             "dataset=synthetic",
@@ -146,18 +152,11 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("batch_eval, together", [(None, 0), (True, 4)])
 def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, together, tmp_path, monkeypatch):
-    """One round of 2 clients: test_before and test_after, each one call for the chunk's two
+    """Two rounds of 2 clients: test_before and test_after, each one call for the chunk's two
     models when batched; none on this CPU by default (one at a time is faster on a CPU)."""
     import pflower.server_app.batched as engine
 
-    calls: list[int] = []
-    real = engine.evaluate_together
-
-    def recording(models, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        calls.append(len(models))
-        return real(models, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "evaluate_together", recording)
+    calls = group_sizes(monkeypatch, engine, "evaluate_together")
     cfg = compose_config(
         ["dataset=synthetic", "num_clients=2", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20"]
         + ["method=fedavg", "progress=false", "final_eval=false", f"output_dir={tmp_path}"]

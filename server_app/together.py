@@ -72,7 +72,10 @@ class SharedTrainer:
         chunks = list(self._pending.items())
         self._pending.clear()
         joint = [task for _, tasks in chunks for task in tasks]
-        outcomes = train_tasks(joint, self._say or (lambda role, reason: None))
+        try:
+            outcomes: list[float | Exception] = train_tasks(joint, self._say or (lambda role, reason: None))
+        except Exception as exc:  # noqa: BLE001 - every waiting run gets its clients' error replies, none hangs
+            outcomes = [exc] * len(joint)
         self.widths.append(len(joint))
         start = 0
         for key, tasks in chunks:

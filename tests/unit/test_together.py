@@ -102,3 +102,13 @@ def test_a_together_sweep_writes_each_runs_directory_and_labels_its_lines(tmp_pa
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("[seed=2] [round   2/2]") for line in lines), lines
     assert "together: 2 joint trainings, 6 to 6 clients each" in lines
+
+
+def test_a_joint_training_that_raises_answers_every_run_with_the_error(monkeypatch):
+    def broken(tasks, say):  # noqa: ANN001, ANN202
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(together, "train_tasks", broken)
+    out = in_threads(together.SharedTrainer(2), {"a": [1, 2], "b": [3]})
+    assert sorted(out) == ["a", "b"] and all(isinstance(o, RuntimeError) for outs in out.values() for o in outs)
+    assert len(out["a"]) == 2 and len(out["b"]) == 1

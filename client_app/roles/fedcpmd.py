@@ -15,7 +15,7 @@ from pflower.federated_data import ClientData
 from pflower.protocol.roles import FedCPMDArgs
 
 from ..training import TrainArgs
-from .base import RoleContext
+from .base import FitPlan, RoleContext
 from .fedcmd import FedCMDRole
 from .layer_stats import LayerScorer, ScoreRule, score_pass
 
@@ -24,12 +24,18 @@ class FedCPMDRole(FedCMDRole):
     name = "fedcpmd"
     args_type = FedCPMDArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
+        """Phase 0 (a probe, no training) is not a plan; phases 1 and 2 as FedCMD's."""
+        if self.args.phase == 0:
+            return None
+        return super().plan(model, data, train_args, ctx)
+
+    def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
         if self.args.phase == 0:
             scorer = self.scorer(model, data)
             score_pass(model, data.x_train, data.y_train, scorer, train_args.batch_size, ctx.device)
             return {"train_loss": 0.0, "probe": 1.0, **scorer.metrics()}
-        return super().fit(model, data, train_args, ctx)
+        return super().fit_alone(model, data, train_args, ctx)
 
     def scorer(self, model: nn.Module, data: ClientData) -> LayerScorer:
         a = self.args

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -23,9 +24,9 @@ from pflower.federated_data import ClientData
 from pflower.models.schema import layer_dims, parameter_layers
 from pflower.protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
-from ..training import TrainArgs, train
-from .base import Role, RoleContext
-from .proximal import proximal_loss, snapshot
+from ..training import TrainArgs
+from .base import FitPlan, Role, RoleContext
+from .proximal import proximal_penalty, snapshot
 
 STATE = "kapc."  # extra_state keys: kapc.bmax, kapc.tmax (running maxima per layer), kapc.omega (Omega_prev)
 FLOOR = 1e-12
@@ -97,7 +98,9 @@ class KAPCRole(Role):
     name = "kapc"
     args_type = KAPCArgs
 
-    def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
+    def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan:
+        """CE + lambda ||w - target||^2 (the proximal penalty with mu = 2 lambda), then with BLS
+        the upload choice Omega from the trained layers."""
         layers = parameter_layers(model)
         mask = list(self.args.mask) or [1] * len(layers)
         if len(mask) != len(layers):
@@ -116,19 +119,22 @@ class KAPCRole(Role):
             if self.args.masked_reg == "start"
             else {k: targets[k] for sent, keys in zip(mask, layers) if sent for k in keys}
         )
-        loss_fn = proximal_loss(pulled, 2.0 * self.args.lam)
-        loss = train(
-            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
-        )
-        metrics = {"train_loss": loss, "omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
-        if self.args.bls:
-            omega, floor, reset = self._omega(model, layers, targets, data.num_classes, ctx)
-            keep = {k for keys in layers[:omega] for k in keys}
-            ctx.upload_keys = [k for k in ctx.upload_keys if k in keep]
-            # who chose Omega: ALG4's reset to L - 1 (first participation or Omega_prev = L), the
-            # floor omega_min, or else the bound
-            metrics.update({"omega": float(omega), "omega_floor": float(floor), "omega_reset": float(reset)})
-        return metrics
+        mu = 2.0 * self.args.lam
+
+        def choose_upload(trained: nn.Module) -> dict[str, float]:
+            metrics = {"omega": float(len(layers)), "masked_layers": float(len(mask) - sum(mask))}
+            if self.args.bls:
+                omega, floor, reset = self._omega(trained, layers, targets, data.num_classes, ctx)
+                keep = {k for keys in layers[:omega] for k in keys}
+                ctx.upload_keys = [k for k in ctx.upload_keys if k in keep]
+                # who chose Omega: ALG4's reset to L - 1 (first participation or Omega_prev = L), the
+                # floor omega_min, or else the bound
+                metrics.update({"omega": float(omega), "omega_floor": float(floor), "omega_reset": float(reset)})
+            return metrics
+
+        if mu == 0 or not pulled:  # proximal_loss adds no term then
+            return FitPlan(after=choose_upload)
+        return FitPlan(penalty=partial(proximal_penalty, mu=mu), reference=pulled, after=choose_upload)
 
     def _omega(self, model: nn.Module, layers, targets, classes: int, ctx: RoleContext) -> tuple[int, bool, bool]:
         """(Omega, whether the floor stopped the walk, whether ALG4 reset it to L - 1 untested)."""

@@ -53,7 +53,13 @@ BATCHED = {
     "feddyn": [],  # two penalties, the state g updated after training
     "ditto": [],  # two stages: the personal model, then the global one
     "fedrep": [],  # two stages: the head, then the body
+    "kapc": [],  # the proximal pull toward the server's regularizer
+    "kapc_bls": [],  # and the upload choice after training
+    "fedcpmd": ["method.selection_timing=after_training"],
 }
+# votes taken on the training batches (the default): those rounds one client at a time with the
+# log line, the other rounds batched
+MIXED = {"fedcmd": [], "fedcpmd": []}
 # past FedCMD's 2 vote rounds into phase 2; FedAMP's cloud models; FedCPMD needs a phase-2 round
 # Ditto's personal model and FedDyn's g: a second round starts from the state the first kept
 ROUNDS = {"fedcmd": 3, "fedamp": 2, "fedcpmd": 2, "ditto": 2, "feddyn": 2}
@@ -78,13 +84,16 @@ def train_replies(grid) -> list:  # noqa: ANN001
 
 
 # three roles that are not plans stand for the rest (each is also a pinned case of the other engines)
-ALONE = ["moon", "fedfomo", "fedcpmd"]
+ALONE = ["moon", "fedfomo", "fedap"]
 
 
-@pytest.mark.parametrize("case", [*BATCHED, *ALONE])
-def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, tmp_path, caplog):
+KINDS = [*((c, "batched") for c in BATCHED), *((c, "mixed") for c in MIXED), *((c, "alone") for c in ALONE)]
+
+
+@pytest.mark.parametrize("case, kind", KINDS)
+def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, kind, tmp_path, caplog):
     torch.set_num_threads(1)
-    extra = BATCHED.get(case, [])
+    extra = {"batched": BATCHED, "mixed": MIXED}.get(kind, {}).get(case, [])
     serial = one_run(case, InProcessGrid, extra, tmp_path, "serial")
     with caplog.at_level(logging.INFO):
         batched = one_run(case, BatchedGrid, extra, tmp_path, "batched")
@@ -106,8 +115,10 @@ def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, tmp
         for key in ("test_before_loss_sum", "test_after_loss_sum"):
             assert metrics_b[key] == pytest.approx(metrics_a[key], rel=RTOL), f"{case}: {key}"
     said = [r.getMessage() for r in caplog.records if "trains one client at a time" in r.getMessage()]
-    if case in BATCHED:
+    if kind == "batched":
         assert batched.alone_clients == 0 and batched.batched_clients == len(actual), said
+    elif kind == "mixed":
+        assert batched.alone_clients > 0 and batched.batched_clients > 0 and said, (batched.alone_clients, said)
     else:
         assert batched.batched_clients == 0 and said, f"{case}: no log line says why its clients train alone"
 
@@ -166,7 +177,7 @@ def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, tog
 
 
 def test_the_lists_name_pinned_cases():
-    assert set(BATCHED) | set(ALONE) <= set(CASES)
+    assert set(BATCHED) | set(MIXED) | set(ALONE) <= set(CASES)
 
 
 def test_batch_clients_must_be_a_positive_whole_number():

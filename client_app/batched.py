@@ -110,11 +110,19 @@ def train_tasks(tasks: Sequence[TrainTask], say: Say) -> list[float | Exception]
     return out  # type: ignore[return-value]
 
 
+def role_has_plans(role: str) -> bool:
+    """Whether clients of ``role`` can train as :class:`FitPlan` s (its ``fit`` is the base class's,
+    which runs the plan); a role that overrides ``fit`` always trains one client at a time."""
+    from .roles import ROLES
+
+    return role in ROLES and ROLES[role].fit is Role.fit
+
+
 def plan_of(task: TrainTask, say: Say) -> Plans | None:
     """The client's plan when its role trains by one this round (its ``fit`` is the base class's,
     which runs the plan), else None, and ``say`` why."""
     role = task.role
-    if type(role).fit is not Role.fit:
+    if not role_has_plans(role.name):
         say(role.name, "its training is not written as a FitPlan")
         return None
     plan = role.plan(task.job.model, task.job.data, task.args, task.job.ctx)

@@ -4,8 +4,10 @@ by the ``pflower`` command and ``pflower leaderboard``."""
 from __future__ import annotations
 
 import warnings
+from logging import INFO
 from typing import Any
 
+from flwr.common import log
 from omegaconf import DictConfig
 
 from .config import ConfigError
@@ -37,6 +39,8 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
     from .runner import run_experiment
 
     if cfg.get("backend", "ray") in ("serial", "parallel", "batched"):  # no Ray
+        from pflower.client_app.batched import role_has_plans
+
         from .batched import BatchedGrid
         from .config import resolve_workers
         from .inprocess import InProcessGrid
@@ -48,10 +52,18 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
         # with client-resources num_cpus=1 does: the same numbers on every engine
         if cfg.backend == "serial":
             grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
-        elif cfg.backend == "batched":  # one process, a round's clients as grouped computations
+        elif cfg.backend == "batched" and role_has_plans(prepared.strategy.role):
+            # one process, a round's clients as grouped computations
             threads = resolve_workers(cfg.get("workers", "auto"))
             grid = BatchedGrid(int(cfg.num_clients), int(cfg.get("batch_clients", 64)), threads=threads)
         else:
+            if cfg.backend == "batched":  # every client would train alone: the parallel engine does that faster
+                log(
+                    INFO,
+                    "batched engine: client role %s has no FitPlan, so its clients train one at a time; "
+                    "the run goes to the parallel engine",
+                    prepared.strategy.role,
+                )
             from pflower.client_app.runtime import computes_on_cuda
 
             on_cuda = computes_on_cuda(str(cfg.get("device", "auto")))

@@ -250,3 +250,21 @@ def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path)
             for key in arrays_a:
                 x, y = arrays_a[key].numpy(), arrays_b[key].numpy()
                 assert np.abs(x - y).max() <= RTOL * max(float(np.abs(x).max()), 1e-6), f"{case}: {key}"
+
+
+def test_a_method_without_plans_runs_on_the_parallel_engine_with_its_numbers(tmp_path, caplog):
+    """``backend=batched`` for a method whose role overrides ``fit`` (MOON): every client would
+    train alone, so the run goes to the parallel engine, says so, and writes the pinned numbers."""
+    import json
+
+    from pflower.server_app.results import read_metrics
+    from pflower.server_app.simulate import simulate
+    from pinned.cases import fingerprint, first_difference, load_pinned
+
+    torch.set_num_threads(1)
+    cfg = compose_config([*overrides("moon"), "backend=batched", "workers=2", f"output_dir={tmp_path}"])
+    with caplog.at_level(logging.INFO):
+        summary = simulate(cfg)
+    assert any("client role moon has no FitPlan" in r.getMessage() for r in caplog.records)
+    got = json.loads(json.dumps(fingerprint(read_metrics(summary["run_dir"]), summary), sort_keys=True))
+    assert first_difference(load_pinned()["moon"], got) is None

@@ -13,6 +13,12 @@ Rules (``rule.kind``):
   (``note``, here and for ``above``: what else the reader needs, e.g. where the gap comes from);
 - ``above``: the mean over ``runs`` against each set of ``others``: reproduced when it is the
   highest, else not reproduced, naming who is above;
+- ``best_per_client``: for a claim that different clients do best under different options (a
+  personal layer each): ``options`` maps an option's name to its runs; each client's accuracy
+  (``final_client_acc``, averaged over an option's runs) picks its best option when it beats
+  every other by ``margin`` points (default 1.0); reproduced when two options or more are each
+  best for at least ``min_share`` of the clients (default 0.1), partly when two or more are best
+  for any client, else not reproduced;
 - ``judged``: the verdict and its reason as declared, for a claim about a shape or a mechanism,
   with the numbers it rests on (``numbers``) computed from the runs;
 - ``untested``: nothing here tests it yet (``reason`` says what would);
@@ -45,7 +51,7 @@ VERDICTS = {
     "untested": "untested",
     "needs_data": "needs data not available here",
 }
-KINDS = ("value", "above", "judged", "untested", "needs_data")
+KINDS = ("value", "above", "best_per_client", "judged", "untested", "needs_data")
 PERCENT_METRICS = ("acc",)  # metrics whose summary values are fractions: shown in percent
 
 
@@ -57,9 +63,10 @@ class Measured:
     mean: float
     sd: float
     n: int
+    of: str = "run"  # what n counts (runs; clients for a per-client spread)
 
     def text(self) -> str:
-        runs = f"{self.n} run{'s' if self.n != 1 else ''}"
+        runs = f"{self.n} {self.of}{'s' if self.n != 1 else ''}"
         if self.mean == int(self.mean) and self.sd == 0:  # a count (re-clusterings, a round), the same in every run
             return f"{self.label} **{int(self.mean)}** ({runs}{', each' if self.n > 1 else ''})"
         spread = f" ± {self.sd:.2f}" if self.n > 1 else ""
@@ -152,6 +159,60 @@ def measure(pattern: str | Sequence[str], metric: str, label: str, root: Path = 
     return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
 
 
+def client_accuracies(pattern: str | Sequence[str], root: Path = ROOT) -> dict[str, float]:
+    """Each client's final accuracy (percent, ``final_client_acc``) averaged over the finished
+    runs under ``pattern``; only clients every run evaluated."""
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    runs = sorted(
+        {Path(p) for pat in patterns for p in glob.glob(str(root / pat)) if (Path(p) / "summary.json").is_file()}
+    )
+    if not runs:
+        raise ConfigError(f"conf/claims.yaml: no finished run matches {pattern!r}")
+    per_run = []
+    for run in runs:
+        accs = json.loads((run / "summary.json").read_text()).get("final_client_acc")
+        if not isinstance(accs, dict) or not accs:
+            raise ConfigError(f"conf/claims.yaml: {run / 'summary.json'} has no final_client_acc (re-run it)")
+        per_run.append(accs)
+    common = set.intersection(*(set(a) for a in per_run))
+    return {cid: 100.0 * float(np.mean([a[cid] for a in per_run])) for cid in sorted(common, key=int)}
+
+
+def best_per_client(options: Mapping[str, Mapping[str, float]], margin: float) -> Counter[str]:
+    """How many clients each option is best for, by at least ``margin`` points over every other
+    option (``""`` counts the clients with no such winner)."""
+    clients = set.intersection(*(set(accs) for accs in options.values()))
+    counts: Counter[str] = Counter({name: 0 for name in options})
+    for cid in clients:
+        ranked = sorted(((accs[cid], name) for name, accs in options.items()), reverse=True)
+        clear = ranked[0][0] - ranked[1][0] >= margin
+        counts[ranked[0][1] if clear else ""] += 1
+    return counts
+
+
+def _judge_best_per_client(rule: Mapping[str, Any], root: Path) -> tuple[str, str, list[Measured]]:
+    options = {name: client_accuracies(p, root) for name, p in rule["options"].items()}
+    if len(options) < 2:
+        raise ConfigError("conf/claims.yaml: best_per_client needs two options or more")
+    margin, min_share = float(rule.get("margin", 1.0)), float(rule.get("min_share", 0.1))
+    counts = best_per_client(options, margin)
+    total = sum(counts.values())
+    winners = [name for name in options if counts[name] > 0]
+    strong = [name for name in options if counts[name] >= min_share * total]
+    verdict = "reproduced" if len(strong) >= 2 else "partly" if len(winners) >= 2 else "not_reproduced"
+    split = ", ".join(f"{name} {counts[name]}" for name in options)
+    reason = (
+        f"best option per client (by {margin:g} points or more) of {total}: {split}, no clear best {counts['']}"
+        f" (reproduced needs two options each best for {min_share:.0%} of the clients)"
+    )
+    numbers = []
+    for name, accs in options.items():
+        values = np.asarray(list(accs.values()))
+        sd = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        numbers.append(Measured(f"{name}: mean client", float(values.mean()), sd, len(values), "client"))
+    return verdict, _noted(reason, rule), numbers
+
+
 def _noted(reason: str, rule: Mapping[str, Any]) -> str:
     """A computed reason with the rule's ``note`` (where a gap comes from), if it has one."""
     return f"{reason}; {rule['note']}" if rule.get("note") else reason
@@ -178,6 +239,9 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
             return "reproduced", _noted(f"highest of {len(others) + 1}", rule), [mine, *others, *numbers]
         names = ", ".join(o.label for o in sorted(above, key=lambda o: -o.mean))
         return "not_reproduced", _noted(f"{names} at or above it", rule), [mine, *others, *numbers]
+    if kind == "best_per_client":
+        verdict, reason, per_option = _judge_best_per_client(rule, root)
+        return verdict, reason, [*per_option, *numbers]
     if kind == "judged":
         verdict = rule.get("verdict")
         if verdict not in VERDICTS:

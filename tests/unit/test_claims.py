@@ -121,3 +121,34 @@ def test_fedtsdps_events_are_counted_from_its_summary(tmp_path):
     assert claims.Measured("acc", 91.5, 0.5, 3).text() == "acc **91.50 ± 0.50** (3 runs)"
     with pytest.raises(ConfigError, match="unknown derived metric 'nope'"):
         claims.measure("runs/t", "derived:nope", "x", tmp_path)
+
+
+def per_client_run(root, name: str, accs: dict[str, float]) -> None:
+    path = root / "runs" / name
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"final_client_acc": accs}))
+
+
+def test_best_per_client_counts_clear_winners_and_gives_the_verdict(tmp_path):
+    # clients 0-3; fc1 wins 0 and 1 clearly (by 5 and 2 points), fc2 wins 2 by 3 points, 3 is a near tie
+    per_client_run(tmp_path, "fc1", {"0": 0.90, "1": 0.80, "2": 0.70, "3": 0.600})
+    per_client_run(tmp_path, "fc2", {"0": 0.85, "1": 0.78, "2": 0.73, "3": 0.605})
+    rule = {"kind": "best_per_client", "options": {"fc1": "runs/fc1", "fc2": "runs/fc2"}}
+    verdict, reason, numbers = claims.judge({"id": "X", "rule": rule}, tmp_path)
+    assert verdict == "reproduced"  # fc1 best for 2 of 4, fc2 for 1 of 4: both >= 10 %
+    assert "of 4: fc1 2, fc2 1, no clear best 1" in reason
+    assert numbers[0].text() == "fc1: mean client **75.00 ± 12.91** (4 clients)"
+    strict = {**rule, "margin": 2.5}  # only client 0 (5 points) and client 2 (3 points) are clear
+    assert "fc1 1, fc2 1, no clear best 2" in claims.judge({"id": "X", "rule": strict}, tmp_path)[1]
+    assert claims.judge({"id": "X", "rule": {**rule, "min_share": 0.3}}, tmp_path)[0] == "partly"
+    one_sided = {**rule, "margin": 4.0}  # only fc1's 5-point win on client 0 is left
+    assert claims.judge({"id": "X", "rule": one_sided}, tmp_path)[0] == "not_reproduced"
+
+
+def test_best_per_client_averages_an_options_runs_and_names_a_run_without_per_client_numbers(tmp_path):
+    per_client_run(tmp_path, "a-s1", {"0": 0.5, "1": 0.9})
+    per_client_run(tmp_path, "a-s2", {"0": 0.7, "1": 0.9, "2": 0.1})  # client 2 only here: left out
+    assert claims.client_accuracies("runs/a-*", tmp_path) == pytest.approx({"0": 60.0, "1": 90.0})
+    run(tmp_path, "old", headline_test_before_acc=0.9)
+    with pytest.raises(ConfigError, match="has no final_client_acc"):
+        claims.client_accuracies("runs/old", tmp_path)

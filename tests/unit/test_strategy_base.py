@@ -241,8 +241,6 @@ def test_extra_arrays_reach_the_role_come_back_validated_and_count_as_bytes(comp
 def test_per_client_accuracy_is_each_clients_own_share_keyed_by_id_in_order():
     from pflower.strategies.base.evaluation import per_client_accuracy
 
-    got = per_client_accuracy(
-        {10: {"test_correct": 3.0, "test_size": 4.0}, 2: {"test_correct": 1.0, "test_size": 8.0}}
-    )
+    got = per_client_accuracy({10: {"test_correct": 3.0, "test_size": 4.0}, 2: {"test_correct": 1.0, "test_size": 8.0}})
     assert list(got) == ["2", "10"]  # numeric order, not text order
     assert got == {"2": 0.125, "10": 0.75}

@@ -185,7 +185,8 @@ def best_per_client(options: Mapping[str, Mapping[str, float]], margin: float) -
     counts: Counter[str] = Counter({name: 0 for name in options})
     for cid in clients:
         ranked = sorted(((accs[cid], name) for name, accs in options.items()), reverse=True)
-        clear = ranked[0][0] - ranked[1][0] >= margin
+        gap = ranked[0][0] - ranked[1][0]
+        clear = gap > 0 and gap >= margin  # an exact tie has no best, whatever the margin
         counts[ranked[0][1] if clear else ""] += 1
     return counts
 
@@ -202,7 +203,8 @@ def _judge_best_per_client(rule: Mapping[str, Any], root: Path) -> tuple[str, st
     verdict = "reproduced" if len(strong) >= 2 else "partly" if len(winners) >= 2 else "not_reproduced"
     split = ", ".join(f"{name} {counts[name]}" for name in options)
     reason = (
-        f"best option per client (by {margin:g} points or more) of {total}: {split}, no clear best {counts['']}"
+        f"best option per client (by {margin:g} point{'' if margin == 1 else 's'} or more) of {total}: {split}, "
+        f"no clear best {counts['']}"
         f" (reproduced needs two options each best for {min_share:.0%} of the clients)"
     )
     numbers = []

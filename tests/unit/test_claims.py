@@ -145,6 +145,11 @@ def test_best_per_client_counts_clear_winners_and_gives_the_verdict(tmp_path):
     assert claims.judge({"id": "X", "rule": one_sided}, tmp_path)[0] == "not_reproduced"
 
 
+def test_an_exact_tie_has_no_best_option_even_at_margin_zero():
+    counts = claims.best_per_client({"a": {"0": 90.0, "1": 80.0}, "b": {"0": 90.0, "1": 79.5}}, margin=0.0)
+    assert counts == {"a": 1, "b": 0, "": 1}
+
+
 def test_best_per_client_averages_an_options_runs_and_names_a_run_without_per_client_numbers(tmp_path):
     per_client_run(tmp_path, "a-s1", {"0": 0.5, "1": 0.9})
     per_client_run(tmp_path, "a-s2", {"0": 0.7, "1": 0.9, "2": 0.1})  # client 2 only here: left out

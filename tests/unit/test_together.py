@@ -112,3 +112,17 @@ def test_a_joint_training_that_raises_answers_every_run_with_the_error(monkeypat
     out = in_threads(together.SharedTrainer(2), {"a": [1, 2], "b": [3]})
     assert sorted(out) == ["a", "b"] and all(isinstance(o, RuntimeError) for outs in out.values() for o in outs)
     assert len(out["a"]) == 2 and len(out["b"]) == 1
+
+
+def test_a_together_sweep_resumes_together_by_sweeping_resume(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", "seed=1,2", "backend=batched", "workers=1", "dataset=digits", "method=fedavg", "rounds=2"]
+    args += ["num_clients=3", "fraction=1.0", "local_epochs=1", "progress=false", f"output_dir={tmp_path / 'out'}"]
+    assert main(["sim", *args, "--together"]) == 0
+    runs = sorted((tmp_path / "out").glob("*/*"))
+    assert main(["sim", "-m", "resume=" + ",".join(str(r) for r in runs), "rounds=3", "--together"]) == 0
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert (summary["rounds"], summary["resumed_after_round"]) == (3, 2)

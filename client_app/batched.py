@@ -137,14 +137,18 @@ def group_key(task: TrainTask, plan: FitPlan) -> tuple:
     model = task.job.model if plan.model is None else plan.model
     return (
         task.role.name,
-        type(model).__name__,
-        tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items()),
+        architecture(model),
         str(task.job.ctx.device),
         plan.train_args(task.args),
         None if plan.params is None else tuple(plan.params),
         tuple(_penalty_key(p) for p in plan.penalties()),
         tuple((n, tuple(t.shape)) for n, t in plan.reference.items()),
     )
+
+
+def architecture(model: nn.Module) -> tuple:
+    """What models must share to be stacked: class and every tensor's name, shape and dtype."""
+    return type(model).__name__, tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items())
 
 
 def _penalty_key(penalty: Any) -> Any:
@@ -294,8 +298,7 @@ def evaluate_together(
     out: list[tuple[int, float, int] | None] = [None] * len(models)
     groups: dict[tuple, list[int]] = {}
     for k, model in enumerate(models):
-        shape = tuple((n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items())
-        groups.setdefault((type(model).__name__, shape), []).append(k)
+        groups.setdefault(architecture(model), []).append(k)
     for members in groups.values():
         try:
             results = _evaluate_group([models[k] for k in members], [data[k] for k in members], device, batch_size)

@@ -296,10 +296,12 @@ class TrainTask:
 
 
 def start_train(
-    message: Message, context: Context, hooks: ClientHooks | None = None, *, evaluate_before: bool = True
+    message: Message, context: Context, hooks: ClientHooks | None = None, *, deferred: bool = False
 ) -> TrainTask:
-    """Prepare a train message and evaluate the received model (``test_before``); without
-    ``evaluate_before``, the model to evaluate is left in ``task.before`` for the engine."""
+    """Prepare a train message and evaluate the received model (``test_before``). ``deferred``:
+    the engine prepares a chunk of clients before training any (the batched engine), so the
+    model to evaluate is left in ``task.before`` and the random state this preparation left is
+    kept for :func:`resume_random`."""
     job = prepare(message, context, hooks)
     spec, cid, data, model, ctx = job.spec, job.client_id, job.data, job.model, job.ctx
     args = _train_args(spec)
@@ -307,11 +309,12 @@ def start_train(
     metrics: dict[str, float] = {wire.CLIENT_KEY: cid, wire.NUM_EXAMPLES: data.num_train, wire.TEST_SIZE: data.num_test}
     t0 = time.perf_counter()
     task = TrainTask(message, job, role, args, metrics, 0.0, before=role.eval_model(model, data, args, ctx))
-    if evaluate_before:
+    if not deferred:
         record_before(task, evaluate(task.before, data.x_test, data.y_test, device=ctx.device))
     task.eval_s += time.perf_counter() - t0
-    cuda = torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None
-    task.random_state = (torch.get_rng_state(), cuda)
+    if deferred:
+        cuda = torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None
+        task.random_state = (torch.get_rng_state(), cuda)
     return task
 
 

@@ -87,7 +87,7 @@ class BatchedGrid(InProcessGrid):
         started: list[tuple[int, TrainTask]] = []
         for i, (msg, node) in enumerate(tasks):
             try:
-                started.append((i, start_train(msg, self.contexts[node], evaluate_before=False)))
+                started.append((i, start_train(msg, self.contexts[node], deferred=True)))
             except Exception as exc:  # noqa: BLE001 - a ClientApp exception becomes an error reply, as in Flower
                 replies[i] = error_reply(msg, exc)
         befores = self._evaluate([task for _, task in started], [task.before for _, task in started])

@@ -10,7 +10,6 @@ between rounds; on first contact it starts from the received global model. ``tes
 from __future__ import annotations
 
 import copy
-from functools import partial
 
 from torch import nn
 
@@ -19,7 +18,7 @@ from pflower.protocol.roles import DittoArgs
 
 from ..training import TrainArgs
 from .base import FitPlan, Role, RoleContext
-from .proximal import proximal_penalty, snapshot
+from .proximal import proximal_terms, snapshot
 
 PREFIX = "ditto."
 
@@ -41,7 +40,7 @@ class DittoRole(Role):
     args_type = DittoArgs
 
     def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> list[FitPlan]:
-        lam = self.args.lam
+        terms = proximal_terms(self.args.lam)
         v = personal_model(model, ctx)
         self._trained = v
 
@@ -50,8 +49,8 @@ class DittoRole(Role):
             return {}
 
         personal = FitPlan(
-            penalty=None if lam == 0 else partial(proximal_penalty, mu=lam),
-            reference={} if lam == 0 else snapshot(model),  # the received global w^t
+            penalty=terms,
+            reference=snapshot(model) if terms else {},  # the received global w^t
             model=v,
             epochs=self.args.personal_epochs,
             loss_name="personal_loss",

@@ -9,7 +9,6 @@ The terms are plain functions of a model and tensors, unit-tested on hand number
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 
 import torch
 from torch import nn
@@ -19,7 +18,7 @@ from pflower.protocol.roles import FedDynArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy
 from .base import FitPlan, Role, RoleContext
-from .proximal import proximal_loss, proximal_penalty, snapshot
+from .proximal import proximal_loss, proximal_terms, snapshot
 
 PREFIX = "feddyn.g."
 G_PREFIX, W_PREFIX = "g/", "w/"  # the plan's reference tensors: the state g, the received w
@@ -77,11 +76,8 @@ class FedDynRole(Role):
             ctx.extra_state.update({PREFIX + k: v.detach().cpu() for k, v in new_g.items()})
             return {}
 
-        penalties: tuple = (linear_penalty,)
-        if alpha != 0:  # proximal_loss adds no term at alpha 0
-            penalties += (partial(proximal_penalty, mu=alpha, prefix=W_PREFIX),)
         return FitPlan(
-            penalty=penalties,
+            penalty=(linear_penalty, *proximal_terms(alpha, W_PREFIX)),
             reference={**{G_PREFIX + k: t for k, t in g.items()}, **{W_PREFIX + k: t for k, t in reference.items()}},
             after=update_state,
         )

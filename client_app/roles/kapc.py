@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from pflower.protocol.roles import REGULARIZER_PREFIX, KAPCArgs
 
 from ..training import TrainArgs
 from .base import FitPlan, Role, RoleContext
-from .proximal import proximal_penalty, snapshot
+from .proximal import proximal_terms, snapshot
 
 STATE = "kapc."  # extra_state keys: kapc.bmax, kapc.tmax (running maxima per layer), kapc.omega (Omega_prev)
 FLOOR = 1e-12
@@ -132,9 +131,8 @@ class KAPCRole(Role):
                 metrics.update({"omega": float(omega), "omega_floor": float(floor), "omega_reset": float(reset)})
             return metrics
 
-        if mu == 0 or not pulled:  # proximal_loss adds no term then
-            return FitPlan(after=choose_upload)
-        return FitPlan(penalty=partial(proximal_penalty, mu=mu), reference=pulled, after=choose_upload)
+        terms = proximal_terms(mu) if pulled else ()  # nothing to pull toward: CE alone
+        return FitPlan(penalty=terms, reference=pulled if terms else {}, after=choose_upload)
 
     def _omega(self, model: nn.Module, layers, targets, classes: int, ctx: RoleContext) -> tuple[int, bool, bool]:
         """(Omega, whether the floor stopped the walk, whether ALG4 reset it to L - 1 untested)."""

@@ -18,7 +18,7 @@ from pflower.federated_data import ClientData
 from pflower.protocol.roles import ProximalArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy
-from .base import FitPlan, RoleContext, SGDRole
+from .base import FitPlan, Penalty, RoleContext, SGDRole
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -34,6 +34,12 @@ def proximal_penalty(
     ``prefix``, only the reference keys ``prefix + name`` count (a plan with other tensors too)."""
     terms = [((params[k[len(prefix) :]] - ref) ** 2).sum() for k, ref in reference.items() if k.startswith(prefix)]
     return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def proximal_terms(mu: float, prefix: str = "") -> tuple[Penalty, ...]:
+    """The :class:`FitPlan` penalties of mu/2 ||w - ref||^2 (reference keys ``prefix + name``):
+    none at mu = 0, where :func:`proximal_loss` adds no term either."""
+    return () if mu == 0 else (partial(proximal_penalty, mu=mu, prefix=prefix),)
 
 
 def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
@@ -59,9 +65,8 @@ class ProximalRole(SGDRole):
     args_type = ProximalArgs
 
     def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
-        if self.args.mu == 0:
-            return FitPlan()
-        return FitPlan(penalty=partial(proximal_penalty, mu=self.args.mu), reference=self.reference(model, ctx))
+        terms = proximal_terms(self.args.mu)
+        return FitPlan(penalty=terms, reference=self.reference(model, ctx)) if terms else FitPlan()
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
         """What the term pulls toward: the received model (FedProx); FedAMP: its cloud model u_i."""

@@ -10,9 +10,10 @@ features every ``cvae_interval`` rounds from the end of the warm-up (its weights
 re-created), replaces S by one decoded feature per class drawn with the round's seed (the same
 for every client). ``feature_upload="samples"`` (what the authors' code does): clients
 send their last ``feature_samples`` per-sample training features instead of the class means, so
-the feature store (and Velo's CVAE) holds real samples. FedHe (Felo/Velo paper): logits only (the feature term off, no
-features sent either way)
-and no weight averaging at all: every client keeps its own model.
+the feature store (and Velo's CVAE) holds real samples. ``averaging="none"`` (also the authors'
+code): no weights are averaged, every client keeps its own model and only knowledge travels.
+FedHe (Felo/Velo paper): logits only (the feature term off, no features sent either way) and no
+weight averaging at all: every client keeps its own model.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
 
 KNOWLEDGE = "knowledge/"
 FEATURE_UPLOADS = ("class_mean", "samples")
+AVERAGINGS = ("architecture", "none")
 
 
 def feature_width(template: Mapping[str, tuple[tuple[int, ...], Any]], classifier_keys: Sequence[str]) -> int:
@@ -86,6 +88,12 @@ class FeloOptions(MethodOptions):
         choices=FEATURE_UPLOADS,
     )
     feature_samples: int = option(500, "samples: features a client sends a round (its last ones)", low=1)
+    averaging: str = option(
+        "architecture",
+        "architecture: FedAvg within each architecture (the paper) | none: every client keeps its own model "
+        "and only knowledge travels (the authors' released code)",
+        choices=AVERAGINGS,
+    )
 
 
 class Felo(PersonalizedStrategy):
@@ -114,6 +122,9 @@ class Felo(PersonalizedStrategy):
                 f"(a FIFO per class); got window={o.window!r}"
             )
         self.feature_samples = o.feature_samples if self.samples else 0
+        self.own_models = o.averaging == "none"
+        if self.own_models:  # no group models: the clients score their own at the end, as FedHe's do
+            self.evaluates_on_public, self.clients_evaluate_on_public = False, True
         model = args[0] if args else kwargs.get("model")
         models = {arch: adapt(m) for arch, m in (model.items() if isinstance(model, Mapping) else [(None, model)])}
         models = {self.default_arch if arch is None else arch: m for arch, m in models.items()}
@@ -136,6 +147,10 @@ class Felo(PersonalizedStrategy):
         self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
         self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
         self.known = np.zeros(self.num_classes, np.uint8)
+
+    def personal_groups(self, client_id: int, server_round: int) -> list[str]:
+        """``averaging=none``: every group stays on its client (nothing is averaged)."""
+        return list(self.schema(client_id).groups) if self.own_models else []
 
     # ------------------------------------------------------------------ messages
     def role_config(self, client_id: int, server_round: int) -> FeloArgs:

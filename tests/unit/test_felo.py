@@ -220,6 +220,27 @@ def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_en
     assert not plain.final_global_test  # no public split: the clients' own test splits only
 
 
+def test_felo_without_averaging_sends_knowledge_only_and_clients_keep_their_models(compose, tiny_overrides):
+    """``method.averaging=none`` (the authors' released code): no weights either way, every client
+    keeps its own model, and with a public split each scores it on the global test set at the end."""
+    over = ["method=felo", "rounds=3", "method.total_rounds=3", *FELO, "method.averaging=none"]
+    cfg, strategy = make(compose, tiny_overrides, *over, "dataset.public=holdout", "dataset.public_fraction=0.2")
+    assert strategy.final_global_test and strategy.public_test is None
+    grid = InProcessGrid(6)
+    run(strategy, grid, 3)
+    for m in train_messages(grid, 3):
+        assert not model_keys(m) and sorted(extras(m)) == ["M", "P", "S"]
+    for r in train_replies(grid):
+        assert not model_keys(r) and sorted(extras(r)) == ["n", "p", "s"]
+    evals = [r for r in grid.replies if r.metadata.message_type == "evaluate"]
+    size = int(evals[0].content["metrics"]["global_test_size"])
+    accs = [float(r.content["metrics"]["global_correct"]) / size for r in evals]
+    assert len(evals) == 6 and len(set(accs)) > 1  # six models, each its client's own
+    assert strategy.final_metrics["final_global_acc"] == pytest.approx(np.mean(accs))
+    _, averaged = make(compose, tiny_overrides, "method=felo", "rounds=1", "method.total_rounds=1", *FELO)
+    assert averaged.personal_groups(0, 1) == [] and not averaged.own_models  # the default averages
+
+
 def test_architectures_of_different_feature_widths_are_refused(compose, tiny_overrides):
     archs = [
         "model=mixed",

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .adapter import AdaptedNet, ModelAdaptError, adapt
-from .cnn import cnn_fedtsdp, cnn_kapc
+from .cnn import cnn_fedtsdp, cnn_felo, cnn_kapc
 from .custom import custom
 from .layered import LayeredNet, buffer_keys, group_of, keys_by_group, split_groups, trainable_keys
 from .lenet import lenet5
@@ -22,6 +22,7 @@ MODELS: dict[str, ModelFactory] = {
     "lenet5": lenet5,
     "cnn_fedtsdp": cnn_fedtsdp,
     "cnn_kapc": cnn_kapc,
+    "cnn_felo": cnn_felo,
     "vgg11": vgg11,
     **RESNETS,
     "custom": custom,  # a user's factory: model.target=package.module:function

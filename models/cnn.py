@@ -104,3 +104,38 @@ def cnn_kapc(in_shape: tuple[int, int, int], num_classes: int) -> LayeredNet:
         conv2=conv_relu(32, 64, 5, tail=pool_flatten()),
     )
     return with_fc_head("cnn_kapc", in_shape, convs, [512, 128], num_classes)
+
+
+def cnn_felo(
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    channels: tuple[int, ...] = (64, 128, 256),
+    dropout: float = 0.2,
+    feature_dim: int = 1024,
+) -> LayeredNet:
+    """The Felo/Velo authors' light CNNs (their code's ``--old_CNN``, ``modules/old_Model.py``).
+
+    conv1 = Conv(C,n1,3,same)-BN-ReLU-Dropout-AvgPool(2,stride 1,pad 1); conv2 = Conv(n1,n2,3,stride 2)
+    -BN-ReLU-Dropout-AvgPool(2); conv3 (three channel widths only) = Conv(n2,n3,3,stride 2)-BN-ReLU
+    -Dropout; feature = Flatten-Linear(., feature_dim), no activation (the features Felo shares);
+    classifier = Linear(feature_dim, C) without bias. The authors' clients 0-4 use channels (64, 256),
+    5-9 (64, 128, 256). 2,741,120 parameters with three widths on 1x32x32 with C=10.
+    """
+    if len(channels) not in (2, 3):
+        raise ValueError(f"cnn_felo: channels must have 2 or 3 widths (conv layers), got {list(channels)}")
+
+    def block(c_in: int, c_out: int, **conv: int | str) -> list[nn.Module]:
+        return [nn.Conv2d(c_in, c_out, 3, **conv), nn.BatchNorm2d(c_out), nn.ReLU(), nn.Dropout(dropout)]
+
+    n = list(channels)
+    convs = OrderedDict(
+        conv1=nn.Sequential(*block(in_shape[0], n[0], padding="same"), nn.AvgPool2d(2, stride=1, padding=1)),
+        conv2=nn.Sequential(*block(n[0], n[1], stride=2), nn.AvgPool2d(2, stride=2)),
+    )
+    if len(n) == 3:
+        convs["conv3"] = nn.Sequential(*block(n[1], n[2], stride=2))
+    width = flat_dim([*convs.values(), nn.Flatten()], in_shape, "cnn_felo")
+    groups = OrderedDict(convs)
+    groups["feature"] = nn.Sequential(nn.Flatten(), nn.Linear(width, feature_dim))
+    groups["classifier"] = nn.Linear(feature_dim, num_classes, bias=False)
+    return LayeredNet(groups)

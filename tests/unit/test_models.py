@@ -33,6 +33,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("cnn_fedtsdp", {}),
     ("cnn_fedtsdp", {"pool_after_each_conv": True}),
     ("cnn_kapc", {}),
+    ("cnn_felo", {"channels": (8, 16), "feature_dim": 32}),
+    ("cnn_felo", {"channels": (8, 16, 32), "feature_dim": 32}),
     ("vgg11", {"fc_dim": 64}),
     ("vgg11", {"fc_dim": 64, "pool_size": 1}),
     *[(f"resnet{d}", {}) for d in (10, 14, 18, 22, 26, 34, 50)],
@@ -44,6 +46,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 SPEC_PARAMS: list[tuple[str, dict[str, Any], tuple[int, int, int], int]] = [
     ("cnn_kapc", {}, (1, 28, 28), 643_850),
     ("cnn_fedtsdp", {}, (3, 32, 32), 6_447_562),
+    # the Felo/Velo authors' light CNNs, as their old_Model.py builds them (Felo/Velo's FMNIST set-up)
+    ("cnn_felo", {"channels": (64, 128, 256)}, (1, 32, 32), 2_741_120),
+    ("cnn_felo", {"channels": (64, 256)}, (1, 32, 32), 16_937_472),
     ("resnet10", {}, (3, 32, 32), 4_910_922),
     ("resnet14", {}, (3, 32, 32), 10_812_234),
     ("resnet18", {}, (3, 32, 32), 11_181_642),

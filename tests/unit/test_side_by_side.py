@@ -45,6 +45,8 @@ def test_the_last_rounds_mean_per_code_method_and_seed(tmp_path):
     relay = next(line for line in text.splitlines() if "fedcmd_relay_phase2" in line)
     assert "| 42 | 91.00 | 91.00 | 92.26 |" in relay  # the method's paper number, whatever the variant
     assert (tmp_path / "curves.csv").read_text().count("\n") == 1 + 7 + 7 + 3 + 3
+    rerun = sbs.table(tmp_path, {}, 2, {}, flags=" --paper fedcpmd --alpha 0.1")
+    assert f"side_by_side {tmp_path} --paper fedcpmd --alpha 0.1` at" in rerun  # the command to rerun it, in full
 
 
 def test_the_page_block_is_replaced_and_a_missing_block_is_named(tmp_path):

@@ -3,6 +3,7 @@ command line's refusals. The runs' numbers against each run alone: tests/pinned/
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -115,8 +116,6 @@ def test_a_joint_training_that_raises_answers_every_run_with_the_error(monkeypat
 
 
 def test_a_together_sweep_resumes_together_by_sweeping_resume(tmp_path, monkeypatch):
-    import json
-
     monkeypatch.chdir(tmp_path)
     args = ["-m", "seed=1,2", "backend=batched", "workers=1", "dataset=digits", "method=fedavg", "rounds=2"]
     args += ["num_clients=3", "fraction=1.0", "local_epochs=1", "progress=false", f"output_dir={tmp_path / 'out'}"]

@@ -1,6 +1,7 @@
 """Make the Felo/Velo authors' code run, with every change to it listed here.
 
     python -m benchmarks.authors.felo_velo_setup <exported repo> [--fmnist DIR] [--decompyle3 PATH]
+        [--partition FILE]
 
 The code: github ChanYunHin/Felo_Velo at commit 33eaa18 (``git archive`` of it into a folder).
 It cannot run as committed: ``modules/Model.py``, ``old_Model.py``, ``utils.py`` and
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import re
 import shutil
 import subprocess
@@ -68,6 +70,12 @@ EDITS: tuple[Edit, ...] = (
     Edit("modules/Server_new_VAE.py", "from numpy.lib.function_base import select\n", "", _NO_SELECT),
     Edit("modules/Client_op.py", "from numpy.lib.function_base import gradient\n", "", _NO_SELECT),
     Edit("modules/Client_new_VAE.py", "from numpy.lib.function_base import gradient\n", "", _NO_SELECT),
+    Edit(
+        "modules/ResnetModel.py",
+        "from tkinter import X\n",
+        "",
+        "an unused import (an editor's auto-import) that fails where Python has no Tk (servers, containers)",
+    ),
     Edit(
         "parameters.py",
         "args = parser.parse_args()\n",
@@ -196,12 +204,32 @@ def unpack_fmnist(repo: Path, source: Path) -> None:
     (repo / "state_dict").mkdir(exist_ok=True)
 
 
+def write_partition(path: Path, clients: int = 10, train: int = 60_000, test: int = 10_000) -> None:
+    """pflower's ``partition=file`` of the code's IID split: client i trains on the i-th contiguous
+    tenth of the training split (``Dataset.py:369-372``) and tests on the i-th tenth of the test
+    split (pooled indices: train, then test). The code scores every model on the whole test split;
+    the mean over the clients of these tenths estimates the same number."""
+    step, test_step = train // clients, test // clients
+    split = [
+        {
+            "train": list(range(i * step, (i + 1) * step)),
+            "test": list(range(train + i * test_step, train + (i + 1) * test_step)),
+        }
+        for i in range(clients)
+    ]
+    path.write_text(json.dumps({"clients": split}))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repo", type=Path)
     parser.add_argument("--fmnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
     parser.add_argument("--decompyle3", default="decompyle3")
+    parser.add_argument("--partition", type=Path, help="also write pflower's partition file of the code's split here")
     args = parser.parse_args(argv)
+    if args.partition:
+        write_partition(args.partition)
+        print(f"wrote {args.partition}: pflower sim experiment=authors_felo_fmnist partition.path={args.partition}")
     try:
         for name in recover(args.repo, args.decompyle3):
             print(f"recovered modules/{name}.py" + (f" ({RECOVERY_FIXES[name]})" if name in RECOVERY_FIXES else ""))

@@ -9,12 +9,19 @@ Reads ``<dir>/authors/<variant>/seed<S>/*_acc_metrics.csv`` (the authors' FL-ben
 ``<dir>/curves.csv`` (every round of every run, for plotting). The paper's numbers come from
 ``conf/paper_results/<paper>.yaml``. With ``--section NAME`` the table also replaces the block
 between ``<!-- side-by-side:NAME -->`` and ``<!-- /side-by-side:NAME -->`` in docs/authors-code.md.
+
+``--metric final`` is the Felo/Velo layout: the authors' code evaluates each client's own model on
+the whole test set every ``--eval_every`` iterations and saves the means in
+``authors/<variant>/seed<S>/evaluate_acc.txt`` (beside ``command.txt``, the command that ran it,
+which fixes the iterations they belong to); pflower's number is the run's final evaluation of every
+client (``final_acc``), and its curve the 10-round means of ``test_before``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import statistics
 import subprocess
@@ -26,6 +33,8 @@ from pflower.server_app.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = (20, 50, 100, 150, 200)
+#: ``--metric final`` (Felo/Velo): rounds where the authors' code evaluates with ``--eval_every 20``
+FINAL_CHECKPOINTS = (21, 61, 101, 141, 200)
 
 
 def authors_curve(path: Path) -> list[float]:
@@ -38,6 +47,32 @@ def pflower_curve(path: Path) -> list[float]:
     """test_before per round, in percent, from a pflower ``metrics.jsonl``."""
     rows = [r for r in read_metrics(path.parent) if "round" in r and "test_before_acc" in r]
     return [100.0 * r["test_before_acc"] for r in sorted(rows, key=lambda r: r["round"])]
+
+
+def felo_eval_rounds(command: str) -> list[int]:
+    """The iterations (1-based) after which the Felo/Velo code evaluates, from its command line:
+    ``--epoch E`` (default 100) gives E * 10 clients * 0.2 iterations (``Server_op.py:421``);
+    ``--eval_every K`` every K-th from the first, and the last; without it every 1/100 of them."""
+
+    def flag(name: str, default: float) -> float:
+        m = re.search(rf"--{name}[ =](\S+)", command)
+        return float(m.group(1)) if m else default
+
+    iterations = int(flag("epoch", 100) * flag("clients_number", 10) * flag("clients_sample_ratio", 0.2))
+    every = int(flag("eval_every", 0))
+    if every:
+        return [ep + 1 for ep in range(iterations) if ep % every == 0 or ep == iterations - 1]
+    return [ep + 1 for ep in range(iterations) if ep % max(1, iterations // 100) == 0]
+
+
+def authors_felo_curve(seed_dir: Path) -> dict[int, float]:
+    """{iteration: the mean test accuracy (%) of the client models} from the Felo/Velo code's
+    ``evaluate_acc.txt`` (fractions), at the iterations its ``command.txt`` gives."""
+    values = [float(v) for v in (seed_dir / "evaluate_acc.txt").read_text().split()]
+    rounds = felo_eval_rounds((seed_dir / "command.txt").read_text())
+    if len(values) != len(rounds):
+        raise SystemExit(f"{seed_dir}: {len(values)} evaluations, but its command.txt gives {len(rounds)}")
+    return {r: 100.0 * v for r, v in zip(rounds, values)}
 
 
 def last_mean(curve: list[float], last: int) -> float:
@@ -61,6 +96,64 @@ def collect(root: Path, label_options: tuple[str, ...] = ()) -> dict[tuple[str, 
         variant = "_".join([method["name"], *(o for o in label_options if method.get(o) is True)])
         runs.setdefault(("pflower", variant), {})[int(seed_dir.name.removeprefix("seed"))] = pflower_curve(jsonl)
     return runs
+
+
+def collect_final(root: Path) -> dict[tuple[str, str], dict[int, tuple[float, dict[int, float]]]]:
+    """``--metric final``: {(code, method or variant): {seed: (final %, {round: %})}}. The authors'
+    final is their last evaluation, their curve every evaluation; pflower's final is ``final_acc``,
+    its curve the mean ``test_before`` of the 10 rounds ending at each of :data:`FINAL_CHECKPOINTS`."""
+    runs: dict[tuple[str, str], dict[int, tuple[float, dict[int, float]]]] = {}
+    for acc_file in sorted(root.glob("authors/*/seed*/evaluate_acc.txt")):
+        curve = authors_felo_curve(acc_file.parent)
+        variant, seed = acc_file.parts[-3], int(acc_file.parts[-2].removeprefix("seed"))
+        runs.setdefault(("authors", variant), {})[seed] = (curve[max(curve)], curve)
+    for summary_file in sorted(root.glob("pflower*/seed*/**/summary.json")):
+        seed_dir = next(p for p in summary_file.parents if p.name.startswith("seed"))
+        summary = json.loads(summary_file.read_text())
+        method = yaml.safe_load((summary_file.parent / "config.yaml").read_text())["method"]["name"]
+        rounds = pflower_curve(summary_file.parent / "metrics.jsonl")
+        curve = {c: statistics.fmean(rounds[c - 10 : c]) for c in FINAL_CHECKPOINTS if len(rounds) >= c}
+        seed = int(seed_dir.name.removeprefix("seed"))
+        runs.setdefault((seed_dir.parent.name, method), {})[seed] = (100.0 * summary["final_acc"], curve)
+    return runs
+
+
+def final_table(root: Path, notes: dict[str, str], flags: str = "") -> str:
+    """The ``--metric final`` table (and ``curves.csv``: every evaluation of the authors' runs)."""
+    runs = collect_final(root)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    lines = [
+        "Metric: the mean test accuracy (%) of the clients' own models after the last round, per seed: the "
+        "authors' code scores each of its 10 client models on the whole test set; pflower scores each "
+        "client's model on its tenth of it (the run's final evaluation, `final_acc`).",
+        f"Rounds {', '.join(map(str, FINAL_CHECKPOINTS))}: the authors' evaluation after that iteration; "
+        "pflower's mean `test_before` (the round's 2 clients, own model, own test tenth) of the 10 rounds ending "
+        "there.",
+        f"Generated by `python -m benchmarks.authors.side_by_side {_shown(root)}{flags}` at {commit.stdout.strip()}.",
+        "",
+        "| code | method | seeds | per seed | mean | " + " | ".join(f"r{c}" for c in FINAL_CHECKPOINTS) + " |",
+        "|---|---|---|---|---|" + "---|" * len(FINAL_CHECKPOINTS),
+    ]
+    for (code, variant), by_seed in sorted(runs.items()):
+        seeds = sorted(by_seed)
+        finals = [by_seed[s][0] for s in seeds]
+        points = []
+        for c in FINAL_CHECKPOINTS:
+            vals = [by_seed[s][1][c] for s in seeds if c in by_seed[s][1]]
+            points.append(f"{statistics.fmean(vals):.2f}" if vals else "")
+        lines.append(
+            f"| {code} | {variant} | {', '.join(map(str, seeds))} | {', '.join(f'{v:.2f}' for v in finals)} | "
+            f"{statistics.fmean(finals):.2f} | " + " | ".join(points) + " |"
+        )
+    if notes:
+        lines += ["", *[f"- `{k}`: {v}" for k, v in notes.items()]]
+    with (root / "curves.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["code", "method", "seed", "round", "accuracy"])
+        for (code, variant), by_seed in sorted(runs.items()):
+            for seed, (_, curve) in sorted(by_seed.items()):
+                writer.writerows([code, variant, seed, r, f"{v:.4f}"] for r, v in sorted(curve.items()))
+    return "\n".join(lines) + "\n"
 
 
 def _shown(path: Path) -> str:
@@ -142,18 +235,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--last", type=int, default=10)
     parser.add_argument("--label-options", default="relay_phase2", help="comma-separated boolean method options")
     parser.add_argument("--section", help="also write the table into docs/authors-code.md's block of this name")
+    parser.add_argument(
+        "--metric",
+        choices=("last", "final"),
+        default="last",
+        help="last: the last rounds' mean test_before (FedCMD, FedCPMD); final: the clients' final models (Felo/Velo)",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    results = yaml.safe_load((ROOT / "conf" / "paper_results" / f"{args.paper}.yaml").read_text())
-    paper = paper_numbers(results, args.dataset, args.alpha)
     notes_file = root / "variants.yaml"
     notes = yaml.safe_load(notes_file.read_text()) if notes_file.exists() else {}
     flags = "".join(
         f" --{name.replace('_', '-')} {getattr(args, name)}"
-        for name in ("paper", "dataset", "alpha", "last")
+        for name in ("paper", "dataset", "alpha", "last", "metric")
         if getattr(args, name) != parser.get_default(name)
     )
-    text = table(root, paper, args.last, notes, tuple(o for o in args.label_options.split(",") if o), flags)
+    if args.metric == "final":  # no paper number: the Felo/Velo paper has no Fashion-MNIST results
+        text = final_table(root, notes, flags)
+    else:
+        results = yaml.safe_load((ROOT / "conf" / "paper_results" / f"{args.paper}.yaml").read_text())
+        paper = paper_numbers(results, args.dataset, args.alpha)
+        text = table(root, paper, args.last, notes, tuple(o for o in args.label_options.split(",") if o), flags)
     (root / "table.md").write_text(text)
     if args.section:
         write_section(ROOT / "docs" / "authors-code.md", args.section, text)

@@ -76,12 +76,21 @@ def test_missing_dataset_files_say_where_and_how(tmp_path, monkeypatch):
         check_data(compose_config(["dataset=cifar10", f"dataset.root={tmp_path / 'nowhere'}"]))
 
 
+def _user_inputs(name: str, tmp_path) -> list[str]:
+    """What an experiment leaves to its user: the partition file of one on ``partition=file``."""
+    if "override /partition: file" not in (conf_dir() / "experiment" / f"{name}.yaml").read_text():
+        return []
+    path = tmp_path / "partition.json"
+    path.write_text('{"clients": [[0, 1], [2, 3]]}')
+    return [f"partition.path={path}"]
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml")))
 def test_every_experiment_file_composes_and_validates(name: str, tmp_path):
     """An experiment names a dataset, model and method that exist, with valid values."""
     from pflower.server_app.config import validate
 
-    cfg = compose_config([f"experiment={name}", f"output_dir={tmp_path}"])
+    cfg = compose_config([f"experiment={name}", f"output_dir={tmp_path}", *_user_inputs(name, tmp_path)])
     validate(cfg)
     assert cfg.rounds >= 1
 
@@ -90,7 +99,9 @@ def test_every_experiment_file_composes_and_validates(name: str, tmp_path):
 def test_every_experiment_runs_a_baseline_on_its_set_up(name: str, tmp_path):
     """``experiment=X method=fedavg``: the set-up with another method. The experiment's options
     for its own method (FedCPMD's kp, FedTSDP's h_th) are left out, not an error."""
-    cfg = compose_config([f"experiment={name}", "method=fedavg", f"output_dir={tmp_path}"])
+    cfg = compose_config(
+        [f"experiment={name}", "method=fedavg", f"output_dir={tmp_path}", *_user_inputs(name, tmp_path)]
+    )
     assert set(cfg.method) - {"name"} <= {"finetune_epochs"}
 
 

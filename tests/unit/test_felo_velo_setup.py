@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,9 @@ def test_fmnist_is_unpacked_where_torchvision_looks(tmp_path: Path) -> None:
     assert (repo / "state_dict").is_dir()
     with pytest.raises(SetupError, match="dataset-fashion-mnist"):
         setup.unpack_fmnist(tmp_path / "other", tmp_path / "empty")
+
+
+def test_the_partition_file_is_the_codes_contiguous_tenths(tmp_path: Path) -> None:
+    path = tmp_path / "part.json"
+    setup.write_partition(path, clients=2, train=4, test=2)
+    assert json.loads(path.read_text()) == {"clients": [{"train": [0, 1], "test": [4]}, {"train": [2, 3], "test": [5]}]}

@@ -65,3 +65,26 @@ def test_the_paper_number_comes_from_either_results_layout():
     assert sbs.paper_numbers(tables, "fmnist", 0.1) == {"fedcpmd": 9}
     with pytest.raises(SystemExit, match="no fmnist alpha=1.0"):
         sbs.paper_numbers(flat, "fmnist", 1.0)
+
+
+def test_felo_code_evaluates_on_its_own_schedule():
+    assert sbs.felo_eval_rounds("python main.py --op --epoch 10 --eval_every 5") == [1, 6, 11, 16, 20]
+    assert sbs.felo_eval_rounds("python main.py --op --eval_every 20")[-3:] == [161, 181, 200]
+    assert sbs.felo_eval_rounds("python main.py --op --epoch 100") == list(range(1, 200, 2))  # every 1/100
+
+
+def test_the_final_metric_reads_the_felo_code_and_pflowers_final_evaluation(tmp_path):
+    d = tmp_path / "authors" / "felo" / "seed1"
+    d.mkdir(parents=True)
+    (d / "command.txt").write_text("python main.py --op --KLD_flag --old_CNN --seed 1 --eval_every 20\n")
+    (d / "evaluate_acc.txt").write_text("".join(f"{0.1 + 0.07 * i}\n" for i in range(11)))  # 10 % ... 80 %
+    _pflower(tmp_path, 1, {"name": "felo"}, [60.0] * 190 + [70.0] * 10)
+    (next(tmp_path.rglob("summary.json"))).write_text('{"final_acc": 0.8125}')
+    text = sbs.final_table(tmp_path, {})
+    authors = next(line for line in text.splitlines() if line.startswith("| authors | felo |"))
+    assert "| 1 | 80.00 | 80.00 | 17.00 | 31.00 | 45.00 | 59.00 | 80.00 |" in authors  # evaluations 2, 4, 6, 8, 11
+    pflower = next(line for line in text.splitlines() if line.startswith("| pflower | felo |"))
+    assert "| 1 | 81.25 | 81.25 | 60.00 | 60.00 | 60.00 | 60.00 | 70.00 |" in pflower
+    (d / "evaluate_acc.txt").write_text("0.5\n")
+    with pytest.raises(SystemExit, match="1 evaluations, but its command.txt gives 11"):
+        sbs.final_table(tmp_path, {})

@@ -137,12 +137,7 @@ def final_table(root: Path, notes: dict[str, str], flags: str = "") -> str:
         points = [[by_seed[s][1][c] for s in seeds if c in by_seed[s][1]] for c in FINAL_CHECKPOINTS]
         lines.append(_row(code, variant, seeds, [by_seed[s][0] for s in seeds], points))
     lines += _notes(notes)
-    with (root / "curves.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["code", "method", "seed", "round", "accuracy"])
-        for (code, variant), by_seed in sorted(runs.items()):
-            for seed, (_, curve) in sorted(by_seed.items()):
-                writer.writerows([code, variant, seed, r, f"{v:.4f}"] for r, v in sorted(curve.items()))
+    _write_curves(root, "accuracy", {key: {s: run[1] for s, run in by_seed.items()} for key, by_seed in runs.items()})
     return "\n".join(lines) + "\n"
 
 
@@ -171,6 +166,16 @@ def _row(
     cells += [f"{statistics.fmean(finals):.2f}", *([] if paper is None else [paper])]
     cells += [f"{statistics.fmean(vals):.2f}" if vals else "" for vals in points]
     return "| " + " | ".join(cells) + " |"
+
+
+def _write_curves(root: Path, value: str, runs: dict[tuple[str, str], dict[int, dict[int, float]]]) -> None:
+    """``<root>/curves.csv``: one line per (code, method, seed, round) of ``runs``' curves ({round: %})."""
+    with (root / "curves.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["code", "method", "seed", "round", value])
+        for (code, variant), by_seed in sorted(runs.items()):
+            for seed, curve in sorted(by_seed.items()):
+                writer.writerows([code, variant, seed, r, f"{v:.4f}"] for r, v in sorted(curve.items()))
 
 
 def _notes(notes: dict[str, str]) -> list[str]:
@@ -204,12 +209,8 @@ def table(
         ]
         lines.append(_row(code, variant, seeds, finals, points, "" if paper_value is None else str(paper_value)))
     lines += _notes(notes)
-    with (root / "curves.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["code", "method", "seed", "round", "test_before"])
-        for (code, variant), by_seed in sorted(runs.items()):
-            for seed, curve in sorted(by_seed.items()):
-                writer.writerows([code, variant, seed, r + 1, f"{v:.4f}"] for r, v in enumerate(curve))
+    curves = {k: {seed: dict(enumerate(curve, 1)) for seed, curve in b.items()} for k, b in runs.items()}
+    _write_curves(root, "test_before", curves)
     return "\n".join(lines) + "\n"
 
 

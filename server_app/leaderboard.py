@@ -90,6 +90,17 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
             )
         evaluated = proto.get("evaluated")
         group = (plan.get("entries") or {}).get(proto.get("entries")) or {}
+        only = proto.get("only")
+        if only is not None and (not isinstance(only, list) or not only or set(only) - set(group)):
+            raise ConfigError(
+                f"{path}: protocol {name}'s only must list entries of its group {proto.get('entries')!r}; unknown: "
+                f"{sorted(set(only) - set(group)) if isinstance(only, list) and only else only!r}"
+            )
+        other = proto.get("compare_to")
+        if other is not None and (other == name or other not in (plan.get("protocols") or {})):
+            raise ConfigError(
+                f"{path}: protocol {name}'s compare_to must name another protocol of the plan, got {other!r}"
+            )
         if evaluated is not None and (not isinstance(evaluated, dict) or set(evaluated) - set(group)):
             raise ConfigError(
                 f"{path}: protocol {name}'s evaluated must map its entries to what they measure; unknown entries: "
@@ -113,8 +124,9 @@ def plan_jobs(
     for name, proto in known.items():
         if protocols and name not in protocols:
             continue
+        only = proto.get("only")
         for entry, spec in plan["entries"][proto["entries"]].items():
-            if entries and entry not in entries:
+            if (entries and entry not in entries) or (only and entry not in only):
                 continue
             for seed in plan[spec.get("seeds", "seeds")]:
                 jobs.append(
@@ -338,6 +350,47 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     return text
 
 
+def standing(row: dict[str, Any]) -> str:
+    return "best" if row.get("best") else ("tie" if row.get("tie") else "behind")
+
+
+def compare_protocols(rows: Sequence[dict[str, Any]], other_rows: Sequence[dict[str, Any]], other: str) -> str:
+    """Whether a verdict changes between two protocols (e.g. the same split at 200 and at 100 rounds):
+    on the entries both have finished, each entry's standing (best, tie, behind: :func:`mark_ties`
+    on those entries alone) on either, a table of both, and the entries whose standing differs."""
+    common = {r["entry"] for r in rows} & {r["entry"] for r in other_rows}
+    if not common:
+        return f"Against `{other}`: no entry has finished runs on both yet."
+
+    def subset(source: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        picked = mark_ties([dict(r) for r in source if r["entry"] in common])
+        return {r["entry"]: r for r in picked}
+
+    here, there = subset(rows), subset(other_rows)
+    changed = [e for e in here if standing(here[e]) != standing(there[e])]
+    lines = [
+        f"Against `{other}`, on the {len(common)} entries both have finished (best and ties marked among these "
+        "alone): "
+        + (
+            "no verdict changes: the same best and the same ties."
+            if not changed
+            else "the verdict changes for "
+            + ", ".join(f"{e} ({standing(there[e])} there, {standing(here[e])} here)" for e in changed)
+            + "."
+        ),
+        "",
+        f"| entry | here (mean ± std, seeds) | `{other}` (mean ± std, seeds) | standing here / there |",
+        "|---|---|---|---|",
+    ]
+    for entry, r in here.items():  # best first, as ranked here
+        o = there[entry]
+        lines.append(
+            f"| {entry} | {r['mean']:.2f} ± {r['std']:.2f} ({r['seeds']}) | {o['mean']:.2f} ± {o['std']:.2f} "
+            f"({o['seeds']}) | {standing(r)} / {standing(o)} |"
+        )
+    return "\n".join(lines)
+
+
 def time_budget(rows: Sequence[dict[str, Any]], done: int, planned: int) -> tuple[float, float | None]:
     """Minutes the finished runs took, and an estimate for the unfinished ones at the mean minutes
     of a finished run (None when nothing finished): how far the table is from done, in one core's time."""
@@ -345,12 +398,14 @@ def time_budget(rows: Sequence[dict[str, Any]], done: int, planned: int) -> tupl
     return spent, (spent / done * (planned - done) if done else None)
 
 
-def budget_line(spent: float, left: float | None, unfinished: int) -> str:
+def budget_line(spent: float, left: float | None, unfinished: int, unestimated: int = 0) -> str:
+    """``unestimated``: of the ``unfinished``, the runs of protocols with no finished run to estimate from."""
     text = (
         f"Run time of the finished runs: {spent / 60:.1f} h (one core each: one torch thread, the in-process engine)."
     )
     if unfinished and left is not None:
-        text += f" The {unfinished} unfinished, at the mean of a finished run: about {left / 60:.1f} h more."
+        text += f" The {unfinished} unfinished, at the mean of a finished run: about {left / 60:.1f} h more"
+        text += f", not counting {unestimated} of them on protocols with no finished run yet." if unestimated else "."
     return text
 
 
@@ -518,20 +573,26 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         "on one core: one torch thread, the in-process engine).",
         *(["", str(plan["intro"]).strip()] if plan.get("intro") else []),
     ]
-    total_spent, total_left, total_unfinished = 0.0, 0.0, 0
+    total_spent, total_left, total_unfinished, unestimated = 0.0, 0.0, 0, 0
     embeds: dict[str, str] = {}  # protocol -> its verdict and table, for the method pages that show it
-    for name, proto in (plan.get("protocols") or {}).items():
+    protocols = plan.get("protocols") or {}
+    computed = {}  # every protocol's runs and rows first: a protocol may be compared with one written after it
+    for name, proto in protocols.items():
         jobs = plan_jobs(plan, root, [name])
-        planned = {}
+        planned: dict[str, int] = {}
         for job in jobs:
             planned[job.entry] = planned.get(job.entry, 0) + 1
         second = proto.get("second_metric") or {}
-        rows = protocol_rows(jobs, metric, planned, second.get("key"))
+        computed[name] = (jobs, protocol_rows(jobs, metric, planned, second.get("key")))
+    for name, proto in protocols.items():
+        jobs, rows = computed[name]
+        second = proto.get("second_metric") or {}
         done = sum(j.status() == "done" for j in jobs)
         spent, left = time_budget(rows, done, len(jobs))
         total_spent += spent
         total_left += left or 0.0
         total_unfinished += len(jobs) - done
+        unestimated += 0 if left is not None else len(jobs) - done
         parts += [
             "",
             f"## {name} (`experiment={proto['experiment']}`)",
@@ -555,7 +616,12 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         missing = sorted({j.entry for j in jobs if j.status() != "done"})
         if missing:
             parts += ["", "Not finished yet: " + ", ".join(missing) + "."]
-    parts[1:1] = ["", f"The whole plan, all protocols: {budget_line(total_spent, total_left, total_unfinished)}"]
+        if proto.get("compare_to"):
+            parts += ["", compare_protocols(rows, computed[proto["compare_to"]][1], proto["compare_to"])]
+    parts[1:1] = [
+        "",
+        f"The whole plan, all protocols: {budget_line(total_spent, total_left, total_unfinished, unestimated)}",
+    ]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(parts) + "\n")
     fill_method_pages(page.parent / "methods", embeds)

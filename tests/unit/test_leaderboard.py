@@ -119,6 +119,10 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
         "solo 99.00. Within the seed spread of it (a tie, not a win): b."
     )
     assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
+    assert budget_line(120.0, 180.0, 36, unestimated=30).endswith(
+        "The 36 unfinished, at the mean of a finished run: about 3.0 h more, not counting 30 of them on protocols "
+        "with no finished run yet."
+    )
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
     assert (
         root / "tiny_accuracy_vs_round.png"
@@ -220,3 +224,56 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
     assert panel_layout(plan, rows[:3]) == [("every entry", ["fedper", "fedcmd", "ditto"])]
     styles = line_styles(23)
     assert len(set(styles)) == 23 and styles[10] == ("C0", "--")
+
+
+def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_changes(tmp_path):
+    """`only` narrows a protocol to some entries of its group; `compare_to` puts the two tables side
+    by side on the entries both finished, with best and ties re-marked among those entries alone."""
+    from pflower.server_app.leaderboard import compare_protocols
+
+    plan, root = tiny_plan(tmp_path, {e: {"overrides": [f"method={e}", *TINY]} for e in ("fedavg", "local", "fedper")})
+    plan["protocols"]["longer"] = {"experiment": "smoke", "entries": "all", "only": ["fedper", "fedavg"]}
+    assert [(j.entry, j.seed) for j in plan_jobs(plan, root, ["longer"])] == [
+        ("fedavg", 1),
+        ("fedavg", 2),
+        ("fedper", 1),
+        ("fedper", 2),
+    ]
+    for bad, match in (
+        ({"only": ["nosuch"]}, "only must list entries of its group 'all'; unknown: \\['nosuch'\\]"),
+        ({"compare_to": "longer"}, "compare_to must name another protocol"),
+        ({"compare_to": "nosuch"}, "compare_to must name another protocol"),
+    ):
+        path = tmp_path / "bad.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {**plan, "protocols": {**plan["protocols"], "longer": {**plan["protocols"]["longer"], **bad}}}
+            )
+        )
+        with pytest.raises(ConfigError, match=match):
+            load_plan(path)
+
+    def row(entry, mean, std, seeds=3):
+        return {"entry": entry, "mean": mean, "std": std, "seeds": seeds}
+
+    # there (100 rounds): a 90.0 ± 1.0 best, b 88.5 ± 0.6 tie (1.5 <= 1.6), c 87.0 ± 0.5 behind;
+    # x runs only there and does not count. Here (200 rounds): b 91.0 ± 0.2 best, a 90.0 ± 0.3 behind
+    # (1.0 > 0.5), c 90.9 ± 0.1 tie (0.1 <= 0.3).
+    there = mark_ties([row("a", 90.0, 1.0), row("b", 88.5, 0.6), row("c", 87.0, 0.5), row("x", 95.0, 0.1)])
+    here = mark_ties([row("b", 91.0, 0.2), row("a", 90.0, 0.3), row("c", 90.9, 0.1, seeds=2)])
+    text = compare_protocols(here, there, "fmnist_dir0.5")
+    assert text.startswith(
+        "Against `fmnist_dir0.5`, on the 3 entries both have finished (best and ties marked among these alone): "
+        "the verdict changes for b (tie there, best here), c (behind there, tie here), a (best there, behind here)."
+    )
+    assert "| c | 90.90 ± 0.10 (2) | 87.00 ± 0.50 (3) | tie / behind |" in text
+    assert [line.split(" | ")[0] for line in text.splitlines()[4:]] == ["| b", "| c", "| a"]  # ranked here
+    assert "no verdict changes" in compare_protocols(there[:3], there, "same")
+    assert compare_protocols([row("z", 1.0, 0.0)], there, "p") == "Against `p`: no entry has finished runs on both yet."
+
+    # on the page: the comparison under the protocol that names compare_to
+    plan["protocols"]["longer"]["compare_to"] = "tiny"
+    run_jobs(plan_jobs(plan, root, ["tiny"], ["fedavg", "fedper"]) + plan_jobs(plan, root, ["longer"]))
+    text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
+    section = text.split("## longer")[1]
+    assert "Against `tiny`, on the 2 entries both have finished" in section and "## tiny" not in section

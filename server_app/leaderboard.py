@@ -403,7 +403,9 @@ def budget_line(spent: float, left: float | None, unfinished: int, unestimated: 
     text = (
         f"Run time of the finished runs: {spent / 60:.1f} h (one core each: one torch thread, the in-process engine)."
     )
-    if unfinished and left is not None:
+    if unfinished and unestimated == unfinished:
+        text += f" The {unfinished} unfinished are on protocols with no finished run yet: no estimate."
+    elif unfinished and left is not None:
         text += f" The {unfinished} unfinished, at the mean of a finished run: about {left / 60:.1f} h more"
         text += f", not counting {unestimated} of them on protocols with no finished run yet." if unestimated else "."
     return text

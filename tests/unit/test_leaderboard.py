@@ -123,6 +123,9 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
         "The 36 unfinished, at the mean of a finished run: about 3.0 h more, not counting 30 of them on protocols "
         "with no finished run yet."
     )
+    assert budget_line(120.0, 0.0, 30, unestimated=30).endswith(
+        "The 30 unfinished are on protocols with no finished run yet: no estimate."
+    )
     assert "4 of 4 planned runs finished" in text and verdict(rows).split("**")[1] == rows[0]["entry"] in text
     assert (
         root / "tiny_accuracy_vs_round.png"

@@ -358,9 +358,13 @@ def compare_protocols(rows: Sequence[dict[str, Any]], other_rows: Sequence[dict[
     """Whether a verdict changes between two protocols (e.g. the same split at 200 and at 100 rounds):
     on the entries both have finished, each entry's standing (best, tie, behind: :func:`mark_ties`
     on those entries alone) on either, a table of both, and the entries whose standing differs."""
-    common = {r["entry"] for r in rows} & {r["entry"] for r in other_rows}
+
+    def complete(source: Sequence[dict[str, Any]]) -> set[str]:  # every planned seed finished
+        return {r["entry"] for r in source if r["seeds"] >= r.get("planned", r["seeds"])}
+
+    common = complete(rows) & complete(other_rows)
     if not common:
-        return f"Against `{other}`: no entry has finished runs on both yet."
+        return f"Against `{other}`: no entry has finished every planned seed on both yet."
 
     def subset(source: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         picked = mark_ties([dict(r) for r in source if r["entry"] in common])
@@ -369,8 +373,8 @@ def compare_protocols(rows: Sequence[dict[str, Any]], other_rows: Sequence[dict[
     here, there = subset(rows), subset(other_rows)
     changed = [e for e in here if standing(here[e]) != standing(there[e])]
     lines = [
-        f"Against `{other}`, on the {len(common)} entries both have finished (best and ties marked among these "
-        "alone): "
+        f"Against `{other}`, on the {len(common)} entries both have finished on every planned seed (best and ties "
+        "marked among these alone): "
         + (
             "no verdict changes: the same best and the same ties."
             if not changed

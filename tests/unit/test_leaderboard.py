@@ -266,17 +266,28 @@ def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_chan
     here = mark_ties([row("b", 91.0, 0.2), row("a", 90.0, 0.3), row("c", 90.9, 0.1, seeds=2)])
     text = compare_protocols(here, there, "fmnist_dir0.5")
     assert text.startswith(
-        "Against `fmnist_dir0.5`, on the 3 entries both have finished (best and ties marked among these alone): "
+        "Against `fmnist_dir0.5`, on the 3 entries both have finished on every planned seed (best and ties marked "
+        "among these alone): "
         "the verdict changes for b (tie there, best here), c (behind there, tie here), a (best there, behind here)."
     )
     assert "| c | 90.90 ± 0.10 (2) | 87.00 ± 0.50 (3) | tie / behind |" in text
     assert [line.split(" | ")[0] for line in text.splitlines()[4:]] == ["| b", "| c", "| a"]  # ranked here
     assert "no verdict changes" in compare_protocols(there[:3], there, "same")
-    assert compare_protocols([row("z", 1.0, 0.0)], there, "p") == "Against `p`: no entry has finished runs on both yet."
+    assert compare_protocols([row("z", 1.0, 0.0)], there, "p") == (
+        "Against `p`: no entry has finished every planned seed on both yet."
+    )
+    # an entry still missing seeds on either side is left out of the comparison
+    partial = [{**r, "planned": 3} for r in here]  # c has 2 of 3 seeds here
+    assert "on the 2 entries" in compare_protocols(partial, there, "p") and "| c |" not in compare_protocols(
+        partial, there, "p"
+    )
 
     # on the page: the comparison under the protocol that names compare_to
     plan["protocols"]["longer"]["compare_to"] = "tiny"
     run_jobs(plan_jobs(plan, root, ["tiny"], ["fedavg", "fedper"]) + plan_jobs(plan, root, ["longer"]))
     text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
     section = text.split("## longer")[1]
-    assert "Against `tiny`, on the 2 entries both have finished" in section and "## tiny" not in section
+    assert (
+        "Against `tiny`, on the 2 entries both have finished on every planned seed" in section
+        and "## tiny" not in section
+    )

@@ -356,8 +356,9 @@ def standing(row: dict[str, Any]) -> str:
 
 def compare_protocols(rows: Sequence[dict[str, Any]], other_rows: Sequence[dict[str, Any]], other: str) -> str:
     """Whether a verdict changes between two protocols (e.g. the same split at 200 and at 100 rounds):
-    on the entries both have finished, each entry's standing (best, tie, behind: :func:`mark_ties`
-    on those entries alone) on either, a table of both, and the entries whose standing differs."""
+    on the entries both have finished on every planned seed, each entry's standing (best, tie, behind:
+    :func:`mark_ties` on those entries alone) on either, a table of both, and the entries whose standing
+    differs."""
 
     def complete(source: Sequence[dict[str, Any]]) -> set[str]:  # every planned seed finished
         return {r["entry"] for r in source if r["seeds"] >= r.get("planned", r["seeds"])}

@@ -28,9 +28,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from pflower.models.optim import sgd_update
+
 from .roles.base import FitPlan, Plans, Role, finish_stages, stages, train_stage
 from .runtime import TrainTask, resume_random
-from .training import TrainArgs, batch_indices, evaluate, sgd_update
+from .training import TrainArgs, batch_indices, evaluate
 
 Say = Callable[[str, str], None]  # (role, why it trains one client at a time): the engine logs it once
 
@@ -252,7 +254,7 @@ def _sgd_step(
     first: bool,
     args: TrainArgs,
 ) -> None:
-    """:func:`~client_app.training.sgd_update` (``PlainSGD``'s arithmetic) on the stacked rows
+    """:func:`~models.optim.sgd_update` (``PlainSGD``'s arithmetic) on the stacked rows
     ``rows`` (``whole``: every row, updated in place; else copies written back). Every client
     taking part is at the same step of its own training (all start at step 0), so ``first``
     (no momentum buffer yet) holds for all of them or none."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pflower.models.optim import PlainAdam, PlainSGD
 from pflower.protocol.wire import OPTIMIZERS
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -44,133 +45,6 @@ def pick_device(preference: str = "auto") -> torch.device:
     if preference == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(preference)
-
-
-class PlainSGD:
-    """SGD with momentum and weight decay: the update of ``torch.optim.SGD`` (no dampening,
-    no Nesterov), bit for bit.
-
-    Why not ``torch.optim.SGD``: its first use in a process imports ``torch._dynamo``, seconds
-    of start-up (docs/benchmarks.md, section 1). Every new ClientApp process pays that: once per Ray actor in
-    simulation, and once per message on a SuperNode (the ClientApp runs in a fresh process
-    for each message), where it was most of a small client's round.
-    """
-
-    def __init__(
-        self, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0, weight_decay: float = 0.0
-    ) -> None:
-        self.params = list(params)
-        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not live:
-            return
-        bufs = sgd_update(
-            [self.params[i] for i in live],
-            [self.params[i].grad for i in live],
-            [self.buffers[i] for i in live],
-            self.lr,
-            self.momentum,
-            self.weight_decay,
-        )
-        for i, buf in zip(live, bufs):
-            self.buffers[i] = buf
-
-
-@torch.no_grad()
-def sgd_update(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    buffers: list[torch.Tensor | None],
-    lr: float,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-) -> list[torch.Tensor | None]:
-    """:class:`PlainSGD`'s update of ``params`` in place, given their gradients and momentum
-    buffers (None: the first step, where the buffer starts as the direction itself); returns the
-    buffers after the step. d = g + wd p; buf = m buf + d; p -= lr buf. The batched engine calls
-    it on stacked parameters (one row per client): the same arithmetic, element by element.
-
-    One multi-tensor (``torch._foreach_*``) call per operation instead of a Python loop over the
-    tensors: one kernel launch per op on a GPU; on CPU the same per-tensor arithmetic."""
-    d_p = torch._foreach_add(grads, params, alpha=weight_decay) if weight_decay != 0 else list(grads)
-    if momentum != 0:
-        old = [j for j, b in enumerate(buffers) if b is not None]
-        if old:
-            bufs = [buffers[j] for j in old]
-            torch._foreach_mul_(bufs, momentum)
-            torch._foreach_add_(bufs, [d_p[j] for j in old])
-        buffers = [b if b is not None else torch.clone(d_p[j]).detach() for j, b in enumerate(buffers)]
-        d_p = buffers
-    torch._foreach_add_(params, d_p, alpha=-lr)
-    return list(buffers)
-
-
-def exact_sqrt(x: torch.Tensor) -> torch.Tensor:
-    """The correctly rounded square root of a float32 tensor: computed in float64 and rounded
-    once (exact for float32, whose square roots are never near a rounding midpoint).
-
-    Why not ``torch.sqrt``: with MKL, ATen takes a float tensor's square root from MKL's vector
-    library, whose last bit depends on the CPU (an Intel Xeon with AVX-512 and the AVX2 path
-    differ), so Adam's updates, and every later number of a run, moved from one machine to the
-    next; float64 square roots round to the same float32 on every CPU (checked against an
-    emulated AVX2 CPU)."""
-    return torch.sqrt(x.double()).to(x.dtype) if x.dtype == torch.float32 else torch.sqrt(x)
-
-
-class PlainAdam:
-    """Adam (Kingma & Ba; L2 ``weight_decay`` added to the gradient): the update of
-    ``torch.optim.Adam`` on CPU (its single-tensor path), bit for bit where that takes correctly
-    rounded square roots (:func:`exact_sqrt`; torch's own depend on the CPU), without importing
-    ``torch._dynamo`` (see :class:`PlainSGD`)."""
-
-    def __init__(
-        self,
-        params: Iterable[nn.Parameter],
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-    ) -> None:
-        self.params = list(params)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
-        self.step_count = 0
-        self.exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        self.steps = [0] * len(self.params)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        beta1, beta2 = self.betas
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not live:
-            return
-        params = [self.params[i] for i in live]
-        grads = [self.params[i].grad for i in live]
-        exp_avg = [self.exp_avg[i] for i in live]
-        exp_avg_sq = [self.exp_avg_sq[i] for i in live]
-        for i in live:
-            self.steps[i] += 1
-        if self.weight_decay != 0:
-            grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        denom = [exact_sqrt(v) for v in exp_avg_sq]
-        torch._foreach_div_(denom, [(1 - beta2 ** self.steps[i]) ** 0.5 for i in live])
-        torch._foreach_add_(denom, self.eps)
-        torch._foreach_addcdiv_(params, exp_avg, denom, [-(self.lr / (1 - beta1 ** self.steps[i])) for i in live])
 
 
 def make_optimizer(params: list[nn.Parameter], args: TrainArgs) -> PlainSGD | PlainAdam:

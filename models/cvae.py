@@ -4,7 +4,8 @@ Four dense layers: the encoder maps (feature, label embedding) through Linear + 
 to (mu, log sigma^2); the decoder maps (z, label embedding) through two Linear layers (no
 activation between, linear output: the paper's code). Defaults for 512-dim features: label
 embedding 512, hidden 1024, latent 512. The server trains it on the stored class features every
-``cvae_interval`` rounds (Adam re-created per call, weights kept) and sends one decoded feature
+``cvae_interval`` rounds (Adam re-created per call, weights kept; ``optim.PlainAdam``, whose
+square root is correctly rounded, so the run does not depend on the CPU) and sends one decoded feature
 per class, drawn from N(0, I) with the round's seed, instead of the class mean.
 
 Loss: ``elbo`` (default) sums the squared error over D and the KL over Z per sample and averages
@@ -17,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .optim import PlainAdam
 
 CVAE_LOSSES = ("elbo", "code")
 
@@ -96,7 +99,7 @@ def train_cvae(
         raise ValueError(f"cvae_loss must be one of {list(CVAE_LOSSES)}, got {kind!r}")
     device = model.embed.weight.device
     features, labels = features.to(device, torch.float32), labels.to(device, torch.int64)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = PlainAdam(model.parameters(), lr=lr)  # torch.optim.Adam's update, the same bits on every CPU
     model.train()
     history: list[float] = []
     for _ in range(epochs):

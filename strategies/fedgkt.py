@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from pflower.models.gkt import server_head
+from pflower.models.optim import PlainAdam
 from pflower.protocol.roles import GKT, FedGKTArgs
 
 from .base.options import MethodOptions, option
@@ -65,7 +66,8 @@ class FedGKT(PersonalizedStrategy):
             alpha=o.alpha, temperature=o.temperature, feature_dim=self.feature_dim, hidden=list(o.hidden)
         )
         self.head = server_head(self.feature_dim, self.num_classes, o.hidden, seed=int(self.seed) + 5407)
-        self.head_optimizer = torch.optim.Adam(self.head.parameters(), lr=o.server_lr)
+        # torch.optim.Adam's update with a correctly rounded square root: the same bits on every CPU
+        self.head_optimizer = PlainAdam(self.head.parameters(), lr=o.server_lr)
         # client id -> its latest features, logits and labels (training split)
         self.knowledge: dict[int, dict[str, np.ndarray]] = {}
 

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.models.gkt import kd_loss
+from pflower.models.optim import Optimizer
 
 
 def train_server_head(
     head: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     features: np.ndarray,
     labels: np.ndarray,
     client_logits: np.ndarray,

@@ -20,7 +20,13 @@ values: the CPU. The cause was Adam's square root: ATen takes a float tensor's `
 MKL's vector library, whose last bit differs between its AVX-512 and AVX2 paths (and which
 MKL_CBWR does not hold); compared under an emulated AVX2 CPU (``qemu-x86_64 -cpu Haswell``),
 ``torch.sqrt`` differed and a float64 square root rounded to float32 did not. Adam now takes
-that one (``client_app.training.exact_sqrt``), and the three cases were re-pinned with it.
+that one (``models.optim.exact_sqrt``), and the three cases were re-pinned with it. The servers
+that train with Adam kept ``torch.optim.Adam`` until an AMD EPYC with AVX-512 (CI's machine on
+2026-11-27) moved Velo (its CVAE) and FedGKT (its server model) in round 2: the old code gave
+three different values of one Velo number on three CPUs (that EPYC, the machine that pinned it,
+and qemu's Haswell). Both now train with ``models.optim.PlainAdam``, and their fingerprints on
+that EPYC and under ``qemu-x86_64 -cpu Haswell`` are equal to the last bit (as are Felo's and
+FedHe's); Velo and FedGKT were re-pinned.
 
 A pytest plugin that imports numpy before ``tests/conftest.py`` runs makes :func:`apply` refuse
 (seen on a machine image with many plugins): set the variables in the environment first, e.g.

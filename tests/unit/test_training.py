@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from pflower.client_app.training import PlainAdam, PlainSGD, TrainArgs, batch_indices, exact_sqrt, train
+from pflower.client_app.training import TrainArgs, batch_indices, train
 from pflower.models import build_model
+from pflower.models.optim import PlainAdam, PlainSGD, exact_sqrt
 from pflower.strategies.base.schedule import LRSchedule
 
 
@@ -71,7 +72,7 @@ def test_train_moves_only_the_given_parameters() -> None:
 def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypatch) -> None:
     """torch.optim.Adam's update with correctly rounded square roots (torch's own take the last bit
     from the CPU's MKL path; PlainAdam's do not, so its numbers are the same on every CPU)."""
-    from pflower.client_app.training import exact_sqrt
+    from pflower.models.optim import exact_sqrt
 
     monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
     torch.manual_seed(0)
@@ -80,6 +81,34 @@ def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypa
     ours = PlainAdam(a.parameters(), lr=1e-3, weight_decay=weight_decay)
     ref = torch.optim.Adam(b.parameters(), lr=1e-3, weight_decay=weight_decay, foreach=False)
     assert_same_steps(a, ours, b, ref, steps=5)
+
+
+def test_plain_adam_state_resumes_in_either_optimizer(monkeypatch) -> None:
+    """PlainAdam's state_dict is torch.optim.Adam's: a checkpoint written before FedGKT's server
+    took PlainAdam resumes into it, and the other way round; both go on bit for bit."""
+    from pflower.models.optim import exact_sqrt
+
+    monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
+    torch.manual_seed(0)
+    a = build_model("lenet5", (1, 28, 28), 10, seed=1)
+    b = build_model("lenet5", (1, 28, 28), 10, seed=1)
+    ref = torch.optim.Adam(b.parameters(), lr=1e-3, foreach=False)
+    ours = PlainAdam(a.parameters(), lr=5.0)  # lr and moments come from the loaded state
+    assert_same_steps(a, PlainAdam(a.parameters(), lr=1e-3), b, ref, steps=2)
+    ours.load_state_dict(ref.state_dict())
+    assert ours.lr == 1e-3 and ours.steps == [2] * len(ours.params)
+    assert_same_steps(a, ours, b, ref, steps=2)
+    again = torch.optim.Adam(b.parameters(), lr=5.0, foreach=False)
+    again.load_state_dict(ours.state_dict())
+    assert_same_steps(a, ours, b, again, steps=2)
+
+
+def test_plain_adam_refuses_another_models_state() -> None:
+    small = PlainAdam([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+    with pytest.raises(ValueError, match="belongs to another model"):
+        PlainAdam(build_model("lenet5", (1, 28, 28), 10, seed=1).parameters(), lr=0.1).load_state_dict(
+            small.state_dict()
+        )
 
 
 def test_exact_sqrt_is_correctly_rounded() -> None:

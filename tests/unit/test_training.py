@@ -72,8 +72,6 @@ def test_train_moves_only_the_given_parameters() -> None:
 def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypatch) -> None:
     """torch.optim.Adam's update with correctly rounded square roots (torch's own take the last bit
     from the CPU's MKL path; PlainAdam's do not, so its numbers are the same on every CPU)."""
-    from pflower.models.optim import exact_sqrt
-
     monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
     torch.manual_seed(0)
     a = build_model("lenet5", (1, 28, 28), 10, seed=1)
@@ -86,8 +84,6 @@ def test_plain_adam_matches_torch_adam_bit_for_bit(weight_decay: float, monkeypa
 def test_plain_adam_state_resumes_in_either_optimizer(monkeypatch) -> None:
     """PlainAdam's state_dict is torch.optim.Adam's: a checkpoint written before FedGKT's server
     took PlainAdam resumes into it, and the other way round; both go on bit for bit."""
-    from pflower.models.optim import exact_sqrt
-
     monkeypatch.setattr(torch.Tensor, "sqrt", exact_sqrt)
     torch.manual_seed(0)
     a = build_model("lenet5", (1, 28, 28), 10, seed=1)

@@ -1,5 +1,6 @@
-"""Velo's server CVAE: the time of one training step, the cost that keeps Velo's side by side
-with the authors' code off a 15-minute GPU loan (docs/authors-code.md, "Felo and Velo").
+"""Velo's server CVAE: the time of one training step, the cost that keeps the authors' own CVAE
+schedule off a 15-minute GPU loan, so Velo's side by side runs a shorter one (docs/authors-code.md,
+"Felo and Velo").
 
 pflower's ``train_cvae`` (models/cvae.py, the Felo/Velo paper's sizes: 1,024-wide features, label
 embedding 512, hidden 1,024, latent 512, batches of 50, the code's loss) over one epoch of

@@ -65,6 +65,32 @@ _EVAL_NEW = (
     "            if ep % eval_interval == 0:\n"
 )
 
+_SEED_FLAG = "parser.add_argument('--seed', type=int, default=None, help='seed numpy and torch first')\n"
+_EVAL_FLAG = "parser.add_argument('--eval_every', type=int, default=0, help='iterations between evaluations')\n"
+_VAE = (
+    "Velo's server retrains its CVAE every `--vae_every` iterations after the warm-up for "
+    "`--vae_epochs` epochs, instead of every 1/100 of the iterations for 10: the code's schedule is "
+    "about 950,000 CVAE steps in a 200-iteration run, more GPU time than a task is lent here; without "
+    "the flags the code's own schedule runs"
+)
+_VAE_OLD = (
+    "                    if ep >= int(max_training_epoches * 0.05) and ep % int(max_training_epoches * 0.01) == 0:\n"
+    "                        distillation_flag = args.y_distillation_flag\n"
+    "                        #training\n"
+    "                        features_dataloader = self.get_server_client_features(res)\n"
+    "                        self.server_extractor = CVAE.server_extractor_training(self.server_extractor,\n"
+    "                                                                               num_epochs=10,\n"
+)
+_VAE_NEW = (
+    "                    if ep >= int(max_training_epoches * 0.05) and "
+    "ep % (args.vae_every or int(max_training_epoches * 0.01)) == 0:\n"
+    "                        distillation_flag = args.y_distillation_flag\n"
+    "                        #training\n"
+    "                        features_dataloader = self.get_server_client_features(res)\n"
+    "                        self.server_extractor = CVAE.server_extractor_training(self.server_extractor,\n"
+    "                                                                               num_epochs=args.vae_epochs,\n"
+)
+
 EDITS: tuple[Edit, ...] = (
     Edit("modules/Server_op.py", "from numpy.lib.function_base import select\n", "", _NO_SELECT),
     Edit("modules/Server_new_VAE.py", "from numpy.lib.function_base import select\n", "", _NO_SELECT),
@@ -79,9 +105,7 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         "parameters.py",
         "args = parser.parse_args()\n",
-        "parser.add_argument('--seed', type=int, default=None, help='seed numpy and torch first')\n"
-        "parser.add_argument('--eval_every', type=int, default=0, help='iterations between evaluations')\n"
-        "args = parser.parse_args()\n",
+        _SEED_FLAG + _EVAL_FLAG + "args = parser.parse_args()\n",
         "two flags for the edits below; without them the code runs as committed",
     ),
     Edit(
@@ -98,6 +122,14 @@ EDITS: tuple[Edit, ...] = (
     ),
     Edit("modules/Server_op.py", _EVAL_OLD, _EVAL_NEW, _EVAL),
     Edit("modules/Server_new_VAE.py", _EVAL_OLD, _EVAL_NEW, _EVAL),
+    Edit(
+        "parameters.py",
+        _SEED_FLAG,
+        "parser.add_argument('--vae_every', type=int, default=0, help='iterations between CVAE trainings')\n"
+        "parser.add_argument('--vae_epochs', type=int, default=10, help='epochs a CVAE training')\n" + _SEED_FLAG,
+        "two flags for Velo's CVAE schedule (the edit below); without them the code's own schedule runs",
+    ),
+    Edit("modules/Server_new_VAE.py", _VAE_OLD, _VAE_NEW, _VAE),
 )
 
 RECOVERY_FIXES = {

@@ -133,3 +133,41 @@ def test_the_partition_file_is_the_codes_contiguous_tenths(tmp_path: Path) -> No
     path = tmp_path / "part.json"
     setup.write_partition(path, clients=2, train=4, test=2)
     assert json.loads(path.read_text()) == {"clients": [{"train": [0, 1], "test": [4]}, {"train": [2, 3], "test": [5]}]}
+
+
+def _shipped(path: str) -> tuple[Edit, ...]:
+    return tuple(e for e in setup.EDITS if e.path == path)
+
+
+def test_the_cvae_flags_keep_the_codes_schedule_unless_given(tmp_path: Path) -> None:
+    """The shipped edits on the two places they change (parameters.py; Server_new_VAE.py's schedule,
+    CRLF as committed): every flag is added once, and the edited condition trains the CVAE at the
+    code's iterations without the flags (every 1/100 of them from the 5 % warm-up) and at
+    ``--vae_every`` with it."""
+    import argparse
+
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "parameters.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\nargs = parser.parse_args()\n"
+    )
+    server = tmp_path / "modules" / "Server_new_VAE.py"
+    server.write_bytes(("for ep in range(n):\n" + setup._VAE_OLD).replace("\n", "\r\n").encode())
+    setup.apply_edits(tmp_path, _shipped("parameters.py") + _shipped("modules/Server_new_VAE.py")[-1:])
+    assert setup.apply_edits(tmp_path, _shipped("parameters.py")) == []  # a second run adds nothing
+    parameters = (tmp_path / "parameters.py").read_text()
+    for flag in ("--seed", "--eval_every", "--vae_every", "--vae_epochs"):
+        assert parameters.count(f"'{flag}'") == 1
+
+    parser_ns: dict = {}
+    exec(parameters.replace("args = parser.parse_args()\n", ""), parser_ns)
+    condition = server.read_bytes().decode().split("\r\n")[1].strip().removeprefix("if ").removesuffix(":")
+    assert "num_epochs=args.vae_epochs" in server.read_bytes().decode()
+
+    def trainings(argv: list[str]) -> list[int]:
+        args: argparse.Namespace = parser_ns["parser"].parse_args(argv)
+        scope = {"args": args, "max_training_epoches": 200}
+        return [ep for ep in range(200) if eval(condition, {**scope, "ep": ep})]  # noqa: S307 - the edit's own text
+
+    assert trainings([]) == list(range(10, 200, 2))  # the code's: 95 trainings
+    assert trainings(["--vae_every", "10"]) == list(range(10, 200, 10))
+    assert parser_ns["parser"].parse_args([]).vae_epochs == 10

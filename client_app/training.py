@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pflower.models.optim import PlainAdam, PlainSGD
+from pflower.models.optim import Optimizer, PlainAdam, PlainSGD
 from pflower.protocol.wire import OPTIMIZERS
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -92,17 +92,21 @@ def train(
     loss_fn: LossFn = cross_entropy,
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
+    optimizer: Optimizer | None = None,
 ) -> float:
     """Mini-batch training over shuffled (x, y) (:func:`batch_indices`); returns the mean batch loss.
 
     Only ``params`` are updated (all parameters if None); others keep their values. The
-    optimizer (``args.optimizer``) is fresh every call: its state never outlives a round.
+    optimizer (``args.optimizer``) is fresh every call, so its state never outlives a round,
+    unless the caller passes one of its own (``optimizer``, already over the parameters to train,
+    at this round's rate): then its state runs on from call to call, as a persistent client's does.
     """
     device = device or next(model.parameters()).device
     trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     if not trainable or (args.epochs <= 0 if args.steps is None else args.steps <= 0):
         return float("nan")
-    optimizer = make_optimizer(trainable, args)
+    if optimizer is None:
+        optimizer = make_optimizer(trainable, args)
     model.train()
     # the client's tensors go to the device once; the loss is summed there (in float64, the same
     # sum as Python floats), so the loop never waits for the GPU until it returns

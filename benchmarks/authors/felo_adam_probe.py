@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflower.client_app.training import TrainArgs, batch_indices, evaluate
-from pflower.federated_data.idx import read_idx
+from pflower.client_app.training import TrainArgs, evaluate, train
+from pflower.federated_data.sources import DATASETS, read_fmnist
 from pflower.federated_data.tensors import normalize
 from pflower.models import build_model
 from pflower.models.optim import PlainAdam
@@ -44,26 +44,19 @@ STEPS, BATCH, LR = 10, 50, 1e-3
 CLIENTS = {0: (64, 256), 5: (64, 128, 256)}  # the code's --old_CNN widths: clients 0-4, 5-9
 #: sessions shown, with the round of the run they stand for (a client trains in 1 round of 5)
 SHOWN = {4: 21, 12: 61, 20: 101, 28: 141, 40: 200}
-FMNIST = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
-def load_fmnist(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fashion-MNIST, normalised as pflower normalises it (mean 0.2860, std 0.3530)."""
-
-    def read(stem: str) -> np.ndarray:
-        for name in (stem, stem + ".gz"):
-            if (data_dir / name).exists():
-                return read_idx(data_dir / name)
-        raise SystemExit(f"{data_dir} has no {stem}[.gz]: install dataset-fashion-mnist or pass --data DIR")
-
-    mean, std = np.array([0.2860], np.float32), np.array([0.3530], np.float32)
-    x_train, y_train, x_test, y_test = (read(s) for s in FMNIST)
-    as_images = lambda a: normalize(a[:, None], mean, std)  # noqa: E731
+def load_fmnist(data_dir: Path | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fashion-MNIST as pflower reads and normalises it (``federated_data.sources``)."""
+    info = DATASETS["fmnist"]
+    splits = read_fmnist(None if data_dir is None else str(data_dir))
+    mean, std = np.array(info.mean, np.float32), np.array(info.std, np.float32)
+    (x_train, y_train), (x_test, y_test) = splits["train"], splits["test"]
     return (
-        as_images(x_train),
-        torch.from_numpy(y_train.astype(np.int64)),
-        as_images(x_test),
-        torch.from_numpy(y_test.astype(np.int64)),
+        normalize(x_train, mean, std),
+        torch.from_numpy(y_train),
+        normalize(x_test, mean, std),
+        torch.from_numpy(y_test),
     )
 
 
@@ -76,25 +69,19 @@ def sessions(
     keep: bool,
     seed: int,
 ) -> list[float]:
-    """Test accuracy (%) after each of :data:`SESSIONS` sessions of :data:`STEPS` Adam steps;
-    ``keep``: one Adam for all of them (the authors' code), else a fresh one each (pflower)."""
+    """Test accuracy (%) after each of :data:`SESSIONS` sessions of :data:`STEPS` Adam steps, each
+    pflower's client training (``train``); ``keep``: one Adam for all of them (the authors' code),
+    else a fresh one each (pflower)."""
     generator = torch.Generator().manual_seed(seed)  # the batches
     torch.manual_seed(seed)  # the dropout masks
-    args = TrainArgs(batch_size=BATCH, steps=STEPS, optimizer="adam")
-    loss_fn = nn.CrossEntropyLoss()
-    kept: PlainAdam | None = None
+    kept = PlainAdam(model.parameters(), lr=LR) if keep else None
     accuracy = []
     for s in range(SESSIONS):
         lr = LR if s < DROP else LR * 0.1
-        if keep and kept is None:
-            kept = PlainAdam(model.parameters(), lr=lr)
-        opt = kept if keep else PlainAdam(model.parameters(), lr=lr)
-        opt.lr = lr
-        model.train()
-        for idx in batch_indices(len(y), args, generator):
-            opt.zero_grad()
-            loss_fn(model(x[idx]), y[idx]).backward()
-            opt.step()
+        if kept is not None:
+            kept.lr = lr
+        args = TrainArgs(batch_size=BATCH, steps=STEPS, optimizer="adam", lr=lr)
+        train(model, x, y, args, generator=generator, optimizer=kept)
         correct, _, n = evaluate(model, x_test, y_test)
         accuracy.append(100.0 * correct / n)
     return accuracy
@@ -102,7 +89,7 @@ def sessions(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    parser.add_argument("--data", type=Path, help="Fashion-MNIST's folder (default: where pflower looks)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
@@ -119,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                 model = build_model("cnn_felo", (1, 28, 28), 10, seed=seed, channels=channels)
                 curves[(variant, client, seed)] = sessions(model, x, y, xt, yt, keep, seed)
                 print(f"seed {seed} client {client} {variant}: {curves[(variant, client, seed)][-1]:.2f}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     lines = [
         "# Felo/Velo side by side, row 2 alone: a fresh Adam each round or one kept",
         "",

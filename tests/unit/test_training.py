@@ -170,3 +170,16 @@ def test_learning_rate_schedules() -> None:
         LRSchedule("multistep", (0.5,))
     with pytest.raises(ValueError, match="no key"):
         LRSchedule.from_config({"kind": "constant", "step": 3})
+
+
+def test_a_passed_optimizer_keeps_its_state_from_call_to_call() -> None:
+    """train(optimizer=...) uses the caller's optimizer (a persistent client's), so its step
+    counts run on; without one each call starts a fresh optimizer."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    args = TrainArgs(batch_size=5, steps=3, optimizer="adam", lr=1e-2)
+    kept = PlainAdam(model.parameters(), lr=1e-2)
+    train(model, x, y, args, generator=torch.Generator().manual_seed(1), optimizer=kept)
+    train(model, x, y, args, generator=torch.Generator().manual_seed(2), optimizer=kept)
+    assert kept.steps == [6, 6]

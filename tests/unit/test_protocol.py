@@ -90,8 +90,9 @@ SIMULATION_HARNESS = {
     "server_app/together.py",
     "server_app/simulate.py",
 }
-# a benchmark of the client's own training loops (one client at a time against the batched engine)
-CLIENT_BENCHMARKS = {"benchmarks/batched_profile.py"}
+# benchmarks of the client's own training loop: one client at a time against the batched engine,
+# and the Felo probe that trains one client's model with a fresh Adam against a kept one
+CLIENT_BENCHMARKS = {"benchmarks/batched_profile.py", "benchmarks/authors/felo_adam_probe.py"}
 
 
 @pytest.mark.parametrize(

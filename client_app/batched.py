@@ -180,6 +180,8 @@ def train_together(
     an optimizer other than SGD, or a model ``vmap`` cannot run (randomness such as dropout)."""
     if args.optimizer != "sgd":
         raise NotBatchable(f"optimizer {args.optimizer!r} (the batched engine runs SGD)")
+    if args.optimizer_state != "fresh":
+        raise NotBatchable("optimizer_state 'kept' (the batched engine's momentum buffers live one round)")
     template = models[0]
     count = len(models)
     named = dict(template.named_parameters())

@@ -43,6 +43,15 @@ class PlainSGD:
         for p in self.params:
             p.grad = None
 
+    def moments(self) -> list[dict[str, torch.Tensor]]:
+        """Each parameter's momentum buffer (``{}`` before its first step, or without momentum):
+        what a client keeps between rounds with ``optimizer_state=kept``."""
+        return [{} if b is None else {"momentum_buffer": b} for b in self.buffers]
+
+    def load_moments(self, moments: list[dict[str, torch.Tensor]]) -> None:
+        """Inverse of :meth:`moments` (``{}``: the parameter starts afresh)."""
+        self.buffers = [m["momentum_buffer"].to(p).clone() if m else None for p, m in zip(self.params, moments)]
+
     @torch.no_grad()
     def step(self) -> None:
         live = [i for i, p in enumerate(self.params) if p.grad is not None]
@@ -159,6 +168,21 @@ class PlainAdam:
             self.steps[i] = int(s["step"]) if s else 0
             self.exp_avg[i] = s["exp_avg"].to(p).clone() if s else torch.zeros_like(p)
             self.exp_avg_sq[i] = s["exp_avg_sq"].to(p).clone() if s else torch.zeros_like(p)
+
+    def moments(self) -> list[dict[str, torch.Tensor]]:
+        """Each parameter's moments and step count (``{}`` before its first step): what a client
+        keeps between rounds with ``optimizer_state=kept``."""
+        return [
+            {"exp_avg": m, "exp_avg_sq": v, "step": torch.tensor(n, dtype=torch.int64)} if n > 0 else {}
+            for m, v, n in zip(self.exp_avg, self.exp_avg_sq, self.steps)
+        ]
+
+    def load_moments(self, moments: list[dict[str, torch.Tensor]]) -> None:
+        """Inverse of :meth:`moments` (``{}``: the parameter starts afresh)."""
+        for i, (p, m) in enumerate(zip(self.params, moments)):
+            self.steps[i] = int(m["step"]) if m else 0
+            self.exp_avg[i] = m["exp_avg"].to(p).clone() if m else torch.zeros_like(p)
+            self.exp_avg_sq[i] = m["exp_avg_sq"].to(p).clone() if m else torch.zeros_like(p)
 
     @torch.no_grad()
     def step(self) -> None:

@@ -53,6 +53,10 @@ STATE_EXTRA_PREFIX = "extra."
 TASKS = ("query", "train", "evaluate")
 KEEP_MODES = ("personal", "model", "none")  # what a client persists: see TaskSpec.keep
 OPTIMIZERS = ("sgd", "adam")  # TaskSpec.train["optimizer"]: the local optimizer
+# TaskSpec.train["optimizer_state"]: the local optimizer's state starts afresh every round
+# (the papers' protocol) or runs on from the client's last round (the authors' Felo/Velo code);
+# only "kept" travels, so a spec without it is one every pflower client reads
+OPTIMIZER_STATES = ("fresh", "kept")
 
 
 def unknown_fields(cls: type, values: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -506,7 +506,7 @@ def validate(cfg: DictConfig) -> None:
     from pflower.federated_data.partition import PARTITIONERS
     from pflower.models import MODELS, model_options
     from pflower.models.schema import assign_archs
-    from pflower.protocol.wire import OPTIMIZERS
+    from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
     from pflower.strategies import STRATEGIES, OptionError
     from pflower.strategies.base.schedule import LRSchedule
 
@@ -598,6 +598,10 @@ def validate(cfg: DictConfig) -> None:
         (
             cfg.get("optimizer", "sgd") in OPTIMIZERS,
             f"optimizer must be one of {list(OPTIMIZERS)}, got {cfg.get('optimizer')!r}",
+        ),
+        (
+            cfg.get("optimizer_state", "fresh") in OPTIMIZER_STATES,
+            f"optimizer_state must be one of {list(OPTIMIZER_STATES)}, got {cfg.get('optimizer_state')!r}",
         ),
         (
             cfg.get("local_steps") is None or int(cfg.local_steps) >= 1,
@@ -716,6 +720,7 @@ def client_spec(
             momentum=float(cfg.momentum),
             weight_decay=float(cfg.weight_decay),
             optimizer=str(cfg.get("optimizer", "sgd")),
+            optimizer_state=str(cfg.get("optimizer_state", "fresh")),
             local_steps=None if cfg.get("local_steps") is None else int(cfg.local_steps),
             seed=int(cfg.seed),
             device=str(cfg.device),

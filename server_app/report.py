@@ -626,6 +626,7 @@ TRAINING_KEYS = (
     "momentum",
     "weight_decay",
     "optimizer",
+    "optimizer_state",
     "num_clients",
     "fraction",
     "test_fraction",

@@ -125,6 +125,8 @@ def train_stage(stage: FitPlan, model: nn.Module, data: ClientData, train_args: 
         loss_fn=stage.loss_fn(),
         generator=ctx.generator,
         device=ctx.device,
+        kept=ctx.extra_state,
+        slot=stage.loss_name,  # a stage's own optimizer (optimizer_state=kept): Ditto's two models differ
     )
 
 
@@ -214,7 +216,8 @@ class SGDRole(Role):
             tuned,
             data.x_train,
             data.y_train,
-            replace(train_args, epochs=epochs, steps=None),
+            # an evaluation copy's fine-tune: its optimizer is not the client's kept one
+            replace(train_args, epochs=epochs, steps=None, optimizer_state="fresh"),
             params=self.finetune_params(tuned, ctx),
             generator=ctx.generator,
             device=ctx.device,

@@ -73,6 +73,7 @@ def train_and_vote(
         loss_fn=_scoring_loss(scorer),
         generator=ctx.generator,
         device=ctx.device,
+        kept=ctx.extra_state,
     )
     return {"train_loss": loss, **scorer.metrics()}
 

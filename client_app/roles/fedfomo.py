@@ -80,6 +80,12 @@ class FedFomoRole(Role):
             metrics.update({f"{FOMO_WEIGHT_METRIC}{cid}": float(w) for cid, w in zip(others, raw)})
             metrics["fomo_helpful"] = float((raw > 0).sum())
         loss = train(
-            model, data.x_train[n_val:], data.y_train[n_val:], train_args, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train[n_val:],
+            data.y_train[n_val:],
+            train_args,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         return {"train_loss": loss, **metrics}

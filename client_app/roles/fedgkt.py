@@ -83,7 +83,14 @@ class FedGKTRole(Role):
         order = torch.arange(data.num_train)
         loss_fn = gkt_loss(data.y_train.to(torch.int64), teacher, self.args.alpha, self.args.temperature)
         loss = train(
-            model, data.x_train, order, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train,
+            order,
+            train_args,
+            loss_fn=loss_fn,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         h, z = features_and_logits(model, data.x_train, ctx.device)
         ht, _ = features_and_logits(model, data.x_test, ctx.device)

@@ -70,7 +70,7 @@ class FedMDRole(Role):
                 model,
                 tx,
                 ty,
-                replace(train_args, epochs=a.transfer_epochs, steps=None),
+                replace(train_args, epochs=a.transfer_epochs, steps=None, optimizer_state="fresh"),
                 generator=ctx.generator,
                 device=ctx.device,
             )
@@ -90,13 +90,19 @@ class FedMDRole(Role):
                 model,
                 tx[subset],
                 torch.arange(len(subset)),
-                replace(train_args, epochs=a.digest_epochs, steps=None),
+                replace(train_args, epochs=a.digest_epochs, steps=None, optimizer_state="fresh"),
                 loss_fn=digest_loss(consensus.float(), a.digest_loss),
                 generator=ctx.generator,
                 device=ctx.device,
             )
         metrics["train_loss"] = train(
-            model, data.x_train, data.y_train, train_args, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         mine = torch.as_tensor(fedmd_subset(a.seed, ctx.server_round, a.subset, len(ty)))
         ctx.upload_extra[FEDMD + "scores"] = scores(model, tx[mine], ctx.device)

@@ -69,7 +69,14 @@ class FeloRole(Role):
             return loss
 
         loss = train(
-            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            loss_fn=loss_fn,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         s, p, n = acc.means()
         ctx.upload_extra.update({KNOWLEDGE + "p": p, KNOWLEDGE + "n": n})

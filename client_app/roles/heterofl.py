@@ -80,7 +80,14 @@ class HeteroFLRole(Role):
             ctx.upload_extra[HETEROFL_CLASSES] = classes
             loss_fn = masked_cross_entropy(classes)
         loss = train(
-            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            loss_fn=loss_fn,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         if self.args.static_bn:
             static_bn_statistics(model, data.x_train, ctx.device)  # for test_after

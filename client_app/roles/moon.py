@@ -72,7 +72,14 @@ class MOONRole(Role):
         mu, tau = self.args.mu, self.args.tau
         loss_fn = moon_loss(frozen(copy.deepcopy(model)), previous_model(model, ctx), mu, tau)
         loss = train(
-            model, data.x_train, data.y_train, train_args, loss_fn=loss_fn, generator=ctx.generator, device=ctx.device
+            model,
+            data.x_train,
+            data.y_train,
+            train_args,
+            loss_fn=loss_fn,
+            generator=ctx.generator,
+            device=ctx.device,
+            kept=ctx.extra_state,
         )
         ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})
         return {"train_loss": loss}

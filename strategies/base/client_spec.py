@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from pflower.protocol.wire import OPTIMIZERS
+from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
 
 
 def client_spec(
@@ -22,6 +22,7 @@ def client_spec(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     optimizer: str = "sgd",
+    optimizer_state: str = "fresh",
     local_steps: int | None = None,
     seed: int = 42,
     device: str = "auto",
@@ -37,11 +38,15 @@ def client_spec(
 
     ``run``: the name under which clients keep their personal layers (a fresh token by default);
     ``client_state_dir``: where simulated clients keep them (deployed nodes: their ``state-dir``);
-    ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule).
+    ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule);
+    ``optimizer_state``: ``fresh`` (a new local optimizer every round) or ``kept`` (each client's
+    runs on from its previous round, kept with its personal state).
     pflower's runner builds its spec with this too (``server_app.config.client_spec``), adding
     the data spec, the model entries and ``state_versions`` from the config."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer_state must be one of {list(OPTIMIZER_STATES)}, got {optimizer_state!r}")
     return {
         "run": run or secrets.token_hex(4),
         "client_state_dir": client_state_dir,
@@ -58,6 +63,8 @@ def client_spec(
             "weight_decay": float(weight_decay),
             "optimizer": str(optimizer),
             "steps": None if local_steps is None else int(local_steps),
+            # only "kept" travels: a spec without it is one every pflower client reads
+            **({"optimizer_state": "kept"} if optimizer_state == "kept" else {}),
         },
         **({"lr_schedule": {**lr_schedule, "rounds": rounds}} if lr_schedule else {}),
     }

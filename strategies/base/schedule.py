@@ -1,6 +1,7 @@
 """Per-round learning rates: the server computes round r's rate and sends it with the round.
 
-Local optimizers are rebuilt every round (the papers' protocol), so a schedule over rounds is
+Local optimizers are rebuilt every round (the papers' protocol; with ``optimizer_state=kept``
+their moments carry over, their rate does not), so a schedule over rounds is
 a function of the round number, not optimizer state: Felo/Velo's MultiStepLR (x0.1 at 40 % and
 70 % of the rounds, Felo/Velo paper, round schedule) and FedTSDP's exponential decay (0.05 * 0.95^(r-1),
 the FedTSDP paper's) are both one line of :meth:`LRSchedule.lr`.

@@ -40,6 +40,7 @@ CASES = [
     (["alpha=-1"], ["alpha must be > 0"]),
     (["backend=dask"], ["backend must be one of ['batched', 'parallel', 'ray', 'serial']", "'dask'"]),
     (["deterministic=maybe"], ["deterministic must be true or false", "'maybe'"]),
+    (["optimizer_state=always"], ["optimizer_state must be one of ['fresh', 'kept']", "'always'"]),
     (["batch_clients=0"], ["batch_clients must be a positive whole number (backend=batched)", "got 0"]),
 ]
 

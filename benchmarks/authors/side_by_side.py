@@ -224,9 +224,9 @@ def paper_numbers(paper_file: dict, dataset: str, alpha: float) -> dict[str, flo
     raise SystemExit(f"the paper's results have no {dataset} alpha={alpha}")
 
 
-def write_section(page: Path, name: str, text: str) -> None:
-    """Replace the block ``<!-- side-by-side:NAME -->`` ... ``<!-- /side-by-side:NAME -->`` of ``page``."""
-    start, end = f"<!-- side-by-side:{name} -->", f"<!-- /side-by-side:{name} -->"
+def write_section(page: Path, name: str, text: str, marker: str = "side-by-side") -> None:
+    """Replace the block ``<!-- MARKER:NAME -->`` ... ``<!-- /MARKER:NAME -->`` of ``page``."""
+    start, end = f"<!-- {marker}:{name} -->", f"<!-- /{marker}:{name} -->"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     if not pattern.search(page.read_text()):
         raise SystemExit(f"{page} has no {start} ... {end} block")

@@ -130,6 +130,24 @@ def train_stage(stage: FitPlan, model: nn.Module, data: ClientData, train_args: 
     )
 
 
+def train_own(
+    model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext, loss_fn: LossFn = cross_entropy
+) -> float:
+    """A role's own training loop over the client's training split (a role that is not a
+    :class:`FitPlan`): :func:`~client_app.training.train` with the client's generator, device and
+    kept optimizer state (``optimizer_state=kept``); the mean batch loss."""
+    return train(
+        model,
+        data.x_train,
+        data.y_train,
+        train_args,
+        loss_fn=loss_fn,
+        generator=ctx.generator,
+        device=ctx.device,
+        kept=ctx.extra_state,
+    )
+
+
 def finish_stages(plans: Sequence[FitPlan], losses: Sequence[float], model: nn.Module) -> dict[str, float]:
     """The metrics of a client's trained stages: their losses, then each ``after`` in order."""
     metrics = stage_metrics(plans, losses)

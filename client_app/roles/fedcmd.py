@@ -15,8 +15,8 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import SELECTION_TIMINGS, FedCMDArgs
 
-from ..training import LossFn, TrainArgs, train
-from .base import FitPlan, Role, RoleContext
+from ..training import LossFn, TrainArgs
+from .base import FitPlan, Role, RoleContext, train_own
 from .layer_stats import LayerScorer, ScoreRule, check_option, score_pass
 
 
@@ -65,16 +65,7 @@ def train_and_vote(
 ) -> dict[str, float]:
     """Local training that also scores the candidate layers on the training batches' own forward
     passes (``selection_timing=during_training``); returns the loss and the vote."""
-    loss = train(
-        model,
-        data.x_train,
-        data.y_train,
-        train_args,
-        loss_fn=_scoring_loss(scorer),
-        generator=ctx.generator,
-        device=ctx.device,
-        kept=ctx.extra_state,
-    )
+    loss = train_own(model, data, train_args, ctx, _scoring_loss(scorer))
     return {"train_loss": loss, **scorer.metrics()}
 
 

@@ -19,7 +19,7 @@ from pflower.federated_data import ClientData
 from pflower.protocol.roles import FEDMD, FedMDArgs, fedmd_subset
 
 from ..training import TrainArgs, train
-from .base import Role, RoleContext
+from .base import Role, RoleContext, train_own
 
 TRANSFERRED = "fedmd/transferred"  # kept in the client's state: its transfer learning is done
 
@@ -95,15 +95,7 @@ class FedMDRole(Role):
                 generator=ctx.generator,
                 device=ctx.device,
             )
-        metrics["train_loss"] = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            generator=ctx.generator,
-            device=ctx.device,
-            kept=ctx.extra_state,
-        )
+        metrics["train_loss"] = train_own(model, data, train_args, ctx)
         mine = torch.as_tensor(fedmd_subset(a.seed, ctx.server_round, a.subset, len(ty)))
         ctx.upload_extra[FEDMD + "scores"] = scores(model, tx[mine], ctx.device)
         return metrics

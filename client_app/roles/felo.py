@@ -18,8 +18,7 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import FeloArgs
 
-from ..training import train
-from .base import Role, RoleContext
+from .base import Role, RoleContext, train_own
 from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss
 
 KNOWLEDGE = "knowledge/"  # extra arrays: S, P, M down; s (or f, y), p, n up
@@ -68,16 +67,7 @@ class FeloRole(Role):
             steps[0] += 1
             return loss
 
-        loss = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            loss_fn=loss_fn,
-            generator=ctx.generator,
-            device=ctx.device,
-            kept=ctx.extra_state,
-        )
+        loss = train_own(model, data, train_args, ctx, loss_fn)
         s, p, n = acc.means()
         ctx.upload_extra.update({KNOWLEDGE + "p": p, KNOWLEDGE + "n": n})
         if samples is not None:

@@ -21,8 +21,8 @@ from pflower.federated_data import ClientData
 from pflower.models.schema import batchnorm_layers
 from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
 
-from ..training import TrainArgs, cross_entropy, train
-from .base import Role, RoleContext
+from ..training import TrainArgs, cross_entropy
+from .base import Role, RoleContext, train_own
 
 
 def class_presence(y: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -79,16 +79,7 @@ class HeteroFLRole(Role):
             classes = class_presence(data.y_train, data.num_classes)
             ctx.upload_extra[HETEROFL_CLASSES] = classes
             loss_fn = masked_cross_entropy(classes)
-        loss = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            loss_fn=loss_fn,
-            generator=ctx.generator,
-            device=ctx.device,
-            kept=ctx.extra_state,
-        )
+        loss = train_own(model, data, train_args, ctx, loss_fn)
         if self.args.static_bn:
             static_bn_statistics(model, data.x_train, ctx.device)  # for test_after
         return {"train_loss": loss}

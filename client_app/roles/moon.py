@@ -19,8 +19,8 @@ from torch.nn import functional as F
 from pflower.federated_data import ClientData
 from pflower.protocol.roles import MOONArgs
 
-from ..training import LossFn, TrainArgs, train
-from .base import Role, RoleContext
+from ..training import LossFn, TrainArgs
+from .base import Role, RoleContext, train_own
 
 PREFIX = "moon.prev."
 
@@ -71,15 +71,6 @@ class MOONRole(Role):
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         mu, tau = self.args.mu, self.args.tau
         loss_fn = moon_loss(frozen(copy.deepcopy(model)), previous_model(model, ctx), mu, tau)
-        loss = train(
-            model,
-            data.x_train,
-            data.y_train,
-            train_args,
-            loss_fn=loss_fn,
-            generator=ctx.generator,
-            device=ctx.device,
-            kept=ctx.extra_state,
-        )
+        loss = train_own(model, data, train_args, ctx, loss_fn)
         ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})
         return {"train_loss": loss}

@@ -264,6 +264,12 @@ def upload_keys(model: LayeredNet, spec: TaskSpec) -> list[str]:
 
 
 def _train_args(spec: TaskSpec) -> TrainArgs:
+    unknown, _ = wire.unknown_fields(TrainArgs, spec.train)
+    if unknown:  # e.g. optimizer_state from a newer ServerApp: refuse, naming the fix
+        raise SpecError(
+            f"the server's message has training setting(s) {unknown} this ClientApp does not know: "
+            "the SuperNode runs an older pflower than the ServerApp (update pflower on the node)"
+        )
     return TrainArgs(**spec.train)
 
 

@@ -27,6 +27,15 @@ def test_task_spec_round_trips_and_names_what_is_wrong():
         TaskSpec.from_dict({"run": "r"})
 
 
+def test_a_training_setting_the_client_does_not_know_is_refused_naming_the_update():
+    from pflower.client_app.runtime import _train_args
+
+    kept = TaskSpec(**{**SPEC, "train": {"epochs": 1, "optimizer_state": "kept"}})
+    assert _train_args(kept).optimizer_state == "kept"
+    with pytest.raises(SpecError, match=r"training setting\(s\) \['warp_speed'\] .*\(update pflower on the node\)"):
+        _train_args(TaskSpec(**{**SPEC, "train": {"epochs": 1, "warp_speed": 9}}))
+
+
 def test_role_arguments_are_checked_where_they_are_built_and_where_they_are_read():
     with pytest.raises(RoleArgsError, match="mu"):
         ProximalArgs(mu=-1)

@@ -10,9 +10,10 @@ from . import custom_source, hf_sources, medmnist_sources, torchvision_sources  
 from .sources import DATASETS, DatasetInfo, DatasetNotFoundError, lookup
 
 
-def dataset_info(name: str, **options: Any) -> DatasetInfo:
-    """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape."""
-    return lookup(name, **options)
+def dataset_info(name: str, root: str | None = None, **options: Any) -> DatasetInfo:
+    """Look a dataset up by name; ``options`` (synthetic's size, classes...) may change its shape;
+    ``root`` (``dataset.root``) reaches a user's data function (``custom``), which is read for it."""
+    return lookup(name, root, **options)
 
 
 __all__ = ["DATASETS", "DatasetInfo", "DatasetNotFoundError", "dataset_info"]

@@ -50,7 +50,7 @@ class DataSpec:
 
     @property
     def info(self) -> DatasetInfo:
-        return dataset_info(self.dataset, **dict(self.options))
+        return dataset_info(self.dataset, self.root, **dict(self.options))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

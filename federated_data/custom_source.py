@@ -18,7 +18,7 @@ from typing import Any
 
 from pflower.protocol.targets import call_with, import_target
 
-from .datasets import check_labels, user_splits
+from .datasets import DataHookError, check_labels, user_splits
 from .sources import DatasetInfo, Splits, note_source, register
 
 KEY = "dataset.options.target"
@@ -30,7 +30,16 @@ def _load(options_json: str, root: str | None) -> Splits:
     target = options.pop("target", None)
     options.pop("num_classes", None)
     function = import_target(target, KEY)
-    return user_splits(call_with(function, {"root": root}, options), f"{KEY}={target!r}")
+    try:
+        returned = call_with(function, {"root": root}, options)
+    except Exception as err:  # the user's code: one line naming it and what it was given, not a traceback
+        given = ", ".join([f"root={root!r}"] + [f"{k}={v!r}" for k, v in sorted(options.items())])
+        raise DataHookError(
+            f"{KEY}={target!r} raised {type(err).__name__}: {err} (it was called with {given}: `root` is "
+            "dataset.root, passed where the function's signature names it; other keyword arguments are "
+            "+dataset.options.<name>=...)"
+        ) from err
+    return user_splits(returned, f"{KEY}={target!r}")
 
 
 def read_custom(root: str | None = None, **options: Any) -> Splits:
@@ -39,10 +48,10 @@ def read_custom(root: str | None = None, **options: Any) -> Splits:
     return dict(_load(json.dumps(options, sort_keys=True, default=str), root))
 
 
-def _resolve(info: DatasetInfo, options: dict[str, Any]) -> DatasetInfo:
+def _resolve(info: DatasetInfo, options: dict[str, Any], root: str | None = None) -> DatasetInfo:
     if not options:  # asked whether the name is registered: nothing to load
         return info
-    splits = read_custom(None, **options)
+    splits = read_custom(root, **options)
     shapes = {x.shape[1:] for x, _ in splits.values()}
     if len(shapes) != 1:
         raise ValueError(f"{KEY}: the splits hold images of different shapes {sorted(shapes)}")

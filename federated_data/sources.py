@@ -43,7 +43,8 @@ class DatasetInfo:
     options: dict[str, Any] = field(default_factory=dict)
     node_local: bool = False  # each SuperNode reads its own directory (dataset=local): no partition
     # the info for given options where they decide the shape by loading (dataset=custom)
-    resolve: Callable[[DatasetInfo, dict[str, Any]], DatasetInfo] | None = None
+    # reads what the options name (a user's function) to learn the shape: (info, options, root)
+    resolve: Callable[[DatasetInfo, dict[str, Any], str | None], DatasetInfo] | None = None
 
 
 def data_roots(root: str | None, defaults: Sequence[str] = ()) -> list[Path]:
@@ -227,14 +228,15 @@ def register(info: DatasetInfo) -> None:
     DATASETS[info.name] = info
 
 
-def lookup(name: str, **options: Any) -> DatasetInfo:
+def lookup(name: str, root: str | None = None, **options: Any) -> DatasetInfo:
     """Look a registered dataset up by name; ``options`` (synthetic's size, classes...) may change its
-    shape. Use :func:`federated_data.catalog.dataset_info`, which registers every reader first."""
+    shape, and ``root`` is where a dataset that must be read to know its shape lies (``custom``).
+    Use :func:`federated_data.catalog.dataset_info`, which registers every reader first."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {sorted(DATASETS)}")
     info = DATASETS[name]
     if info.resolve is not None:
-        return info.resolve(info, dict(options))
+        return info.resolve(info, dict(options), root)
     if (
         name in ("synthetic", "local", "hf") and options
     ):  # shape and classes are options (local, hf: what the data must hold)

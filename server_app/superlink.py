@@ -4,8 +4,9 @@
 default 39091; Control API on ``FLWR_LOCAL_CONTROL_API_PORT``, default 39093; state and log under
 ``$FLWR_HOME/local-superlink``) that outlives the command and keeps the working directory and
 Python environment it was started from: a relative ``output_dir`` lands there. These commands find
-the SuperLink of this shell's ``FLWR_HOME`` and ports, owned by this user, so other users' and
-other clones' SuperLinks are never touched (unlike ``pkill -f flower-superlink``).
+this folder's SuperLinks (the shell's ``FLWR_HOME`` and ports when started here, and the one
+``pflower run`` gives this checkout), owned by this user, so other users' and other clones'
+SuperLinks are never touched unless named (``--pid``, ``--all``), unlike ``pkill -f flower-superlink``.
 """
 
 from __future__ import annotations
@@ -111,37 +112,66 @@ def describe(s: LocalSuperLink) -> str:
     )
 
 
-USAGE = """usage: pflower superlink status|stop [--all]
-  status        the local SuperLink `flwr run .` uses from this shell (this FLWR_HOME and
-                FLWR_LOCAL_CONTROL_API_PORT), with its working directory; and your others
-  stop          stop that one only (the next `flwr run .` starts a fresh one from here)
-  stop --all    stop every local SuperLink of yours (`pflower run`'s per-checkout ones too)"""
+USAGE = """usage: pflower superlink status|stop [--pid N | --all]
+  status        this folder's local SuperLinks (the one `flwr run .` uses from this shell, when it was
+                started here, and the one `pflower run` gives this checkout), then your others
+  stop          stop this folder's SuperLinks only; another checkout's or shell's keep running
+  stop --pid N  stop one of your local SuperLinks by its pid (as `status` lists it)
+  stop --all    stop every local SuperLink of yours, other checkouts' and shells' too"""
+
+
+def own(superlinks: list[LocalSuperLink], folder: Path | None = None) -> list[LocalSuperLink]:
+    """This folder's SuperLinks: the shell's (this ``FLWR_HOME`` and Control API port) when it was
+    started from ``folder``, and the one `pflower run` gives ``folder`` (its FLWR_HOME under
+    :func:`checkout_home`). A SuperLink another checkout started is never among them, even under
+    the shell's ``FLWR_HOME``: stopping it would end that checkout's runs."""
+    folder = (folder or Path.cwd()).resolve()
+    home = checkout_home(folder)
+    shells = [s for s in mine(superlinks) if s.cwd is not None and s.cwd.resolve() == folder]
+    runs = [s for s in superlinks if s.flwr_home is not None and s.flwr_home.resolve() == home]
+    return sorted(set(shells) | set(runs), key=lambda s: s.pid)
 
 
 def main(argv: list[str]) -> int:
-    if argv not in (["status"], ["stop"], ["stop", "--all"]):
+    pid = argv[2] if len(argv) == 3 and argv[:2] == ["stop", "--pid"] else None
+    if argv not in (["status"], ["stop"], ["stop", "--all"]) and not (pid and pid.isdigit()):
         print(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     every = local_superlinks()
-    ours = every if argv == ["stop", "--all"] else mine(every)
-    where = f"FLWR_HOME {flwr_home()}, Control API port {control_port()}"
+    folder = Path.cwd().resolve()
+    if argv == ["stop", "--all"]:
+        ours = every
+    elif pid is not None:
+        ours = [s for s in every if s.pid == int(pid)]
+        if not ours:
+            print(f"pflower: no local SuperLink of yours has pid {pid}; `pflower superlink status` lists them")
+            return 2
+    else:
+        ours = own(every, folder)
     if argv[0] == "status":
         if not ours:
-            print(f"no local SuperLink for {where}: `flwr run .` will start one from its working directory")
+            print(f"no local SuperLink of {folder}: `flwr run .` or `pflower run` will start one")
         for s in ours:
-            print(f"local SuperLink for {where}:\n  {describe(s)}")
+            print(f"local SuperLink of {folder}:\n  {describe(s)}")
         others = [s for s in every if s not in ours]
         if others:
-            print("your other local SuperLinks (other FLWR_HOME or ports):")
+            print(
+                "your other local SuperLinks (other checkouts or shells; `pflower superlink stop --pid N` stops one):"
+            )
             for s in others:
                 print(f"  {describe(s)}")
         return 0
     if not ours:
-        print(f"no local SuperLink for {where}: nothing to stop")
-        return 0
+        print(f"no local SuperLink of {folder}: nothing to stop")
     failed = [s for s in ours if not stop(s)]
     for s in ours:
         print(f"{'could not stop' if s in failed else 'stopped'} the local SuperLink {describe(s)}")
+    kept = [s for s in mine(every) if s not in ours and argv == ["stop"]]
+    for s in kept:
+        print(
+            f"left running: the SuperLink of this shell's FLWR_HOME, started from {s.cwd or '?'} (another checkout's "
+            f"runs use it); `pflower superlink stop --pid {s.pid}` stops it"
+        )
     return 1 if failed else 0
 
 
@@ -196,8 +226,9 @@ def check_superlink_checkout(app_dir: Path, superlink_cwd: Path) -> None:
         raise ConfigError(
             f"this local SuperLink was started from another checkout ({superlink_cwd}, its Python {sys.executable}), "
             f"whose code differs from the app you ran ({shown}); it would run your code with that checkout's "
-            "environment and working directory. Stop it with `pflower superlink stop` and run again, or use "
-            "`pflower run`, which gives each checkout a SuperLink of its own"
+            "environment and working directory. Use `pflower run`, which gives each checkout a SuperLink of its own, "
+            "or stop that one (`pflower superlink status` names its pid, `pflower superlink stop --pid N` stops it) "
+            "and run again"
         )
 
 
@@ -269,9 +300,60 @@ def run_status(run_id: str, env: dict[str, str], cwd: Path) -> str:
 RUN_USAGE = """usage: pflower run [flwr run options ...]
   `flwr run . --stream` from this checkout, through a local SuperLink of its own (its FLWR_HOME under
   ~/.cache/pflower/superlinks/, its own ports), exiting with the run's status: 0 when the run
-  completed, 1 when it failed or was stopped (`flwr run --stream` exits 0 either way).
-  The SuperLink stays up for the next run; `pflower superlink stop --all` stops it.
+  completed, 1 when it failed or was stopped (`flwr run --stream` exits 0 either way), 2 for a bad
+  setting (checked before anything starts). Without --federation-config "num-supernodes=N", N is
+  the run's num_clients.
+  The SuperLink stays up for the next run; `pflower superlink stop` (in this folder) stops it.
   e.g. pflower run --run-config "method='fedper' rounds=5" --federation-config "num-supernodes=20" """
+
+
+def _option_values(argv: list[str], *names: str) -> list[str]:
+    """The values of a repeatable option (``--run-config X``, ``--run-config=X``, ``-c X``)."""
+    out = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            if eq:
+                out.append(value)
+            elif i + 1 < len(argv):
+                out.append(argv[i + 1])
+    return out
+
+
+def checked_flwr_args(argv: list[str], checkout: Path) -> list[str]:
+    """``flwr run``'s options, checked and completed before anything starts.
+
+    The run config (``pyproject``'s ``[tool.flwr.app.config]`` with the ``--run-config`` values) is
+    composed and its strategy built here, as the ServerApp would, so a bad key or value fails in
+    seconds with one line and exit status 2 instead of after a SuperLink start (``ValueError``).
+    Without ``num-supernodes`` in ``--federation-config``, it is set to the run's ``num_clients``
+    (with ``client-resources-num-cpus=1``: two clients train at once on 2 cores), so the default
+    run needs no options. Checked only where this pflower's own ``conf/`` is the checkout's."""
+    import tomllib
+
+    from flwr.common.config import parse_config_args
+
+    from pflower.conf import __file__ as conf_init
+
+    from .config import compose_config, overrides_from_run_config
+    from .runner import check_strategy
+
+    if Path(conf_init).resolve().parent != (checkout / "conf").resolve():
+        return argv  # another checkout's code: its own ServerApp checks it
+    try:
+        declared = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+        given = parse_config_args(_option_values(argv, "--run-config", "-c"))
+    except (KeyError, OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"--run-config or pyproject.toml's [tool.flwr.app.config] cannot be read ({exc})") from exc
+    cfg = compose_config(overrides_from_run_config({**declared, **given}))
+    check_strategy(cfg)
+    federation = " ".join(_option_values(argv, "--federation-config"))
+    if "num-supernodes" not in federation:
+        extra = f"num-supernodes={int(cfg.num_clients)}"
+        if "client-resources-num-cpus" not in federation:
+            extra += " client-resources-num-cpus=1"
+        argv += ["--federation-config", extra]
+    return argv
 
 
 def run_main(argv: list[str], checkout: Path | None = None) -> int:
@@ -286,8 +368,12 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        argv = checked_flwr_args(list(argv), checkout)
+    except ValueError as exc:  # a bad key or value: one line, before any SuperLink or run starts
+        print(f"pflower: {exc}", file=sys.stderr)
+        return 2
     env = checkout_env(checkout)
-    argv = list(argv)
     if "--stream" not in argv:
         argv.append("--stream")
     run_id = None
@@ -313,8 +399,7 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
     status = run_status(run_id, env, checkout)
     ok = status == "finished:completed"
     print(
-        f"pflower run: run {run_id} {status}; this checkout's SuperLink stays up (`pflower superlink stop --all` stops "
-        "it)",
+        f"pflower run: run {run_id} {status}; this checkout's SuperLink stays up (`pflower superlink stop` stops it)",
         file=sys.stdout if ok else sys.stderr,
     )
     return 0 if ok else 1

@@ -190,15 +190,21 @@ def test_flwr_run_dot(tmp_path):
 
         # `pflower superlink status|stop` find this FLWR_HOME's SuperLink and its working directory, stop only it
         pflower = str(BIN / "pflower")
-        status = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [pflower, "superlink", "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         assert (
             f"Control API 127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}" in status.stdout
             and f"working directory {ROOT} " in status.stdout
         ), status.stdout
-        stopped = subprocess.run([pflower, "superlink", "stop"], env=env, capture_output=True, text=True, timeout=60)
+        stopped = subprocess.run(
+            [pflower, "superlink", "stop"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         assert stopped.returncode == 0 and stopped.stdout.startswith("stopped the local SuperLink"), stopped.stdout
-        after = subprocess.run([pflower, "superlink", "status"], env=env, capture_output=True, text=True, timeout=60)
-        assert after.stdout.startswith("no local SuperLink for"), after.stdout
+        after = subprocess.run(
+            [pflower, "superlink", "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert after.stdout.startswith("no local SuperLink of"), after.stdout
     finally:
         stop_local_superlink(env)
 

@@ -1,5 +1,6 @@
-"""`pflower superlink status|stop` find the local SuperLink of this FLWR_HOME and Control API port
-only, show its working directory, and stop it without touching another one (issue 16, item 4).
+"""`pflower superlink status|stop` find this folder's local SuperLinks only (the shell's FLWR_HOME
+and Control API port when started here, and `pflower run`'s for this checkout), show their working
+directories, and stop them without touching another checkout's or shell's (issues 16 and 58).
 Stand-ins named ``flower-superlink`` with the local SuperLink's flags keep this fast; the real
 one is stopped the same way in tests/integration/test_simulation.py::test_flwr_run_dot."""
 
@@ -15,13 +16,14 @@ from pflower.server_app.cli import main
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-def fake_superlink(tmp_path, name: str, control_port: int) -> subprocess.Popen:
-    home = tmp_path / name
-    (home / "local-superlink").mkdir(parents=True)
-    script = tmp_path / name / "flower-superlink"
+def fake_superlink(tmp_path, name: str, control_port: int, home=None, cwd=None) -> subprocess.Popen:
+    home = home or tmp_path / name
+    (home / "local-superlink").mkdir(parents=True, exist_ok=True)
+    script = tmp_path / f"{name}-bin" / "flower-superlink"
+    script.parent.mkdir()
     script.write_text("import time\ntime.sleep(120)\n")
-    cwd = tmp_path / f"{name}-cwd"
-    cwd.mkdir()
+    cwd = cwd or tmp_path / f"{name}-cwd"
+    cwd.mkdir(exist_ok=True)
     args = [
         sys.executable,
         str(script),
@@ -41,6 +43,8 @@ def test_status_and_stop_touch_only_this_flwr_home_and_port(tmp_path, monkeypatc
     ours, other = fake_superlink(tmp_path, "home-a", 45093), fake_superlink(tmp_path, "home-b", 45193)
     try:
         time.sleep(0.3)
+        monkeypatch.chdir(tmp_path / "home-a-cwd")  # the folder `flwr run .` started it from
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
         monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home-a"))
         monkeypatch.setenv("FLWR_LOCAL_CONTROL_API_PORT", "45093")
         assert main(["superlink", "status"]) == 0
@@ -54,6 +58,46 @@ def test_status_and_stop_touch_only_this_flwr_home_and_port(tmp_path, monkeypatc
         assert main(["superlink", "stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
     finally:
         for proc in (ours, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_default_stop_spares_another_checkouts_superlink_under_this_flwr_home(tmp_path, monkeypatch, capsys):
+    """The shell's FLWR_HOME SuperLink started from another checkout, and another shell's, keep
+    running; this checkout's `pflower run` SuperLink stops; --pid and --all stop what they name."""
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "shell-home"))
+    monkeypatch.setenv("FLWR_LOCAL_CONTROL_API_PORT", "46093")
+    shell_other = fake_superlink(tmp_path, "shell", 46093, home=tmp_path / "shell-home", cwd=tmp_path / "elsewhere")
+    run_here = fake_superlink(tmp_path, "run", 46193, home=superlink.checkout_home(here), cwd=here)
+    other_home = fake_superlink(tmp_path, "other", 46293)
+    procs = (shell_other, run_here, other_home)
+    try:
+        time.sleep(0.3)
+        assert main(["superlink", "status"]) == 0
+        out = capsys.readouterr().out
+        mine_part, others_part = out.split("your other local SuperLinks", 1)
+        assert f"pid {run_here.pid}" in mine_part and f"pid {shell_other.pid}" in others_part
+        assert f"pid {other_home.pid}" in others_part
+        assert main(["superlink", "stop"]) == 0
+        out = capsys.readouterr().out
+        assert f"stopped the local SuperLink pid {run_here.pid}" in out
+        assert f"left running: the SuperLink of this shell's FLWR_HOME, started from {tmp_path / 'elsewhere'}" in out
+        assert f"stop --pid {shell_other.pid}" in out
+        assert run_here.wait(timeout=10) is not None
+        assert shell_other.poll() is None and other_home.poll() is None  # another checkout's and shell's run on
+        assert main(["superlink", "stop", "--pid", "1"]) == 2  # not one of ours
+        assert main(["superlink", "stop", "--pid", str(shell_other.pid)]) == 0
+        assert shell_other.wait(timeout=10) is not None and other_home.poll() is None
+        found = superlink.local_superlinks  # --all here must not reach a real SuperLink another test runs
+        monkeypatch.setattr(superlink, "local_superlinks", lambda: [s for s in found() if s.pid == other_home.pid])
+        assert main(["superlink", "stop", "--all"]) == 0
+        assert other_home.wait(timeout=10) is not None
+    finally:
+        for proc in procs:
             proc.kill()
             proc.wait()
 
@@ -154,3 +198,26 @@ def test_pflower_run_without_a_started_run_fails(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert superlink.run_main([], checkout=code_tree(tmp_path / "checkout")) == 1
     assert "started no run" in capsys.readouterr().err
+
+
+def test_pflower_run_refuses_a_bad_setting_before_anything_starts_and_sizes_the_federation():
+    """Issue 58: `pflower run --run-config "alpha=-1"` is one line and exit 2 in seconds (no SuperLink,
+    no run); without --federation-config the simulated SuperNodes are the run's num_clients."""
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        superlink.checked_flwr_args(["--run-config", "alpha=-1"], ROOT)
+    assert superlink.checked_flwr_args([], ROOT) == [
+        "--federation-config",
+        "num-supernodes=20 client-resources-num-cpus=1",
+    ]
+    assert superlink.checked_flwr_args(["-c", "num_clients=4 method='fedavg'"], ROOT)[-1].startswith(
+        "num-supernodes=4 "
+    )
+    given = ["--run-config=num_clients=4", "--federation-config", "num-supernodes=4"]
+    assert superlink.checked_flwr_args(list(given), ROOT) == given  # the user's own federation is kept
+
+
+def test_pflower_run_exits_2_on_a_bad_setting(tmp_path, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(superlink.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert superlink.run_main(["--run-config", "method='nosuch'"], checkout=ROOT) == 2
+    assert "pflower: unknown method 'nosuch'" in capsys.readouterr().err and not started

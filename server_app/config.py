@@ -273,10 +273,16 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
             group = full.split(".", 1)[0]
             chosen = chosen_files(overrides).get(group)
             which = f"{group} {chosen!r}" if chosen else f"the chosen {group}"
-            path = f"conf/{group}/{chosen}.yaml" if chosen else f"conf/{group}/<name>.yaml"
+            if chosen:
+                own = _file_keys(conf_dir() / group / f"{chosen}.yaml")
+                listed = f"its options: {', '.join(own)}" if own else "it has no options"
+                if group == "method" and own:
+                    listed += f" (`pflower methods {chosen}` says what each does)"
+            else:
+                listed = f"its options are in conf/{group}/<name>.yaml"
             return (
-                f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do): "
-                f"its options are in {path}; drop the override or pick a {group} that has it"
+                f"{which} has no option {full.split('.', 1)[1]!r} (other {group} files do); {listed}; "
+                f"drop the override or pick a {group} that has it"
             )
         hint = f"did you mean {close[0]}? " if close else ""
         return (
@@ -285,6 +291,17 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
+
+
+def _file_keys(path: Path) -> list[str]:
+    """The top-level keys a config group file sets (its options), ``name`` and ``defaults`` aside."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    return [k for k in raw if k not in ("name", "defaults")] if isinstance(raw, dict) else []
 
 
 # names users reach for that mean another key (difflib alone offers dataset.options for data_dir)
@@ -326,6 +343,20 @@ def resume_config(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if key in touched or key not in out:
             out[key] = cfg[key]
     out.resume = str(run_dir)
+    planned = saved.method.get("total_rounds")
+    if "rounds" in touched and planned is not None and int(out.rounds) != int(planned):
+        from logging import INFO
+
+        from flwr.common import log
+
+        line = (
+            f"resume: rounds {saved.rounds} -> {out.rounds}; method.total_rounds stays {planned}, the horizon the "
+            f"method's schedule (warm-up, Kp from rho) was planned on when the run started, so the rounds already "
+            f"run keep their meaning (a new run with rounds={out.rounds} plans on {out.rounds})"
+        )
+        if line not in _SAID:
+            _SAID.add(line)
+            log(INFO, "%s", line)
     return out
 
 

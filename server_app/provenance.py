@@ -50,12 +50,51 @@ def _git(args: Sequence[str], cwd: Path) -> str | None:
 
 
 def git_state(root: Path = SOURCE_ROOT) -> dict[str, Any]:
-    """The commit of ``root`` and whether pflower's tracked code or config (:data:`CODE_PATHS`) differs from it."""
+    """The commit of ``root`` and whether pflower's tracked code or config (:data:`CODE_PATHS`) differs
+    from it. An unpacked FAB (``flwr run``) has no .git: its commit is that of the checkout it was
+    built from (:func:`fab_checkout`), named in ``git_commit_of``."""
     commit = _git(["rev-parse", "HEAD"], root)
     if commit is None:
-        return {"git_commit": None, "git_dirty": None}
+        checkout = fab_checkout(root)
+        if checkout is None:
+            return {"git_commit": None, "git_dirty": None}
+        return {**git_state(checkout), "git_commit_of": f"the checkout the FAB was built from: {checkout}"}
     status = _git(["status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], root)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _candidate_checkouts() -> list[Path]:
+    """Where a FAB's checkout may be: the editable install's source folder (``pip install -e .``,
+    read from its ``direct_url.json``) and the current directory."""
+    found: list[Path] = []
+    try:
+        direct = metadata.distribution("pflower").read_text("direct_url.json")
+        url = json.loads(direct or "{}").get("url", "")
+        if url.startswith("file://"):
+            found.append(Path(url.removeprefix("file://")))
+    except (metadata.PackageNotFoundError, ValueError):
+        pass
+    found.append(Path.cwd())
+    return found
+
+
+def fab_checkout(fab_root: Path, candidates: Sequence[Path] | None = None) -> Path | None:
+    """The git checkout whose working tree holds exactly the FAB's code (every .py and .yaml file of
+    :func:`.superlink.code_files` equal, none missing on either side; Flower rewrites
+    pyproject.toml, so it is not compared), or None: then the FAB's hash alone names its code.
+    Flower builds the FAB from that working tree, so its commit (and whether the tree was dirty)
+    is the FAB's."""
+    from .superlink import code_files
+
+    if not (fab_root / "pflower" / "__init__.py").is_file():
+        return None
+    fab = code_files(fab_root)
+    for checkout in candidates if candidates is not None else _candidate_checkouts():
+        if checkout.resolve() == fab_root.resolve() or _git(["rev-parse", "HEAD"], checkout) is None:
+            continue
+        if code_files(checkout) == fab:
+            return checkout
+    return None
 
 
 def _version(package: str) -> str | None:

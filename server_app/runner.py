@@ -299,8 +299,7 @@ def resume_record(run_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]
     resumes = [int(r["after_round"]) for r in (read_provenance(run_dir) or {}).get("resumes", []) if "after_round" in r]
     out: dict[str, Any] = {}
     if resumes:
-        out["resumed_after_rounds"] = resumes
-        out["resumed_after_round"] = resumes[-1]
+        out["resumed_after_rounds"] = resumes  # one key: the last resume is its last entry
     lost = {int(r["round"]): list(r["client_state_lost"]) for r in rounds if r.get("client_state_lost")}
     if lost:
         out["client_state_lost"] = {str(k): v for k, v in lost.items()}  # round -> clients

@@ -140,7 +140,7 @@ def final_evaluation(
     out = {
         "final_acc": sum(m["test_correct"] for m in client_metrics) / total,
         "final_loss": sum(m["test_loss_sum"] for m in client_metrics) / total,
-        "final_clients": float(len(client_metrics)),
+        "final_clients": len(client_metrics),  # a count: printed and saved as an integer
     }
     out.update(per_arch(lambda ms: {"final_acc": sum(m["test_correct"] for m in ms) / sum(m[TEST_SIZE] for m in ms)}))
     if global_test and all(GLOBAL_TEST_SIZE in m for m in client_metrics):

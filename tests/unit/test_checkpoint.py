@@ -137,7 +137,7 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
             assert_same(ra[key], rb[key], f"round {ra['round']} {key}")
     for key in ("final_acc", "final_loss", "headline_test_before_acc"):
         assert_same(full[key], resumed[key], key)
-    assert resumed["resumed_after_round"] == 2 and resumed["run_dir"] == str(run_dir)
+    assert resumed["resumed_after_rounds"] == [2] and resumed["run_dir"] == str(run_dir)
     ca, cb = load_checkpoint(full["run_dir"]), load_checkpoint(run_dir)
     assert cb.round == 4 and cb.run_token == token  # the clients' personal state stays found
     sa, sb = ca.decode(), cb.decode()
@@ -177,7 +177,7 @@ def test_resume_with_more_rounds_and_extra_metrics_lines(compose, tiny_overrides
     assert [r["round"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5]
     discarded = (run_dir / "metrics.discarded.jsonl").read_text().splitlines()
     assert len(discarded) == 2 and json.loads(discarded[0])["test_before_acc"] == 0.5  # kept, not deleted
-    assert summary["resumed_after_round"] == 2 and 0.0 <= summary["headline_test_before_acc"] <= 1.0
+    assert summary["resumed_after_rounds"] == [2] and 0.0 <= summary["headline_test_before_acc"] <= 1.0
     assert "rounds: 5" in (run_dir / "config.yaml").read_text()
     assert load_checkpoint(run_dir).round == 5
 

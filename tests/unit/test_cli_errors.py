@@ -20,8 +20,16 @@ CASES = [
     (["rounds=2.5"], ["rounds=2.5 is not a whole number"]),
     (["rouns=5"], ["unknown key 'rouns'", "did you mean rounds?"]),
     (["method.kpp=3"], ["unknown key 'method.kpp'", "did you mean method.kp?"]),
-    (["method=fedavg", "method.warmup=0.5"], ["method 'fedavg' has no option 'warmup'", "conf/method/fedavg.yaml"]),
-    (["method.feature_upload=samples"], ["method 'fedcmd' has no option 'feature_upload'", "conf/method/fedcmd.yaml"]),
+    (
+        ["method=fedavg", "method.warmup=0.5"],
+        ["method 'fedavg' has no option 'warmup'", "its options: finetune_epochs"],
+    ),
+    (
+        ["method=fedavg", "method.kp=5"],
+        ["method 'fedavg' has no option 'kp'", "its options: finetune_epochs", "pflower methods fedavg"],
+    ),
+    (["method=fedbn", "method.kp=5"], ["method 'fedbn' has no option 'kp'", "it has no options"]),
+    (["method.feature_upload=samples"], ["method 'fedcmd' has no option 'feature_upload'", "its options: kp, rho"]),
     (["method=fedcpmd", "method.ablaton=x"], ["unknown key 'method.ablaton'", "did you mean method.ablation?"]),
     (
         ["method=felo", "method.feature_upload=all"],

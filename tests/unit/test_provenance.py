@@ -35,6 +35,33 @@ def test_no_checkout_records_none(tmp_path):
     assert prov.git_state(tmp_path) == {"git_commit": None, "git_dirty": None}
 
 
+def test_a_fab_built_from_a_checkout_records_that_checkouts_commit(tmp_path, monkeypatch):
+    """Under `flwr run` the code runs from the unpacked FAB (no .git): the commit is that of the
+    checkout whose working tree holds the same code (issue 58), pyproject.toml aside (Flower rewrites it)."""
+    import shutil
+
+    checkout, fab = tmp_path / "checkout", tmp_path / "fab"
+    for root in (checkout,):
+        (root / "pflower").mkdir(parents=True)
+        (root / "pflower" / "__init__.py").write_text("")
+        (root / "strategies").mkdir()
+        (root / "strategies" / "a.py").write_text("x = 1\n")
+        (root / "pyproject.toml").write_text('requires = ["a", "b"]\n')
+    git(checkout, "init", "-q")
+    git(checkout, "add", ".")
+    git(checkout, "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout.strip()
+    shutil.copytree(checkout, fab, ignore=shutil.ignore_patterns(".git"))
+    (fab / "pyproject.toml").write_text('requires = [\n    "a",\n    "b",\n]\n')  # as Flower writes it
+    monkeypatch.setattr(prov, "_candidate_checkouts", lambda: [tmp_path / "elsewhere", checkout])
+    state = prov.git_state(fab)
+    assert (state["git_commit"], state["git_dirty"]) == (head, False) and str(checkout) in state["git_commit_of"]
+    (checkout / "strategies" / "a.py").write_text("x = 2\n")  # the checkout moved on: not the FAB's code
+    assert prov.git_state(fab) == {"git_commit": None, "git_dirty": None}
+    (fab / "strategies" / "a.py").write_text("x = 2\n")  # built from the edited tree: dirty
+    assert prov.git_state(fab)["git_dirty"] is True
+
+
 def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, monkeypatch):
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "a" * 40, "git_dirty": False})
     summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=2"))

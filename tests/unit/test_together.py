@@ -124,4 +124,4 @@ def test_a_together_sweep_resumes_together_by_sweeping_resume(tmp_path, monkeypa
     assert main(["sim", "-m", "resume=" + ",".join(str(r) for r in runs), "rounds=3", "--together"]) == 0
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
-        assert (summary["rounds"], summary["resumed_after_round"]) == (3, 2)
+        assert (summary["rounds"], summary["resumed_after_rounds"]) == (3, [2])

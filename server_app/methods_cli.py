@@ -152,14 +152,37 @@ def options_markdown(name: str) -> str:
     return "\n".join(out)
 
 
+# docs/configuration.md lists every method between these markers, from the registry
+METHODS_BLOCK = "<!-- methods -->\n{table}\n<!-- /methods -->"
+
+
+def methods_markdown() -> str:
+    """Every registered method as a Markdown table: its ``method=`` value, client role, options and
+    page (what `pflower methods` prints), so no hand-kept list can miss one."""
+    rows = ["| `method=` | client role | options (`method.<option>=`) | page |", "|---|---|---|---|"]
+    for name, method in declared_methods().items():
+        options = ", ".join(f"`{o}`" for o in method.options) or "none"
+        rows.append(f"| `{name}` | {method.role} | {options} | [{page_of(name)}]({page_of(name)}) |")
+    return "\n".join(rows)
+
+
 def write_docs(docs: Path) -> list[Path]:
     """Fill every method's options block in its page under ``docs`` (a page lacking one gets it
-    appended under an "Options" heading); the pages that changed."""
+    appended under an "Options" heading) and the list of methods in ``configuration.md``; the
+    pages that changed."""
     import re
 
     from pflower.strategies import STRATEGIES
 
     changed = []
+    listing = docs / "configuration.md"
+    if listing.exists():
+        text = listing.read_text()
+        pattern = re.compile(re.escape("<!-- methods -->") + ".*?" + re.escape("<!-- /methods -->"), re.S)
+        new = pattern.sub(lambda _: METHODS_BLOCK.format(table=methods_markdown()), text)
+        if new != text:
+            listing.write_text(new)
+            changed.append(listing)
     for page in sorted({page_of(n) for n in STRATEGIES}):
         path = docs / page
         text = before = path.read_text()

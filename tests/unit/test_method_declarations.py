@@ -239,3 +239,13 @@ def test_every_method_class_is_public_in_the_strategies_package():
 
     for name, cls in STRATEGIES.items():
         assert getattr(package, cls.__name__, None) is cls and cls.__name__ in package.__all__, name
+
+
+def test_configuration_page_lists_every_registered_method():
+    """docs/configuration.md's list of methods is generated from the registry (issue 58: heterofl,
+    fedgkt and fedmd were missing from a hand-kept row)."""
+    from pflower.server_app.methods_cli import METHODS_BLOCK, methods_markdown
+
+    page = (conf_dir().parent / "docs" / "configuration.md").read_text()
+    assert METHODS_BLOCK.format(table=methods_markdown()) in page, "run `pflower methods --write-docs`"
+    assert all(f"| `{name}` |" in methods_markdown() for name in STRATEGIES)

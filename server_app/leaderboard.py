@@ -7,8 +7,9 @@ resumes what stopped (its checkpoint; exact, see docs/configuration.md, "Checkpo
 rest, after checking that every one of them can start. ``write`` turns the finished runs into
 ``docs/leaderboard.md``: per protocol a table (mean ± std over seeds of the one headline metric,
 with the budget each entry used: clients trained a round, local work, MiB up and down), the
-entries within the seed spread of the best marked, accuracy-vs-round curves with seed bands and
-accuracy-vs-MiB points. Every number comes from the runs' summary.json and metrics.jsonl.
+entries tied with the best marked (a paired interval over shared seeds: :mod:`.paired`),
+accuracy-vs-round curves with seed bands and accuracy-vs-MiB points. Every number comes from the
+runs' summary.json and metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import yaml
 
 from .config import ConfigError, conf_dir
+from .paired import paired_difference
 
 PLAN_FILE = "leaderboard.yaml"
 USAGE = """pflower leaderboard status [PROTOCOL ...]          (what is done, stopped, not started)
@@ -196,6 +198,7 @@ def run_numbers(run: Path, metric: str, second: str | None = None) -> dict[str, 
     n = max(len(rounds), 1)
     return {
         "metric": summary.get(metric),
+        "seed": int(config.get("seed", 0)),
         "second": summary.get(second) if second else None,
         "final_acc": summary.get("final_acc"),
         "clients": float(np.mean([len(r.get("clients", [])) for r in rounds])) if rounds else 0.0,
@@ -255,22 +258,24 @@ def protocol_rows(
     return mark_ties(rows)
 
 
-def mark_ties(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def seed_values(row: dict[str, Any], key: str = "metric") -> dict[int, float]:
+    """An entry's value on each seed, in percent (``key``: ``metric`` or ``second``)."""
+    return {int(r["seed"]): 100 * float(r[key]) for r in row.get("runs", []) if r.get(key) is not None and "seed" in r}
+
+
+def mark_ties(rows: list[dict[str, Any]], key: str = "metric") -> list[dict[str, Any]]:
     """Sort by mean and mark the ``best`` row (the highest mean among entries with several seeds, when
-    any: a one-seed number has no spread to win with) and a row ``tie`` when its gap to the best is
-    within the two entries' seed spreads (std + std); an entry with one seed, or a best with one, ties
-    nothing."""
+    any: a one-seed number has no spread to win with), each other row's paired difference with it
+    (``vs_best``: :func:`.paired.paired_difference` of the row minus the best over the seeds both
+    ran, 95 % interval), and a row ``tie`` when that interval contains 0. An entry sharing fewer
+    than two seeds with the best ties nothing (no interval)."""
     rows.sort(key=lambda r: -r["mean"])
     if rows:
         best = next((r for r in rows if r["seeds"] > 1), rows[0])
         for row in rows:
             row["best"] = row is best
-            row["tie"] = (
-                row is not best
-                and best["seeds"] > 1
-                and row["seeds"] > 1
-                and best["mean"] - row["mean"] <= best["std"] + row["std"]
-            )
+            row["vs_best"] = None if row is best else paired_difference(seed_values(row, key), seed_values(best, key))
+            row["tie"] = row["vs_best"] is not None and row["vs_best"].contains_zero
     return rows
 
 
@@ -284,6 +289,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None, evaluated: 
         *(["evaluated model"] if evaluated else []),
         "seeds",
         "headline (mean ± std)",
+        "minus the best, paired (95 % CI)",
         *extra,
         "final (all clients)",
         "clients / round",
@@ -293,7 +299,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None, evaluated: 
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows):
-        mark = " (best)" if r.get("best", i == 0) else (" (tie)" if r["tie"] else "")
+        mark = " (best)" if r.get("best", i == 0) else (" (tie)" if r.get("tie") else "")
         seeds = (
             f"{r['seeds']}"
             + (f" of {r['planned']}" if r["planned"] != r["seeds"] else "")
@@ -315,6 +321,7 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None, evaluated: 
                     *([evaluated.get(r["entry"], "-")] if evaluated else []),
                     seeds,
                     f"{r['mean']:.2f} ± {r['std']:.2f}",
+                    "-" if r.get("vs_best") is None else r["vs_best"].text(),
                     *cells,
                     final,
                     f"{r['clients']:.1f}",
@@ -328,11 +335,11 @@ def table(rows: Sequence[dict[str, Any]], second: str | None = None, evaluated: 
 
 
 def verdict(rows: Sequence[dict[str, Any]]) -> str:
-    """Who wins on a protocol, and who is within the seed spread of it, in words from the numbers."""
+    """Who wins on a protocol, and who is tied with it (the paired interval), in words from the numbers."""
     if not rows:
         return "No finished runs yet."
     best = next((r for r in rows if r.get("best")), rows[0])
-    ties = [r["entry"] for r in rows if r["tie"]]
+    ties = [r["entry"] for r in rows if r.get("tie")]
     text = f"Best: **{best['entry']}**, {best['mean']:.2f} ± {best['std']:.2f} over {best['seeds']} seed(s)."
     if best["seeds"] < 2:
         return text + " One seed only: no spread to compare with."
@@ -344,9 +351,13 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
             + "."
         )
     if ties:
-        text += " Within the seed spread of it (a tie, not a win): " + ", ".join(ties) + "."
+        text += (
+            " Tied with it (the paired 95 % interval of the difference contains 0, so not a win either way): "
+            + ", ".join(ties)
+            + "."
+        )
     else:
-        text += " No other entry with several seeds is within the seed spread of it."
+        text += " Every other entry with several seeds is behind it (its paired 95 % interval excludes 0)."
     return text
 
 
@@ -384,13 +395,19 @@ def compare_protocols(rows: Sequence[dict[str, Any]], other_rows: Sequence[dict[
             + "."
         ),
         "",
-        f"| entry | here (mean ± std, seeds) | `{other}` (mean ± std, seeds) | standing here / there |",
-        "|---|---|---|---|",
+        f"| entry | rank here / `{other}` | here (mean ± std, seeds) | `{other}` (mean ± std, seeds) "
+        "| standing here / there |",
+        "|---|---|---|---|---|",
     ]
+    rank_here = {e: i + 1 for i, e in enumerate(here)}  # by mean, as mark_ties sorted them
+    rank_there = {e: i + 1 for i, e in enumerate(there)}
     for entry, r in here.items():  # best first, as ranked here
         o = there[entry]
+        moved = rank_there[entry] - rank_here[entry]
         lines.append(
-            f"| {entry} | {r['mean']:.2f} ± {r['std']:.2f} ({r['seeds']}) | {o['mean']:.2f} ± {o['std']:.2f} "
+            f"| {entry} | {rank_here[entry]} / {rank_there[entry]}"
+            + (f" ({'up' if moved > 0 else 'down'} {abs(moved)})" if moved else "")
+            + f" | {r['mean']:.2f} ± {r['std']:.2f} ({r['seeds']}) | {o['mean']:.2f} ± {o['std']:.2f} "
             f"({o['seeds']}) | {standing(r)} / {standing(o)} |"
         )
     return "\n".join(lines)
@@ -553,7 +570,7 @@ def second_verdict(rows: Sequence[dict[str, Any]], label: str) -> str:
     ]
     if not measured:
         return ""
-    ranked = mark_ties(measured)
+    ranked = mark_ties(measured, key="second")
     text = verdict(ranked).replace("Best:", f"On the {label}: best", 1)
     unmeasured = [r["entry"] for r in rows if not r.get("second")]
     return text + (f" Not measured by: {', '.join(unmeasured)}." if unmeasured else "")
@@ -571,8 +588,11 @@ def write_page(plan: dict[str, Any], root: Path, page: Path) -> Path:
         f"`{root.as_posix()}/runs/` (the plan: `conf/leaderboard.yaml`; run what is missing with "
         "`pflower leaderboard run`). Metric, the same for every row: "
         f"`{metric}` (the mean test_before accuracy of the sampled clients over the last 10 rounds), "
-        "mean ± sample std over seeds. A row marked *tie* is within the two entries' seed spreads "
-        "of the best one. Figures: accuracy by round in one panel per family of methods (the first also draws the two "
+        "mean ± sample std over seeds. The best row is the highest mean over several seeds; every other row shows "
+        "its paired difference with it: the mean over the seeds both ran (the same partitions, initialisation and "
+        "sampling) of its value minus the best's, with a 95 % Student-t interval; *tie* when that interval "
+        "contains 0, *behind* otherwise (a spread of its own does not make a tie). Figures: accuracy by round in "
+        "one panel per family of methods (the first also draws the two "
         "best entries of the others), and the headline beside the run's communication. Budget columns: clients trained "
         "a round (measured from the runs), the local work per "
         "round (config), MiB up and down a round (the messages' arrays), CPU time summed over the seeds (a run's wall "

@@ -22,6 +22,21 @@ from pflower.server_app.leaderboard import (
     write_page,
 )
 
+
+def seed_row(entry: str, *values: float, planned: int | None = None) -> dict:
+    """A leaderboard row of ``values`` (percent) on seeds 1, 2, ...: mean, sample std and the runs."""
+    import statistics
+
+    return {
+        "entry": entry,
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "seeds": len(values),
+        **({"planned": planned} if planned else {}),
+        "runs": [{"seed": i + 1, "metric": v / 100} for i, v in enumerate(values)],
+    }
+
+
 TINY = [
     "dataset=digits",
     "num_clients=4",
@@ -106,17 +121,12 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
     assert f"Run time of the finished runs: {spent:.1f} h" in text and "unfinished" not in text
     assert time_budget([{"wall": 30.0}, {"wall": 90.0}], done=4, planned=10) == (120.0, 180.0)
     # a one-seed entry above the several-seed best is named, never the best
-    lone = mark_ties(
-        [
-            {"entry": "solo", "mean": 99.0, "std": 0.0, "seeds": 1, "tie": False},
-            {"entry": "a", "mean": 95.0, "std": 1.0, "seeds": 3},
-            {"entry": "b", "mean": 94.5, "std": 1.0, "seeds": 3},
-        ]
-    )
-    assert [r["entry"] for r in lone if r["best"]] == ["a"] and lone[2]["tie"]
+    lone = mark_ties([seed_row("solo", 99.0), seed_row("a", 95.0, 96.0, 94.0), seed_row("b", 94.0, 96.5, 93.0)])
+    assert [r["entry"] for r in lone if r["best"]] == ["a"] and lone[2]["tie"]  # b - a: -1.0, +0.5, -1.0
     assert verdict(lone) == (
         "Best: **a**, 95.00 ± 1.00 over 3 seed(s). Above it on one seed only (no spread, so not a win): "
-        "solo 99.00. Within the seed spread of it (a tie, not a win): b."
+        "solo 99.00. Tied with it (the paired 95 % interval of the difference contains 0, so not a win either "
+        "way): b."
     )
     assert "The 6 unfinished, at the mean of a finished run: about 3.0 h more." in budget_line(120.0, 180.0, 6)
     assert budget_line(120.0, 180.0, 36, unestimated=30).endswith(
@@ -144,7 +154,10 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
             (j.run_dir() / "summary.json").write_text(json.dumps({**summary, "final_global_acc": 0.5 + 0.1 * j.seed}))
     plan["protocols"]["tiny"]["second_metric"] = {"key": "final_global_acc", "label": "global test, final"}
     text = write_page(plan, root, tmp_path / "docs" / "leaderboard.md").read_text()
-    assert "| entry | seeds | headline (mean ± std) | global test, final | final (all clients) |" in text
+    assert (
+        "| entry | seeds | headline (mean ± std) | minus the best, paired (95 % CI) | global test, final "
+        "| final (all clients) |" in text
+    )
     mean = 100 * (0.5 + 0.1 * 1.5)
     std = 100 * 0.1 / 2**0.5
     assert f"| {mean:.2f} ± {std:.2f} |" in text
@@ -177,23 +190,41 @@ def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numb
         load_plan(path)
 
 
-def test_ties_need_the_seed_spread_of_both_entries():
-    def row(entry, mean, std, seeds=3):
-        return {"entry": entry, "mean": mean, "std": std, "seeds": seeds}
-
-    rows = mark_ties([row("c", 87.0, 0.5), row("a", 90.0, 1.0), row("d", 89.9, 0.0, seeds=1), row("b", 88.5, 0.6)])
+def test_a_tie_is_a_paired_interval_over_shared_seeds_that_contains_zero():
+    """Issue 59: a consistent gap is "behind" however much both entries swing from seed to seed, and
+    an inconsistent one is a tie however steady either entry is (hand-worked: t(0.975, 2) = 4.303)."""
+    rows = mark_ties(
+        [
+            seed_row("noisy_but_consistent", 89.0, 91.1, 87.1),  # 1.0, 0.9, 0.9 below a on every seed
+            seed_row("a", 90.0, 92.0, 88.0),  # best: 90.00 ± 2.00
+            seed_row("d", 99.9),  # one seed: never the best, ties nothing
+            seed_row("steady_but_swapping", 90.0, 91.0, 87.5),  # 0.0, -1.0, -0.5: the sign is not settled
+        ]
+    )
     assert [(r["entry"], r["tie"]) for r in rows] == [
-        ("a", False),
         ("d", False),
-        ("b", True),
-        ("c", False),
-    ]  # 1.5 <= 1.6; 3.0 > 1.5
-    assert (
-        verdict(rows) == "Best: **a**, 90.00 ± 1.00 over 3 seed(s). Within the seed spread of it (a tie, not a win): b."
+        ("a", False),
+        ("steady_but_swapping", True),
+        ("noisy_but_consistent", False),
+    ]
+    consistent = rows[3]["vs_best"]  # mean -0.933, sd 0.0577: half-width 4.303 * 0.0577 / sqrt(3) = 0.143
+    assert (consistent.n, round(consistent.mean, 3), round(consistent.low, 3), round(consistent.high, 3)) == (
+        3,
+        -0.933,
+        -1.077,
+        -0.790,
     )
-    assert verdict([row("x", 80.0, 0.0, seeds=1) | {"tie": False}]).endswith(
-        "One seed only: no spread to compare with."
+    # the old rule (gap <= std + std) called it a tie: 0.93 <= 2.0 + 2.0
+    assert rows[3]["std"] + rows[1]["std"] > rows[1]["mean"] - rows[3]["mean"]
+    assert verdict(rows).endswith(
+        "Tied with it (the paired 95 % interval of the difference contains 0, so not a "
+        "win either way): steady_but_swapping."
     )
+    alone = mark_ties([seed_row("a", 90.0, 91.0), seed_row("b", 89.0, 89.5, 89.2)])  # one seed in common with... two
+    assert alone[1]["vs_best"].n == 2
+    apart = mark_ties([seed_row("a", 90.0, 91.0), {**seed_row("b", 85.0, 86.0), "runs": [{"seed": 7, "metric": 0.85}]}])
+    assert apart[1]["vs_best"] is None and not apart[1]["tie"]  # no seed shared: no interval, no tie
+    assert verdict([seed_row("x", 80.0)]).endswith("One seed only: no spread to compare with.")
 
 
 def test_a_malformed_second_metric_is_refused(tmp_path):
@@ -256,24 +287,29 @@ def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_chan
         with pytest.raises(ConfigError, match=match):
             load_plan(path)
 
-    def row(entry, mean, std, seeds=3):
-        return {"entry": entry, "mean": mean, "std": std, "seeds": seeds}
-
-    # there (100 rounds): a 90.0 ± 1.0 best, b 88.5 ± 0.6 tie (1.5 <= 1.6), c 87.0 ± 0.5 behind;
-    # x runs only there and does not count. Here (200 rounds): b 91.0 ± 0.2 best, a 90.0 ± 0.3 behind
-    # (1.0 > 0.5), c 90.9 ± 0.1 tie (0.1 <= 0.3).
-    there = mark_ties([row("a", 90.0, 1.0), row("b", 88.5, 0.6), row("c", 87.0, 0.5), row("x", 95.0, 0.1)])
-    here = mark_ties([row("b", 91.0, 0.2), row("a", 90.0, 0.3), row("c", 90.9, 0.1, seeds=2)])
+    # there (100 rounds): a best; b below a by 1.5, 1.3, 1.7 (behind); c within noise of a (tie);
+    # x runs only there and does not count. Here (200 rounds): b best; a below b on every seed
+    # (behind); c 2 seeds, -0.3 and -0.1 below b (a tie: t(0.975, 1) = 12.7 leaves 2 seeds a wide interval).
+    there = mark_ties(
+        [
+            seed_row("a", 90.0, 91.0, 89.0),
+            seed_row("b", 88.5, 89.7, 87.3),
+            seed_row("c", 87.0, 92.0, 88.0),
+            seed_row("x", 95.0, 95.1, 95.2),
+        ]
+    )
+    here = mark_ties([seed_row("b", 91.0, 91.2, 90.8), seed_row("a", 90.0, 90.3, 89.7), seed_row("c", 90.7, 91.1)])
     text = compare_protocols(here, there, "fmnist_dir0.5")
     assert text.startswith(
         "Against `fmnist_dir0.5`, on the 3 entries both have finished on every planned seed (best and ties marked "
         "among these alone): "
-        "the verdict changes for b (tie there, best here), c (behind there, tie here), a (best there, behind here)."
-    )
-    assert "| c | 90.90 ± 0.10 (2) | 87.00 ± 0.50 (3) | tie / behind |" in text
+        "the verdict changes for b (behind there, best here), a (best there, behind here)."
+    ), text
+    assert "| c | 2 / 2 | 90.90 ± 0.28 (2) | 89.00 ± 2.65 (3) | tie / tie |" in text
+    assert "| b | 1 / 3 (up 2) |" in text and "| a | 3 / 1 (down 2) |" in text
     assert [line.split(" | ")[0] for line in text.splitlines()[4:]] == ["| b", "| c", "| a"]  # ranked here
-    assert "no verdict changes" in compare_protocols(there[:3], there, "same")
-    assert compare_protocols([row("z", 1.0, 0.0)], there, "p") == (
+    assert "no verdict changes" in compare_protocols(there[1:], there, "same")
+    assert compare_protocols([seed_row("z", 1.0)], there, "p") == (
         "Against `p`: no entry has finished every planned seed on both yet."
     )
     # an entry still missing seeds on either side is left out of the comparison
@@ -291,3 +327,16 @@ def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_chan
         "Against `tiny`, on the 2 entries both have finished on every planned seed" in section
         and "## tiny" not in section
     )
+
+
+def test_the_paired_difference_by_hand():
+    """diffs 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.3027, half-width 4.3027 / sqrt(3) = 2.4841."""
+    from pflower.server_app.paired import paired_difference
+
+    got = paired_difference({1: 90.0, 2: 91.0, 3: 92.0, 9: 50.0}, {1: 89.0, 2: 89.0, 3: 89.0})
+    assert got.n == 3 and got.mean == pytest.approx(2.0)
+    assert (got.low, got.high) == (pytest.approx(2.0 - 2.48414, abs=1e-4), pytest.approx(2.0 + 2.48414, abs=1e-4))
+    assert got.contains_zero and got.text() == "+2.00 [-0.48, +4.48] (3 seeds)"
+    steady = paired_difference({1: 1.0, 2: 1.1, 3: 0.9}, {1: 0.0, 2: 0.0, 3: 0.0})  # half-width 0.2484
+    assert not steady.contains_zero and steady.low == pytest.approx(0.75159, abs=1e-4)
+    assert paired_difference({1: 1.0}, {1: 0.0, 2: 0.0}) is None  # one shared seed: no interval

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from . import claim_rules as rules
 from .config import ConfigError, conf_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,19 @@ VERDICTS = {
     "untested": "untested",
     "needs_data": "needs data not available here",
 }
-KINDS = ("value", "above", "best_per_client", "judged", "untested", "needs_data")
+KINDS = (
+    "value",
+    "above",
+    "compare",
+    "trend",
+    "ratio",
+    "count",
+    "shape",
+    "best_per_client",
+    "judged",
+    "untested",
+    "needs_data",
+)
 PERCENT_METRICS = ("acc",)  # metrics whose summary values are fractions: shown in percent
 
 
@@ -159,6 +172,159 @@ def measure(pattern: str | Sequence[str], metric: str, label: str, root: Path = 
     return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
 
 
+def _runs(pattern: str | Sequence[str], root: Path) -> list[Path]:
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    found = {Path(p) for pat in patterns for p in glob.glob(str(root / pat))}
+    return sorted(p for p in found if (p / "summary.json").is_file())
+
+
+def seed_map(pattern: str | Sequence[str], metric: str, root: Path = ROOT) -> dict[int, float]:
+    """``metric`` of each finished run under ``pattern`` by its seed (``config.yaml``), in percent
+    for accuracies: what a paired rule compares. Two runs of one seed are refused (narrow the glob)."""
+    out: dict[int, float] = {}
+    for run in _runs(pattern, root):
+        seed = int((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("seed", 0))
+        if seed in out:
+            raise ConfigError(f"conf/claims.yaml: two runs of seed {seed} match {pattern!r}; narrow the glob")
+        value = run_value(run, metric)
+        out[seed] = value * (100.0 if any(w in metric for w in PERCENT_METRICS) else 1.0)
+    if not out:
+        raise ConfigError(f"conf/claims.yaml: no finished run matches {pattern!r}")
+    return out
+
+
+def _direction(rule: Mapping[str, Any]) -> int:
+    word = str(rule.get("direction", "higher"))
+    if word not in ("higher", "lower", "rises", "falls", "saves"):
+        raise ConfigError(f"conf/claims.yaml: direction {word!r}, use higher, lower, rises, falls or saves")
+    return -1 if word in ("lower", "falls") else 1
+
+
+def _side(side: Mapping[str, Any], metric: str, root: Path) -> tuple[dict[int, float], Measured]:
+    values = seed_map(side["runs"], side.get("metric", metric), root)
+    return values, _measured(side["label"], list(values.values()))
+
+
+def _measured(label: str, values: Sequence[float]) -> Measured:
+    arr = np.asarray(values, dtype=np.float64)
+    return Measured(label, float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, len(arr))
+
+
+def _seeds_note(effect: rules.Effect | None, need: int, sides: Sequence[Mapping[str, int]]) -> str:
+    """What an untested rule is missing: the seeds each side would need."""
+    have = [sorted(s) for s in sides]
+    return f" (seeds run: {'; '.join(', '.join(map(str, h)) or 'none' for h in have)}; {need} shared needed)"
+
+
+def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str, str, list[Measured]]:
+    """``compare``, ``trend``, ``ratio``, ``count`` and ``shape``: per-seed numbers, one procedure."""
+    kind, need = rule["kind"], int(rule.get("min_seeds", rules.MIN_SEEDS))
+    other = bool(rule.get("setting"))
+    margin = float(rule["margin"]) if rule.get("margin") is not None else None
+    if kind in ("compare", "ratio"):
+        a, ma = _side(rule["a"], metric, root)
+        b, mb = _side(rule["b"], metric, root)
+        effect = rules.compare(a, b) if kind == "compare" else rules.ratio(a, b)
+        verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
+        unit = " points" if kind == "compare" else ""
+        what = (
+            f"{ma.label} minus {mb.label}" if kind == "compare" else f"the share of {mb.label}'s cost {ma.label} saves"
+        )
+        reason = f"{what}: {effect.text(unit) if effect else 'no shared seed'}; {why}"
+        if verdict == "untested":
+            reason += _seeds_note(effect, need, [a, b])
+        return verdict, reason, [ma, mb]
+    if kind == "trend":
+        sweep, shown = {}, []
+        for point in rule["sweep"]:
+            values, measured = _side(point, metric, root)
+            sweep[float(point["x"])] = values
+            shown.append(measured)
+        effect = rules.trend(sweep)
+        verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
+        per = rule.get("per", "unit")
+        reason = f"slope {effect.text(f' points per {per}') if effect else 'no seed ran every point'}; {why}"
+        if verdict == "untested":
+            reason += _seeds_note(effect, need, list(sweep.values()))
+        return verdict, reason, shown
+    if kind == "count":
+        fired, measured = _side(rule, metric, root)
+        verdict, why = rules.decide_count(fired, float(rule["expected"]), float(rule.get("tolerance", 0)), need)
+        if verdict == "reproduced" and other:
+            verdict, why = "partly", why + ", but only in another setting"
+        return verdict, why, [measured]
+    if kind == "shape":
+        effects, directions, shown = [], [], []
+        for window in rule["windows"]:
+            at = window.get("metric", metric)
+            a_side = {**rule["a"], "runs": window.get("a_runs", rule["a"].get("runs")), "metric": at}
+            b_side = {**rule["b"], "runs": window.get("b_runs", rule["b"].get("runs")), "metric": at}
+            a, ma = _side(a_side, metric, root)
+            b, mb = _side(b_side, metric, root)
+            effects.append(rules.compare(a, b))
+            directions.append(_direction(window))
+            shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
+        verdict, why = rules.decide_shape(effects, directions, need)
+        parts = ", ".join(
+            f"{w['label']} {e.text(' points') if e else 'no shared seed'}" for w, e in zip(rule["windows"], effects)
+        )
+        if verdict == "reproduced" and other:
+            verdict, why = "partly", why + ", but only in another setting"
+        return verdict, f"{rule['a']['label']} minus {rule['b']['label']}: {parts}; {why}", shown
+    raise ConfigError(f"conf/claims.yaml: rule kind {kind!r}")
+
+
+def _judge_above(
+    rule: Mapping[str, Any], metric: str, root: Path, numbers: list[Measured]
+) -> tuple[str, str, list[Measured]]:
+    """``above``: the method against the strongest of ``others`` (the highest mean), paired over
+    seeds and decided as ``compare`` (:func:`.claim_rules.decide`); ``margin``: the paper's lead."""
+    label = rule.get("label", "this method")
+    mine = seed_map(rule["runs"], metric, root)
+    others = {name: seed_map(p, metric, root) for name, p in rule["others"].items()}
+    shown = [_measured(label, list(mine.values())), *(_measured(n, list(v.values())) for n, v in others.items())]
+    strongest = max(others, key=lambda n: np.mean(list(others[n].values())))
+    need = int(rule.get("min_seeds", rules.MIN_SEEDS))
+    margin = float(rule["margin"]) if rule.get("margin") is not None else None
+    effect = rules.compare(mine, others[strongest])
+    need, spread_note = _spread_exception(rule, effect, need, root)
+    verdict, why = rules.decide(effect, 1, margin, need, bool(rule.get("setting")))
+    reason = (
+        f"{label} minus the strongest of the {len(others)} others ({strongest}): "
+        f"{effect.text(' points') if effect else 'no shared seed'}; {why}{spread_note}"
+    )
+    if verdict == "untested":
+        reason += _seeds_note(effect, need, [mine, others[strongest]])
+    return verdict, _noted(reason, rule), [*shown, *numbers]
+
+
+# a one-seed effect may stand when it is this many seed spreads wide (the spread measured on the row)
+SPREADS_WIDE = 4.0
+
+
+def _spread_exception(rule: Mapping[str, Any], effect: rules.Effect | None, need: int, root: Path) -> tuple[int, str]:
+    """``spread: {label, runs}``: the seed spread (sample SD over seeds) of that method on that
+    protocol. An effect at least :data:`SPREADS_WIDE` spreads wide may rest on the seeds it has
+    (the rule's ``min_seeds`` then drops to them), with the spread named on the row."""
+    spec = rule.get("spread")
+    if not spec or effect is None:
+        return need, ""
+    values = list(
+        seed_map(spec["runs"], spec.get("metric", rule.get("metric", "headline_test_before_acc")), root).values()
+    )
+    if len(values) < 3:
+        raise ConfigError(f"conf/claims.yaml: the spread of {spec['label']} needs 3 seeds or more, found {len(values)}")
+    sd = float(np.std(values, ddof=1))
+    wide = abs(effect.mean) >= SPREADS_WIDE * sd
+    note = (
+        f"; {abs(effect.mean):.2f} points is {abs(effect.mean) / sd:.0f} seed spreads of {spec['label']} "
+        f"({sd:.2f} over {len(values)} seeds)"
+        if sd > 0
+        else ""
+    )
+    return (min(need, effect.n) if wide else need), note
+
+
 def client_accuracies(pattern: str | Sequence[str], root: Path = ROOT) -> dict[str, float]:
     """Each client's final accuracy (percent, ``final_client_acc``) averaged over the finished
     runs under ``pattern``; only clients every run evaluated."""
@@ -232,15 +398,16 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         diff = got.mean - paper
         verdict = "reproduced" if abs(diff) <= tolerance else "not_reproduced"
         reason = f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})"
+        if verdict == "reproduced" and rule.get("setting"):
+            verdict, reason = "partly", f"{reason}, but only in another setting: {rule['setting']}"
         return verdict, _noted(reason, rule), [got, *numbers]
     if kind == "above":
-        mine = measure(rule["runs"], metric, rule.get("label", "this method"), root)
-        others = [measure(p, metric, name, root) for name, p in rule["others"].items()]
-        above = [o for o in others if o.mean >= mine.mean]
-        if not above:
-            return "reproduced", _noted(f"highest of {len(others) + 1}", rule), [mine, *others, *numbers]
-        names = ", ".join(o.label for o in sorted(above, key=lambda o: -o.mean))
-        return "not_reproduced", _noted(f"{names} at or above it", rule), [mine, *others, *numbers]
+        return _judge_above(rule, metric, root, numbers)
+    if kind in ("compare", "trend", "ratio", "count", "shape"):
+        verdict, reason, measured = _judge_paired(rule, metric, root)
+        if rule.get("setting") and verdict in ("reproduced", "partly"):
+            reason += f" (setting: {rule['setting']})"
+        return verdict, _noted(reason, rule), [*measured, *numbers]
     if kind == "best_per_client":
         verdict, reason, per_option = _judge_best_per_client(rule, root)
         return verdict, reason, [*per_option, *numbers]
@@ -269,6 +436,28 @@ def load_claims(path: Path | None = None) -> dict[str, Any]:
     return data
 
 
+def setup_line(experiment: str) -> str:
+    """What an experiment file runs, read from its composed config (never typed): rounds, clients,
+    the share a round, the data and its fraction, the split, the model."""
+    from .config import compose_config
+
+    cfg = compose_config([f"experiment={experiment}"])
+    data = str(cfg.dataset.name).upper() if cfg.dataset.name in ("fmnist", "mnist") else str(cfg.dataset.name)
+    fraction = float(cfg.dataset.get("subsample", 1.0))
+    split = str(cfg.partition.name) + (f" α = {cfg.alpha:g}" if cfg.partition.name == "dirichlet" else "")
+    model = str(cfg.model.name)
+    if model == "mixed":
+        archs = [a for a in (cfg.model.get("archs") or {}).values()]
+        named = sorted({f"{a['name']}" + (f" {a['fc_layers']}-FC" if a.get("fc_layers") else "") for a in archs})
+        model = "mixed architectures (" + ", ".join(named) + ")"
+    share = f"{float(cfg.fraction):g} of them a round" if float(cfg.fraction) < 1 else "all of them every round"
+    return (
+        f"`experiment={experiment}`: {cfg.rounds} rounds, {cfg.num_clients} clients ({share}), {data}"
+        + (f" ({fraction:.0%} of it)" if fraction < 1 else "")
+        + f", {split}, {model}"
+    )
+
+
 def render(data: Mapping[str, Any], root: Path = ROOT) -> str:
     """The page: how to read it, the count of verdicts per paper, then each paper's claims."""
     papers: dict[str, dict[str, Any]] = dict(data["papers"])
@@ -295,6 +484,10 @@ def render(data: Mapping[str, Any], root: Path = ROOT) -> str:
     lines.append(f"| **all** | **{len(judged)} of {in_papers}** | {cells} |")
     for key, paper in papers.items():
         lines += ["", f"## {paper['short']}", "", f"*{paper['title']}*. {str(paper.get('note', '')).strip()}", ""]
+        if paper.get("experiments"):
+            lines += ["Set-ups of its runs (from the configs):", ""]
+            lines += [f"- {setup_line(e)}" for e in paper["experiments"]]
+            lines.append("")
         mine = [(c, v, r, n) for c, v, r, n in judged if c["paper"] == key]
         if not mine:
             lines.append("No claim of this paper is declared yet (conf/claims.yaml).")

@@ -1,0 +1,173 @@
+"""The rules that decide a claim's verdict from runs: pure functions of per-seed numbers.
+
+Every rule reduces a claim to one *effect* measured on each seed (a difference, a slope, a cost
+ratio, a count) and decides with one procedure, :func:`decide`, stated once on the claims page:
+
+- fewer seeds than the rule needs (``min_seeds``, 3 unless a rule says why fewer suffice):
+  **untested**, naming what is missing;
+- the effect's mean goes against the paper's direction, or its 95 % interval lies below the
+  paper's margin (where the claim is about the margin): **not reproduced**;
+- the direction holds and the interval excludes no effect: **reproduced**, or **partly** when it
+  holds only in another setting than the paper's (``setting``);
+- the direction holds but the interval includes no effect: **partly**.
+
+A claim about a value (``value`` in :mod:`.claims`) keeps its own test: the paper's number within a
+tolerance. Nothing here reads a file: :mod:`.claims` gathers the numbers from the runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+from .paired import paired_difference
+
+MIN_SEEDS = 3
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An effect over seeds: its mean, its ``level`` interval and how many seeds it rests on."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def text(self, unit: str = "") -> str:
+        if self.n < 2:
+            return f"{self.mean:+.2f}{unit} (1 seed)"
+        return f"{self.mean:+.2f}{unit} [{self.low:+.2f}, {self.high:+.2f}] ({self.n} seeds)"
+
+
+def interval(values: Sequence[float], level: float = 0.95) -> Effect:
+    """The mean of ``values`` with its two-sided Student-t interval (a point for one value)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    mean = sum(values) / n
+    if n < 2:
+        return Effect(mean, mean, mean, 1)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return Effect(mean, mean - half, mean + half, n)
+
+
+def decide(
+    effect: Effect | None,
+    direction: int = 1,
+    margin: float | None = None,
+    min_seeds: int = MIN_SEEDS,
+    other_setting: bool = False,
+) -> tuple[str, str]:
+    """(verdict key, why in words) for ``effect`` against the paper's ``direction`` (+1: the effect
+    is positive, -1: negative) and optional ``margin`` (in the effect's units, the paper's size)."""
+    if effect is None or effect.n < min_seeds:
+        have = 0 if effect is None else effect.n
+        return "untested", f"rests on {have} seed(s), the rule needs {min_seeds}"
+    mean, low, high = direction * effect.mean, direction * effect.low, direction * effect.high
+    low, high = min(low, high), max(low, high)
+    if mean <= 0:
+        return "not_reproduced", "the effect goes against the paper's direction"
+    if margin is not None and high < abs(margin):
+        return "not_reproduced", f"the paper's {abs(margin):g} lies above the whole 95 % interval"
+    if low > 0:
+        if other_setting:
+            return "partly", "holds, its 95 % interval excluding no effect, but only in another setting"
+        return "reproduced", "the paper's direction, its 95 % interval excluding no effect"
+    return "partly", "the paper's direction, but its 95 % interval includes no effect"
+
+
+def compare(a: Mapping[int, float], b: Mapping[int, float]) -> Effect | None:
+    """``a - b`` paired over the seeds both ran (same partitions): None without a shared seed."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    if len(seeds) == 1:
+        d = float(a[seeds[0]]) - float(b[seeds[0]])
+        return Effect(d, d, d, 1)
+    paired = paired_difference(a, b)
+    assert paired is not None
+    return Effect(paired.mean, paired.low, paired.high, paired.n)
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` on ``xs``."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("a trend needs two x values or more")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def trend(sweep: Mapping[float, Mapping[int, float]]) -> Effect | None:
+    """How a metric moves across a sweep (x -> seed -> value): each seed's least-squares slope
+    over the x values it ran, then their mean and interval (units of the metric per unit of x).
+    Only seeds that ran every x count, so each slope spans the whole sweep."""
+    if len(sweep) < 2:
+        raise ValueError("a trend needs two x values or more")
+    seeds = sorted(set.intersection(*(set(v) for v in sweep.values())))
+    if not seeds:
+        return None
+    xs = sorted(sweep)
+    return interval([slope(xs, [float(sweep[x][s]) for x in xs]) for s in seeds])
+
+
+def ratio(cost: Mapping[int, float], baseline: Mapping[int, float]) -> Effect | None:
+    """``1 - cost / baseline`` per shared seed: the share of the baseline's cost saved."""
+    seeds = sorted(set(cost) & set(baseline))
+    if not seeds:
+        return None
+    return interval([1.0 - float(cost[s]) / float(baseline[s]) for s in seeds])
+
+
+def decide_count(
+    fired: Mapping[int, float], expected: float, tolerance: float, min_seeds: int = MIN_SEEDS
+) -> tuple[str, str]:
+    """A mechanism that should fire ``expected`` times (splits, shrinks, triggers): reproduced when
+    the mean count over seeds is within ``tolerance`` of it; partly when it fires (or, expected
+    never to fire, stays silent on some seeds) but outside the tolerance; not reproduced when it
+    never fires though expected to, or fires on every seed though expected never to."""
+    if len(fired) < min_seeds:
+        return "untested", f"rests on {len(fired)} seed(s), the rule needs {min_seeds}"
+    values = [float(v) for v in fired.values()]
+    mean = sum(values) / len(values)
+    if abs(mean - expected) <= tolerance:
+        return "reproduced", f"{mean:g} a run on average, within {tolerance:g} of the paper's {expected:g}"
+    if expected > 0 and not any(values):
+        return "not_reproduced", f"it never fires (the paper: {expected:g})"
+    if expected == 0 and all(values):
+        return "not_reproduced", f"it fires on every seed ({mean:g} a run), where the paper has none"
+    return "partly", f"{mean:g} a run on average, beyond {tolerance:g} of the paper's {expected:g}"
+
+
+def shape(windows: Sequence[tuple[Mapping[int, float], Mapping[int, float]]]) -> list[Effect | None]:
+    """A curve's ordering at named windows: ``a - b`` paired per window (:func:`compare`)."""
+    return [compare(a, b) for a, b in windows]
+
+
+def decide_shape(
+    effects: Sequence[Effect | None], directions: Sequence[int], min_seeds: int = MIN_SEEDS
+) -> tuple[str, str]:
+    """Every window reproduced: reproduced; every window against the paper: not reproduced;
+    fewer seeds than needed in any window: untested; otherwise partly (naming the windows)."""
+    verdicts = [decide(e, d, min_seeds=min_seeds)[0] for e, d in zip(effects, directions)]
+    if "untested" in verdicts:
+        return "untested", decide(next(e for e, v in zip(effects, verdicts) if v == "untested"), 1, None, min_seeds)[1]
+    held = [i + 1 for i, v in enumerate(verdicts) if v == "reproduced"]
+    if len(held) == len(verdicts):
+        return "reproduced", "the ordering holds at every window, each 95 % interval excluding no effect"
+    if all(v == "not_reproduced" for v in verdicts):
+        return "not_reproduced", "the ordering goes against the paper at every window"
+    if not held:
+        return (
+            "partly",
+            "the paper's ordering holds in the mean at some windows, at none with its interval excluding no effect",
+        )
+    return (
+        "partly",
+        f"the ordering holds with its interval excluding no effect at window(s) {', '.join(map(str, held))} only",
+    )

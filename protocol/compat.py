@@ -31,6 +31,7 @@ __all__ = [
     "basic_sweeper",
     "clientapp_runtime",
     "node_unavailable_reason",
+    "parse_run_config",
     "ray_bootstrap_address",
     "superexec",
     "update_console_handler",
@@ -44,6 +45,14 @@ def node_unavailable_reason() -> str:
     from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
 
     return str(NODE_UNAVAILABLE_ERROR_REASON)
+
+
+def parse_run_config(values: list[str]) -> dict[str, Any]:
+    """``flwr run --run-config`` values parsed as Flower parses them (``k=v`` TOML pairs or a
+    ``.toml`` file): what ``pflower run`` checks before it starts anything."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args(values)
 
 
 def clientapp_runtime() -> SimpleNamespace:

@@ -331,9 +331,8 @@ def checked_flwr_args(argv: list[str], checkout: Path) -> list[str]:
     run needs no options. Checked only where this pflower's own ``conf/`` is the checkout's."""
     import tomllib
 
-    from flwr.common.config import parse_config_args
-
     from pflower.conf import __file__ as conf_init
+    from pflower.protocol.compat import parse_run_config
 
     from .config import compose_config, overrides_from_run_config
     from .runner import check_strategy
@@ -342,7 +341,7 @@ def checked_flwr_args(argv: list[str], checkout: Path) -> list[str]:
         return argv  # another checkout's code: its own ServerApp checks it
     try:
         declared = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-        given = parse_config_args(_option_values(argv, "--run-config", "-c"))
+        given = parse_run_config(_option_values(argv, "--run-config", "-c"))
     except (KeyError, OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"--run-config or pyproject.toml's [tool.flwr.app.config] cannot be read ({exc})") from exc
     cfg = compose_config(overrides_from_run_config({**declared, **given}))

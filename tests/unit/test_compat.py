@@ -31,6 +31,14 @@ def test_flowers_logger_error_codes_and_task_identity():
     assert isinstance(compat.node_unavailable_reason(), str) and compat.node_unavailable_reason()
 
 
+def test_flowers_run_config_parser():
+    assert compat.parse_run_config(["alpha=0.5 method='fedper'", "rounds=3"]) == {
+        "alpha": 0.5,
+        "method": "fedper",
+        "rounds": 3,
+    }
+
+
 def test_the_clientapp_runtime_the_fork_server_calls():
     rt = compat.clientapp_runtime()
     assert {

@@ -34,6 +34,15 @@ def work_unit(nodeid: str) -> str:
     return next((unit for folder, unit in ONE_AT_A_TIME.items() if path.startswith(folder)), path)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``pytest -m quick``: every test that is neither ``slow`` (end-to-end processes) nor ``heavy``
+    (a unit test over 1 s of one core): the quick tier (docs/testing.md says what it covers)."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in ("slow", "heavy")):
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``pytest -n auto`` (pyproject addopts): the workers share the cores and take whole work

@@ -91,6 +91,7 @@ KINDS = [*((c, "batched") for c in BATCHED), *((c, "mixed") for c in MIXED), *((
 
 
 @pytest.mark.parametrize("case, kind", KINDS)
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_batched_engine_equals_the_serial_one_within_the_tolerance(case, kind, tmp_path, caplog):
     torch.set_num_threads(1)
     extra = {"batched": BATCHED, "mixed": MIXED}.get(kind, {}).get(case, [])
@@ -136,6 +137,7 @@ def group_sizes(monkeypatch, module, name: str) -> list[int]:  # noqa: ANN001
     return sizes
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
     """Memory: at most ``batch_clients`` clients are prepared and trained at once, whatever the
     round's size (a round of 1,000 clients holds that many models, not 1,000)."""
@@ -162,6 +164,7 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("batch_eval, together", [(None, 0), (True, 4)])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, together, tmp_path, monkeypatch):
     """Two rounds of 2 clients: test_before and test_after, each one call for the chunk's two
     models when batched; none on this CPU by default (one at a time is faster on a CPU)."""
@@ -185,6 +188,7 @@ def test_batch_clients_must_be_a_positive_whole_number():
         BatchedGrid(3, batch_clients=0)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_path, caplog):
     """A model with dropout cannot run under vmap, so its clients train one at a time after the
     whole chunk was prepared; each starts from the random state its own preparation left (the
@@ -208,6 +212,7 @@ def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_pa
 
 
 @pytest.mark.parametrize("case", ["fedper", "ditto"])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path):
     """``pflower sim --together``: two seeds of a method share each round's training (one group
     twice as wide); each run's train replies equal its replies alone on the batched engine."""
@@ -252,6 +257,7 @@ def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path)
                 assert np.abs(x - y).max() <= RTOL * max(float(np.abs(x).max()), 1e-6), f"{case}: {key}"
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_method_without_plans_runs_on_the_parallel_engine_with_its_numbers(tmp_path, caplog):
     """``backend=batched`` for a method whose role overrides ``fit`` (MOON): every client would
     train alone, so the run goes to the parallel engine, says so, and writes the pinned numbers."""

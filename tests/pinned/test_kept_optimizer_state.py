@@ -31,6 +31,7 @@ def batched(n: int) -> BatchedGrid:
 
 
 @pytest.mark.parametrize("case", list(KEPT))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_kept_state_moves_the_numbers_and_every_engine_writes_the_same(case):
     kept = run_case(case, extra=KEPT[case])
     fresh = run_case(case, extra=KEPT[case][:-1])
@@ -46,6 +47,7 @@ class CrashingParallelGrid(CrashingGrid, ParallelGrid):
     """The parallel engine, killed when round ``crash_at``'s train messages are sent."""
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_resume_on_the_other_engine_equals_the_uninterrupted_kept_run(tmp_path):
     """Crash Felo after round 2 on the parallel engine, resume on the serial one."""
     expected = run_case("felo", extra=KEPT["felo"])

@@ -26,6 +26,7 @@ def parallel(n: int) -> ParallelGrid:
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_parallel_engine_writes_the_pinned_numbers(case):
     """With the clients' state in memory only (``client_state_dir=null``), so a node's state
     reaches its next worker only in the Context that travels with its task."""
@@ -39,6 +40,7 @@ class CrashingParallelGrid(CrashingGrid, ParallelGrid):
 
 @pytest.mark.parametrize("first_half", ["parallel", "serial"])
 @pytest.mark.parametrize("case", ["ditto", "fedcpmd", "kapc", "velo"])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, tmp_path):
     """Methods with persistent client state (Ditto's personal model, FedCPMD's per-client layer,
     KAPC's cube, Velo's CVAE on the server): crash after round 2 on one engine, resume on the other."""
@@ -64,6 +66,7 @@ def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, 
     assert diff is None, f"{case}: crash on {first_half}, resume on the other engine: differs at {diff}"
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
     """Two workers, six nodes, FedPer: after the run every node's Context in the parent holds the
     personal head its worker saved (the parent's copy was replaced, not left stale)."""
@@ -93,6 +96,7 @@ def test_bad_worker_counts_are_refused():
             resolve_workers(bad)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_workers_started_from_a_fork_server_write_the_pinned_numbers():
     """The start used when the ServerApp's process already holds a CUDA context (no fork of it):
     workers load their own data; the numbers do not change."""

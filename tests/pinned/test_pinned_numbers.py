@@ -26,6 +26,7 @@ def test_every_method_has_a_pinned_case():
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_numbers_equal_the_pinned_ones(case):
     diff = first_difference(PINNED[case], run_case(case))
     assert diff is None, (

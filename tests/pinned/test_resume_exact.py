@@ -33,6 +33,7 @@ def crash_then_resume(case: str, out: Path, crash_at: int) -> tuple[Path, dict]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_resume_after_round_two_equals_the_uninterrupted_run(case, tmp_path):
     run_dir, summary = crash_then_resume(case, tmp_path / "out", crash_at=3)
     assert summary["resumed_after_rounds"] == [2]

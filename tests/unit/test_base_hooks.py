@@ -45,6 +45,7 @@ class TurnsPersonalKeepingModels(TurnsPersonal):
 
 
 @pytest.mark.parametrize("cls, keeps_own", [(TurnsPersonal, False), (TurnsPersonalKeepingModels, True)])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_group_that_turns_personal_keeps_the_clients_own_value_only_with_whole_model_persistence(
     compose, tiny_overrides, monkeypatch, cls, keeps_own
 ):
@@ -104,6 +105,7 @@ def test_whole_model_persistence_saves_every_tensor_and_personal_mode_only_the_p
     assert all(s["keep"] == "model" for s in specs(grid))
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fedcmd_opting_into_whole_model_persistence_would_change_nothing(compose, tiny_overrides):
     """The measured reason FedCMD does not opt in: every tensor it does not send is its personal
     layer, which it persists anyway (φ_init arrives at the first phase-2 contact, as the FedCMD paper's phase 2 reads),

@@ -77,6 +77,7 @@ def test_uneven_clients_with_momentum_and_weight_decay(lenet):
     assert batched == pytest.approx(losses, rel=1e-6)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_proximal_penalty_toward_each_clients_own_reference(lenet):
     sizes = [40, 70, 33]
     models = perturbed_copies(lenet, len(sizes))
@@ -101,6 +102,7 @@ def test_a_proximal_penalty_toward_each_clients_own_reference(lenet):
     ).abs().max() > 1e-4
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_only_the_planned_parameters_train(lenet):
     """FedBABU's plan: the body trains, the head keeps its values bit for bit."""
     models = perturbed_copies(lenet, 2)
@@ -141,6 +143,7 @@ def test_stage_metrics_name_each_stages_loss_and_pick_train_loss():
     assert got["personal_loss"] == 0.75 and got["train_loss"] != got["train_loss"]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_evaluate_together_equals_evaluating_each_model_alone():
     """Uneven test sets (one longer than a batch, one without a sample of some class), three
     clients of one architecture and one of another, BatchNorm in eval mode (running statistics

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
@@ -11,6 +13,7 @@ from benchmarks import server_scaling as ss  # noqa: E402
 from pflower.strategies import STRATEGIES  # noqa: E402
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_quick_run_times_every_case_at_every_size(capsys):
     results = ss.main(["--quick"])  # LeNet-5, n = 2 and 4, one round each, nothing written
     assert [(r["strategy"], r["model"], r["n"]) for r in results] == [

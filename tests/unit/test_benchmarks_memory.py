@@ -17,6 +17,7 @@ from benchmarks.memory import PeakMemory, process_tree, tree_memory  # noqa: E40
 pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc smaps_rollup")
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_peak_counts_a_childs_private_memory():
     before = tree_memory(os.getpid())["total"][1]
     code = "import time; b = bytearray(300 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); time.sleep(3)"
@@ -29,6 +30,7 @@ def test_peak_counts_a_childs_private_memory():
     assert peak.at_peak["other"][1] > 250e6 and peak.peak_rss >= peak.peak_pss
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_command_benchmark_measures_a_real_pflower_sim(tmp_path):
     """`python -m benchmarks.memory` on a tiny serial run: one row, a plausible peak."""
     from benchmarks.memory import main

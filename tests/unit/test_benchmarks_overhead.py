@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -17,6 +18,7 @@ from pflower.server_app.runner import run_experiment  # noqa: E402
 from pflower.strategies.base.checkpoint import load_checkpoint  # noqa: E402
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_floor_repeats_pflowers_fedavg_rounds(compose, tiny_overrides):
     cfg = compose(*tiny_overrides, "method=fedavg", "final_eval=false", "rounds=2")
     summary = run_experiment(InProcessGrid(4), cfg)

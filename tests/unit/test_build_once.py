@@ -46,6 +46,7 @@ def test_pflower_sim_composes_validates_resolves_and_builds_once(counts, tiny_ov
     assert dict(counts) == ONCE
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_serverapp_composes_validates_resolves_and_builds_once(counts, tmp_path):
     from pflower.server_app.app import main as server_app_main
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from sklearn.cluster import AgglomerativeClustering
 from test_strategy_base import make, run
@@ -38,6 +39,7 @@ def test_bipartition_separates_a_hand_made_similarity_matrix_and_matches_the_ref
         assert bipartition(v @ v.T)[0] == first
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_cfl_splits_clients_with_swapped_labels_from_the_others(compose, tiny_overrides, monkeypatch):
     original = runtime.client_data
 
@@ -91,6 +93,7 @@ def test_cfl_rescales_update_norms_to_the_base_learning_rate(compose, tiny_overr
     assert -1 <= a[1]["cross_cos_max"] <= 1
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_cfl_recovers_the_label_groups_of_a_two_classes_per_client_split(tmp_path):
     """benchmarks/cfl_split: 12 digits clients, 2 classes each, 3 label groups. eps2 set by the
     rule the method docs give (1.25 x the largest update of the same clients sharing one

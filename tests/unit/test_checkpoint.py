@@ -121,6 +121,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
     overrides = [*tiny_overrides, *CASES[case], "rounds=4"]
     full = run_experiment(InProcessGrid(4), compose(*overrides))
@@ -155,6 +156,7 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
         assert sb["extra"]["bodies"] and not np.allclose(sb["extra"]["sim"], np.eye(4))
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fedcmd_resume_right_after_the_phase_switch(compose, tiny_overrides):
     """kp=2: the checkpoint of round 2 holds l*, phi_init and post_init; phase 2 runs after the resume."""
     overrides = [*tiny_overrides, "method=fedcmd", "method.kp=2", "rounds=3"]
@@ -381,6 +383,7 @@ def test_codec_round_trip_and_refusals():
         decode({"__object__": "os:system", "fields": {}}, {})
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_overrides):
     """A new Ray simulation starts with empty client contexts: client_state_dir=auto keeps FedPer's heads."""
     overrides = [*tiny_overrides, "method=fedper", "rounds=4", "client_state_dir=auto", "fraction=1.0"]
@@ -400,6 +403,7 @@ def test_resume_in_a_new_simulation_with_client_state_dir_auto(compose, tiny_ove
         (["checkpoint_every=2", "client_state_dir=auto"], 4, False),  # rounds 3-4 replayed, state from files
     ],
 )
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_crash_after_the_clients_saved_a_round_resumes_exactly(compose, tiny_overrides, extra, crash_at, same_nodes):
     """The clients already saved the lost round(s); the replay starts each from the state before it."""
     overrides = [*tiny_overrides, "method=fedper", "rounds=4", "fraction=1.0", *extra]
@@ -419,6 +423,7 @@ NEW = ("fedamp", "cfl", "feddyn", "fedfomo", "fedap", "moon", "pfedla")
 
 # ----------------------------------------------------------------------------- server state
 @pytest.mark.parametrize("method", NEW)
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overrides, method):
     extra = {"fedap": ["method.warmup=1"], "cfl": ["method.start_round=1", "method.eps1=100", "method.eps2=0"]}.get(
         method, []

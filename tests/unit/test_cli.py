@@ -26,6 +26,7 @@ def test_sim_config_error_is_one_line_and_exit_2(args, message, tmp_path, monkey
     assert not (tmp_path / "out").exists()  # nothing was started or written
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_serial_backend_runs_every_client_in_this_process(tmp_path, monkeypatch):
     """`backend=serial`: no Ray; each client keeps its Context across rounds (FedPer's personal
     classifier persists: its test_before after round 1 is the personalized model's)."""
@@ -57,6 +58,7 @@ def test_serial_backend_runs_every_client_in_this_process(tmp_path, monkeypatch)
     assert torch.get_num_threads() == threads  # clients ran on one thread, the process's setting is back
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_an_experiment_runs_with_another_method(tmp_path, monkeypatch, capsys):
     """`pflower sim experiment=fedcpmd_fmnist method=fedavg`: hydra's own composition (not only the
     check before it) leaves FedCPMD's kp out; the run's saved config has FedAvg's options only."""

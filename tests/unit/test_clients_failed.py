@@ -48,6 +48,7 @@ def run_dirs(cfg) -> list[Path]:
     return [p for p in Path(cfg.output_dir).glob("*/*") if p.is_dir()]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_every_client_failing_stops_the_run_and_keeps_what_was_written(compose, tiny_overrides):
     cfg = compose(*tiny_overrides, *BASE)
     with pytest.raises(ClientsFailed) as stopped:
@@ -76,6 +77,7 @@ def test_some_clients_failing_are_dropped_and_the_run_goes_on(compose, tiny_over
     assert all(r["clients"] == [0, 3] for r in rounds)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_nodes_out_of_reach_are_not_a_clientapp_failure(compose, tiny_overrides):
     """Every node unreachable (the network's, not the code's): the rounds are skipped as before."""
     cfg = compose(*tiny_overrides, *BASE)

@@ -17,6 +17,7 @@ def test_there_are_committed_reports():
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=lambda p: str(p.parent.relative_to(ROOT)))
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_committed_report_regenerates(report: Path, tmp_path: Path):
     text = report.read_text()
     runs = [(report.parent / rel).resolve() for rel in re.findall(r"^- .*: `([^`]+)`$", text, flags=re.M)]

@@ -319,6 +319,7 @@ def test_offline_wheels_are_wheels_only_the_host_builds_source_packages(tmp_path
     assert offline.wheels_are_for("torch==1.0+cpu", tmp_path) and not offline.wheels_are_for("torch", tmp_path)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_wheel_built_from_source_has_the_same_bytes_every_time(tmp_path):
     """Docker's build cache keys the COPY of docker/buildenv/ on the files' bytes: a wheel that
     differed on every build (its zip entries dated when it was built) rebuilt the 2 GB virtual

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is in the test extra: pip install -e '.[test]'")
     pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")

@@ -208,6 +208,7 @@ def test_state_is_enough_to_resume(compose, tiny_overrides):
         assert strategy.role_config(cid, 4) == fresh.role_config(cid, 4)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_options_are_checked_before_round_1(compose, tiny_overrides):
     assert make(compose, tiny_overrides, "method=fedcmd", "method.rho=0.5", "rounds=10").kp == 5
     with pytest.raises(ValueError, match="no phase-2 round in a run of 3 rounds"):  # it would never personalize

@@ -168,6 +168,7 @@ def test_phase_one_is_fedper_with_votes_and_is_extended_until_every_client_voted
     assert not strategy._continue_phase1(3)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, *FAST)
     grid = InProcessGrid(6)
@@ -249,6 +250,7 @@ def test_a_clients_own_layer_keeps_what_it_trained(compose, tiny_overrides, monk
             assert not np.array_equal(state[k], strategy.global_arrays[k])
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_only_cluster_and_only_decoupling(compose, tiny_overrides):
     for ablation in ("only_cluster", "only_decoupling"):
         _, strategy = make(compose, tiny_overrides, *FAST, f"method.ablation={ablation}")
@@ -267,6 +269,7 @@ def test_fedcpmd_refuses_a_run_too_short_for_phase_two(compose, tiny_overrides):
         make(compose, tiny_overrides, "method=fedcpmd", "rounds=3")
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_right_members(compose, tmp_path):
     """Clients holding digits 0-1 vote fc2, clients holding 8-9 vote fc1 (the knowledge
     representation reads the label distribution); each node brings its own directory."""

@@ -86,6 +86,7 @@ def test_the_role_transfers_once_digests_the_consensus_and_scores_this_rounds_su
         role.fit(model, data, args, c)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_consensus_of_a_round_reaches_the_next_rounds_clients(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, *MD)
     grid = InProcessGrid(4)

@@ -143,6 +143,7 @@ def test_shared_unit_decay_float_and_int():
 
 
 # ----------------------------------------------------------------------------- the round
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
     base = [*tiny_overrides, "fraction=1.0", "dataset.public=holdout", "dataset.public_fraction=0.2", "model=cnn_kapc"]
     _, avg = make(compose, base, "method=fedavg")
@@ -155,6 +156,7 @@ def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
         np.testing.assert_array_equal(v, tsdp.global_arrays[k])
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_draw(
     compose, tiny_overrides, monkeypatch
 ):
@@ -171,6 +173,7 @@ def test_hopkins_repeats_average_that_many_draws_and_one_is_the_papers_single_dr
         make(compose, base, "method=fedtsdp", "method.hopkins_repeats=0")
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_reclustering_finds_swapped_label_groups_and_shrinks_the_shared_prefix(compose, tiny_overrides, monkeypatch):
     original = runtime.client_data
 
@@ -219,6 +222,7 @@ def test_fedtsdp_needs_public_data_and_checks_its_options(compose, tiny_override
             make(compose, tiny_overrides, *TSDP, bad)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
     """The IID scenario at the paper's h_th = 0.65: no re-clustering, and the parameters equal FedAvg's."""
     # a model without BatchNorm: FedTSDP averages BN statistics, FedAvg leaves them on the clients
@@ -241,6 +245,7 @@ def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
         np.testing.assert_array_equal(v, tsdp.global_arrays[k])
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_stage_two_alone_separates_groups_whose_models_differ(compose, monkeypatch):
     """eps1 = inf: stage 1 keeps everyone together; eps2, calibrated from the round-1 weight
     distances as the paper's calibration reading says (between the within- and the between-group medians),

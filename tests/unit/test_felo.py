@@ -46,6 +46,7 @@ def model_keys(message) -> set[str]:
     return {k for k in message.content.array_records["arrays"].keys() if not k.startswith("extra/")}
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=felo", "rounds=4", "method.total_rounds=4", *FELO)
     grid = InProcessGrid(6)
@@ -89,6 +90,7 @@ def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tin
     )  # no tensor is shared across architectures
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
     cfg, strategy = make(
         compose, tiny_overrides, "method=velo", "rounds=4", "method.total_rounds=4", *FELO, *SMALL_CVAE
@@ -106,6 +108,7 @@ def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
     np.testing.assert_allclose(strategy.class_features, again.numpy(), rtol=1e-6)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_velo_s_approaches_the_class_means_and_random_features_would_not(compose, tiny_overrides):
     """The CVAE imitates the class means it trains on: S's relative distance to them is logged
     every round, falls as the CVAE trains (8 rounds here), and ends below what features of the
@@ -145,6 +148,7 @@ def test_class_feature_distance_by_hand():
     assert swapped["s_nearest_own"] == 0.0
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, tiny_overrides):
     cfg, strategy = make(
         compose,
@@ -181,6 +185,7 @@ def test_velo_with_per_sample_features_trains_its_cvae_on_the_samples(compose, t
         )
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=fedhe", "rounds=4", "method.total_rounds=4", *FELO)
     grid = InProcessGrid(6)
@@ -193,6 +198,7 @@ def test_fedhe_exchanges_logits_only_and_no_weights(compose, tiny_overrides):
         assert not model_keys(r) and sorted(extras(r)) == ["n", "p"]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_end(compose, tiny_overrides):
     cfg, strategy = make(
         compose,
@@ -220,6 +226,7 @@ def test_fedhe_s_clients_score_their_own_models_on_the_global_test_set_at_the_en
     assert not plain.final_global_test  # no public split: the clients' own test splits only
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_felo_without_averaging_sends_knowledge_only_and_clients_keep_their_models(compose, tiny_overrides):
     """``method.averaging=none`` (the authors' released code): no weights either way, every client
     keeps its own model, and with a public split each scores it on the global test set at the end."""
@@ -251,6 +258,7 @@ def test_architectures_of_different_feature_widths_are_refused(compose, tiny_ove
         make(compose, tiny_overrides, "method=felo", *archs)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_group_models_are_evaluated_on_the_global_test_set_and_transfer_only_with_the_losses(compose, tiny_overrides):
     """The spec's transfer check: one architecture's extractor through another's classifier
     scores well above the kd_alpha = 0 control (group FedAvg only), whose features never align."""

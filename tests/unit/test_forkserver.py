@@ -47,11 +47,13 @@ def _probe(preload: tuple[str, ...], expect: tuple[str, ...]) -> int:
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120).returncode
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_fork_server_imports_its_modules_once():
     assert _probe(("colorsys",), ("colorsys",)) == 0  # a module nothing else here imports
     assert _probe((), ("colorsys",)) == 3  # the check can fail: without preloading, the child lacks it
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_warm_up_refuses_a_module_the_fork_server_cannot_import():
     script = textwrap.dedent("""
         from pflower.client_app import forkserver
@@ -71,6 +73,7 @@ def test_the_packages_a_child_forgets_are_the_projects_packages():
     assert forkserver.APP_PACKAGES == {p.partition(".")[0] for p in packages} == {"pflower"}
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_forked_clientapp_loads_the_app_from_the_runs_fab_not_the_installed_copy(tmp_path):
     """After forget_app_modules, Flower's loader imports pflower.client_app.app from the FAB
     directory, as a fresh flwr-clientapp process does (the fork server's copy is the node's
@@ -138,6 +141,7 @@ def test_other_task_types_start_as_flower_starts_them(monkeypatch):
     assert executor.running == 0  # nothing was forked
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_command_exits_with_the_fix_when_a_preload_module_is_missing():
     out = subprocess.run(
         [

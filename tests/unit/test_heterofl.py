@@ -160,6 +160,7 @@ def test_at_full_width_with_fedavg_weighting_and_no_label_split_it_is_fedavg(com
         np.testing.assert_array_equal(hetero.global_arrays[key], value, err_msg=key)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_dynamic_levels_redraw_each_round_and_evaluate_at_the_static_level(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=heterofl", "method.assignment=dynamic", *WIDTHS)
     static = dict(strategy.arch_of)

@@ -220,6 +220,7 @@ def test_alg4_walks():
 
 
 # ----------------------------------------------------------------------------- bytes and routing
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes():
     model = build_model("resnet18", (3, 32, 32), 10, seed=0)  # torchvision resnet18(num_classes=10)
     strategy = build_strategy(
@@ -252,6 +253,7 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
     assert sum(v.nbytes for v in down.values()) - sum(v.nbytes for v in masked.values()) == sizes[5]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=kapc", "model=cnn_kapc", "fraction=1.0")
     grid = InProcessGrid(4)
@@ -276,6 +278,7 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
     assert records[-1]["cube_delta"] > 0 and len(records[-1]["cube_delta_by_layer"]) == len(strategy.layers)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
     _, strategy = make(
         compose, tiny_overrides, "method=kapc_bls", "model=cnn_kapc", "fraction=1.0", "rounds=3", "method.mu=0.0"
@@ -296,6 +299,7 @@ def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
     assert all(s["role_args"]["first"] for s in specs[:4]) and not any(s["role_args"]["first"] for s in specs[4:])
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_lambda_zero_is_local_training_bit_for_bit(compose, tiny_overrides):
     histories = []
     for method in (["method=local"], ["method=kapc", "method.lam=0"]):
@@ -309,6 +313,7 @@ def test_lambda_zero_is_local_training_bit_for_bit(compose, tiny_overrides):
     assert histories[0] == histories[1]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_masked_reg_none_leaves_a_layer_not_sent_to_cross_entropy(compose, tiny_overrides):
     """Round 1 sends no regularizer (the server has heard from nobody). With ``masked_reg=start``
     every layer is still pulled toward its round-start weights (here w^0) with weight lambda, so
@@ -326,6 +331,7 @@ def test_masked_reg_none_leaves_a_layer_not_sent_to_cross_entropy(compose, tiny_
     assert free[1] != local[1]  # round 2 coaches toward the heard co-participants
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_cube_moves_into_the_groups_at_the_default_settings_and_bls_saves_downlink(compose, tmp_path):
     """Clients 0-3 and 4-7 learn the same images with labels y and 9 - y; KAPC+BLS with every
     option at its default. The cube must move every round (it stood still with the paper's fixed

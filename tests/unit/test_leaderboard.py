@@ -93,6 +93,7 @@ def test_a_bad_entry_stops_the_whole_plan_before_any_run(tmp_path):
     assert not (root / "runs").exists()
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_runs_skip_what_is_done_resume_what_stopped_and_the_page_uses_their_numbers(tmp_path, capsys):
     plan, root = tiny_plan(
         tmp_path, {"fedavg": {"overrides": ["method=fedavg", *TINY]}, "local": {"overrides": ["method=local", *TINY]}}
@@ -260,6 +261,7 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
     assert len(set(styles)) == 23 and styles[10] == ("C0", "--")
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_changes(tmp_path):
     """`only` narrows a protocol to some entries of its group; `compare_to` puts the two tables side
     by side on the entries both finished, with best and ties re-marked among those entries alone."""

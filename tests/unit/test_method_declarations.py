@@ -241,6 +241,7 @@ def test_every_method_class_is_public_in_the_strategies_package():
         assert getattr(package, cls.__name__, None) is cls and cls.__name__ in package.__all__, name
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_configuration_page_lists_every_registered_method():
     """docs/configuration.md's list of methods is generated from the registry (issue 58: heterofl,
     fedgkt and fedmd were missing from a hand-kept row)."""

@@ -110,6 +110,7 @@ def test_groups_partition_parameters(built: Built) -> None:
     assert flat == [name for name, _ in model.named_parameters()]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_groups_run_in_forward_order(built: Built) -> None:
     model, x = built.model, _input(built.shape)
     with torch.no_grad():
@@ -126,6 +127,7 @@ def test_groups_run_in_forward_order(built: Built) -> None:
             assert torch.equal(model.groups[name](inp), out), name
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_each_parameter_is_used_in_its_own_group(built: Built) -> None:
     """Group g, run alone on the previous group's output, reaches exactly its own parameters
     and its input. With the forward chain checked above, a loss on group g's output thus
@@ -146,6 +148,7 @@ def test_each_parameter_is_used_in_its_own_group(built: Built) -> None:
 
 
 @pytest.mark.parametrize("name, kwargs", CASES, ids=[_case_id(c) for c in CASES])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_seed_reproduces_weights(name: str, kwargs: dict[str, Any]) -> None:
     shape = (3, 32, 32)
     a = build_model(name, shape, NUM_CLASSES, seed=1, **kwargs).state_dict()
@@ -187,6 +190,7 @@ def test_resnet_feature_width(name: str, kwargs: dict[str, Any], dim: int) -> No
         assert model.features(_input((3, 32, 32))).shape == (BATCH, dim)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_vgg11_default_size() -> None:
     """The spec's full-size VGG11: fc1 25088 -> 4096, torchvision's parameter count for C=10."""
     model = build_model("vgg11", (3, 32, 32), NUM_CLASSES, seed=0).eval()
@@ -215,6 +219,7 @@ def _torchvision_vgg11(fc_dim: int) -> nn.Module:
     ids=["resnet18", "resnet50", "vgg11"],
 )
 @pytest.mark.parametrize("size", [32, 64], ids=["32px", "64px"])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_matches_torchvision(name: str, kwargs: dict[str, Any], reference: Any, size: int) -> None:
     """Same tensors in the same order and, loaded positionally, the same function as torchvision
     (so torchvision/ImageNet weights map onto our groups one to one)."""

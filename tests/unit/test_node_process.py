@@ -68,6 +68,7 @@ def test_supernodes_on_the_host_are_counted_from_their_command_lines(tmp_path):
     assert node.supernodes_on_host(tmp_path / "101") == 1  # none found: still one (this node)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_process_reports_its_age_once():
     code = (
         "import time; time.sleep(0.4); import client_app.node as n; "
@@ -194,6 +195,7 @@ class SlowGrid:
         return [type("Reply", (), {"metadata": type("Meta", (), {"reply_to_message_id": i})()})() for i in ids]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_replies_are_collected_within_a_poll_of_their_arrival():
     grid = SlowGrid(0.3)
     t0 = time.monotonic()
@@ -214,6 +216,7 @@ def test_a_grid_that_only_answers_synchronously_keeps_its_own_loop():
     assert send_and_receive(Sync(), [1, 2], timeout=5) == ["reply", "reply"]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(compose, tiny_overrides):
     """deterministic=true asks torch for deterministic kernels in the client's process; on CPU
     pflower's kernels already are, so the run's numbers do not change."""

@@ -13,6 +13,7 @@ BIN = Path(sys.executable).parent
 CONF_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "conf").rglob("*.yaml"))
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fab_holds_every_conf_file_and_stays_small(tmp_path):
     subprocess.run([str(BIN / "flwr"), "build", "--app", str(ROOT)], cwd=tmp_path, check=True, capture_output=True)
     fab = next(tmp_path.glob("*.fab"))

@@ -56,6 +56,7 @@ def test_every_client_role_reads_the_protocols_arguments():
     assert all(ROLES[name].args_type is ROLE_ARGS[name] for name in ROLES)
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides):
     from pflower.server_app.runner import build
     from pflower.strategies import STRATEGIES

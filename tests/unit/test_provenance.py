@@ -4,6 +4,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pflower.server_app import provenance as prov
 from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.report import write_report
@@ -62,6 +64,7 @@ def test_a_fab_built_from_a_checkout_records_that_checkouts_commit(tmp_path, mon
     assert prov.git_state(fab)["git_dirty"] is True
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, monkeypatch):
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "a" * 40, "git_dirty": False})
     summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=2"))
@@ -78,6 +81,7 @@ def test_a_run_writes_provenance_and_a_resume_appends(compose, tiny_overrides, m
     assert [(r["git_commit"], r["after_round"]) for r in data["resumes"]] == [("b" * 40, 2)]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_report_lists_each_runs_commit(compose, tiny_overrides, monkeypatch, tmp_path):
     monkeypatch.setattr(prov, "git_state", lambda root=None: {"git_commit": "c" * 40, "git_dirty": True})
     run = Path(run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedavg", "rounds=1"))["run_dir"])

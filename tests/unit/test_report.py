@@ -294,6 +294,7 @@ def test_report_writes_markdown_and_two_figures_per_group(tmp_path):
         assert png.stat().st_size > 5000
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_report_is_byte_identical_across_runs(tmp_path):
     runs = two_groups(tmp_path / "runs")
     a, b = tmp_path / "a", tmp_path / "b"
@@ -308,6 +309,7 @@ def test_report_is_byte_identical_across_runs(tmp_path):
         assert not {b"tEXt", b"iTXt", b"zTXt", b"tIME"} & set(chunks), chunks
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_smoothing_is_said_in_the_report(tmp_path):
     runs = two_groups(tmp_path / "runs")
     write_report(runs, tmp_path / "raw")

@@ -75,6 +75,7 @@ def test_new_method_groups_run_the_set_up_of_a_paper_table_with_a_number_for_eac
 
 
 @pytest.mark.parametrize("paper", ["fedcmd", "fedcpmd"])
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_papers_dataset_files_differ_from_its_set_up_in_the_dataset_alone(paper: str) -> None:
     """One file per paper set-up (<paper>_paper.yaml), one line per dataset: composing
     <paper>_<dataset> gives the paper's config with that dataset, nothing else changed."""

@@ -48,6 +48,7 @@ def test_memory_only_client_state_refuses_a_resume_in_a_new_process(compose, tin
     assert [r["round"] for r in read_metrics(run_dir)] == [1, 2]  # nothing written, nothing lost
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_forced_resume_runs_and_is_marked_everywhere(compose, tiny_overrides):
     overrides = [*tiny_overrides, *BASE, "client_state_dir=null"]
     run_dir = crashed(compose, overrides, CrashingGrid(4, crash_at=3))
@@ -59,6 +60,7 @@ def test_forced_resume_runs_and_is_marked_everywhere(compose, tiny_overrides):
     assert "resumed after 2" in row["method"] and "CLIENT STATE LOST at 3" in row["method"]
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_deployed_nodes_without_a_state_dir_refuse_with_one_that_resume_exactly(compose, tiny_overrides, tmp_path):
     """A deployed node never writes to the server's client_state_dir (a path on another machine):
     restarted without its own state-dir it has lost its state; with one, the resume is exact."""

@@ -57,6 +57,7 @@ def test_a_memory_store_checkpoints_its_arrays():
     np.testing.assert_array_equal(back[5]["b"], arrays(1.5)["b"])
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_fedcpmd_runs_the_same_with_its_bodies_on_disk(compose, tiny_overrides):
     overrides = ["method=fedcpmd", "method.kp=2", "method.k_extra=0", "num_clients=6", "fraction=0.5", "rounds=4"]
     histories = []

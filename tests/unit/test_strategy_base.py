@@ -65,6 +65,7 @@ def test_local_communicates_nothing(compose, tiny_overrides):
     assert records[-1]["test_after_acc"] > 0.2  # they do learn locally
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_sampling_is_seeded_and_identical_across_methods(compose, tiny_overrides):
     picks = []
     for method in ("fedavg", "fedper", "fedavg"):

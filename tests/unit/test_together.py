@@ -89,6 +89,7 @@ def test_together_refusals_are_one_line(args, message, tmp_path, monkeypatch, ca
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_together_sweep_writes_each_runs_directory_and_labels_its_lines(tmp_path, monkeypatch, caplog):
     import json
     import logging
@@ -115,6 +116,7 @@ def test_a_joint_training_that_raises_answers_every_run_with_the_error(monkeypat
     assert len(out["a"]) == 2 and len(out["b"]) == 1
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_a_together_sweep_resumes_together_by_sweeping_resume(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["-m", "seed=1,2", "backend=batched", "workers=1", "dataset=digits", "method=fedavg", "rounds=2"]

@@ -43,6 +43,7 @@ def test_plain_sgd_skips_parameters_without_gradients() -> None:
     assert torch.allclose(p, torch.full((3,), 0.8)) and torch.equal(q, torch.ones(3))
 
 
+@pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_training_does_not_import_dynamo() -> None:
     """The first torch.optim use costs ~3 s of import in every fresh ClientApp process."""
     code = (

@@ -225,7 +225,9 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         a, ma = _side(rule["a"], metric, root)
         b, mb = _side(rule["b"], metric, root)
         effect = rules.compare(a, b) if kind == "compare" else rules.ratio(a, b)
+        need, spread_note = _spread_exception(rule, effect, need, root) if kind == "compare" else (need, "")
         verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
+        why += spread_note
         unit = " points" if kind == "compare" else ""
         what = (
             f"{ma.label} minus {mb.label}" if kind == "compare" else f"the share of {mb.label}'s cost {ma.label} saves"
@@ -236,10 +238,16 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         return verdict, reason, [ma, mb]
     if kind == "trend":
         sweep, shown = {}, []
-        for point in rule["sweep"]:
+        for point in rule["sweep"]:  # b_runs: the point's value is the difference with those runs
             values, measured = _side(point, metric, root)
-            sweep[float(point["x"])] = values
             shown.append(measured)
+            if point.get("b_runs"):
+                base, base_shown = _side(
+                    {**point, "label": point.get("b_label", "minus"), "runs": point["b_runs"]}, metric, root
+                )
+                shown.append(base_shown)
+                values = {k: values[k] - base[k] for k in values.keys() & base.keys()}
+            sweep[float(point["x"])] = values
         effect = rules.trend(sweep)
         verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
         per = rule.get("per", "unit")
@@ -257,8 +265,18 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         effects, directions, shown = [], [], []
         for window in rule["windows"]:
             at = window.get("metric", metric)
-            a_side = {**rule["a"], "runs": window.get("a_runs", rule["a"].get("runs")), "metric": at}
-            b_side = {**rule["b"], "runs": window.get("b_runs", rule["b"].get("runs")), "metric": at}
+            a_side = {
+                **rule["a"],
+                "label": window.get("a_label", rule["a"]["label"]),
+                "runs": window.get("a_runs", rule["a"].get("runs")),
+                "metric": at,
+            }
+            b_side = {
+                **rule["b"],
+                "label": window.get("b_label", rule["b"]["label"]),
+                "runs": window.get("b_runs", rule["b"].get("runs")),
+                "metric": at,
+            }
             a, ma = _side(a_side, metric, root)
             b, mb = _side(b_side, metric, root)
             effects.append(rules.compare(a, b))

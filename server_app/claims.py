@@ -262,7 +262,7 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
             verdict, why = "partly", why + ", but only in another setting"
         return verdict, why, [measured]
     if kind == "shape":
-        effects, directions, shown = [], [], []
+        effects, directions, shown, pairs = [], [], [], []
         for window in rule["windows"]:
             at = window.get("metric", metric)
             a_side = {
@@ -275,20 +275,22 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
                 **rule["b"],
                 "label": window.get("b_label", rule["b"]["label"]),
                 "runs": window.get("b_runs", rule["b"].get("runs")),
-                "metric": at,
+                "metric": window.get("b_metric", at),  # where the two sides log the same thing apart
             }
             a, ma = _side(a_side, metric, root)
             b, mb = _side(b_side, metric, root)
             effects.append(rules.compare(a, b))
+            pairs.append(f"{ma.label} minus {mb.label}")
             directions.append(_direction(window))
             shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
         verdict, why = rules.decide_shape(effects, directions, need)
         parts = ", ".join(
-            f"{w['label']} {e.text(' points') if e else 'no shared seed'}" for w, e in zip(rule["windows"], effects)
+            f"{w['label']} ({pair}) {e.text(' points') if e else 'no shared seed'}"
+            for w, e, pair in zip(rule["windows"], effects, pairs)
         )
         if verdict == "reproduced" and other:
             verdict, why = "partly", why + ", but only in another setting"
-        return verdict, f"{rule['a']['label']} minus {rule['b']['label']}: {parts}; {why}", shown
+        return verdict, f"{parts}; {why}", shown
     raise ConfigError(f"conf/claims.yaml: rule kind {kind!r}")
 
 

@@ -193,7 +193,7 @@ def test_the_paired_kinds_read_seeds_from_the_runs_and_decide_by_one_procedure(t
         "windows": [{"label": "end", "direction": "higher"}, {"label": "mirror", "direction": "lower"}],
     }
     verdict, reason, _ = claims.judge({"id": "S", "rule": shape}, tmp_path)
-    assert verdict == "partly" and reason.startswith("A minus B: end +1.00 points")
+    assert verdict == "partly" and reason.startswith("end (A minus B) +1.00 points")
     run(tmp_path, "a-dup", seed=1, headline_test_before_acc=0.5)
     with pytest.raises(ConfigError, match="two runs of seed 1 match"):
         claims.judge({"id": "C", "rule": compare}, tmp_path)
@@ -209,4 +209,4 @@ def test_no_judged_reason_gains_a_typed_number():
     assert len(typed) <= TYPED_JUDGED_LEFT, f"a judged reason gained a number: {typed}"
 
 
-TYPED_JUDGED_LEFT = 47  # at 51 judged claims; lower it as rules replace them (the goal: 0)
+TYPED_JUDGED_LEFT = 39  # at 42 judged claims; lower it as rules replace them (the goal: 0)

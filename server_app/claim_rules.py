@@ -135,13 +135,14 @@ def decide_count(
         return "untested", f"rests on {len(fired)} seed(s), the rule needs {min_seeds}"
     values = [float(v) for v in fired.values()]
     mean = sum(values) / len(values)
+    fired_text = f"{mean:.2f} a run on average ({len(values)} seeds)"
     if abs(mean - expected) <= tolerance:
-        return "reproduced", f"{mean:g} a run on average, within {tolerance:g} of the paper's {expected:g}"
+        return "reproduced", f"{fired_text}, within {tolerance:g} of the paper's {expected:g}"
     if expected > 0 and not any(values):
         return "not_reproduced", f"it never fires (the paper: {expected:g})"
     if expected == 0 and all(values):
-        return "not_reproduced", f"it fires on every seed ({mean:g} a run), where the paper has none"
-    return "partly", f"{mean:g} a run on average, beyond {tolerance:g} of the paper's {expected:g}"
+        return "not_reproduced", f"it fires on every seed ({mean:.2f} a run), where the paper has none"
+    return "partly", f"{fired_text}, beyond {tolerance:g} of the paper's {expected:g}"
 
 
 def shape(windows: Sequence[tuple[Mapping[int, float], Mapping[int, float]]]) -> list[Effect | None]:

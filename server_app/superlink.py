@@ -279,6 +279,49 @@ def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str
 STARTED = re.compile(r"Successfully started run (\d+)")
 
 
+def unusable_state(database: Path) -> str | None:
+    """Why the local SuperLink could not start from ``database`` (its SQLite state), or None.
+
+    A ``flower-superlink`` killed while it migrated its state leaves Alembic's temporary tables
+    behind (``_alembic_tmp_run``); every later start then fails on them ("exited with code 1"). A
+    file that is not a readable SQLite database fails the same way."""
+    import sqlite3
+
+    if not database.is_file():
+        return None
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc) or "malformed" in str(exc):
+            return f"it is not a readable SQLite database ({exc})"
+        return None  # busy, locked, no access: Flower's own start says what is wrong
+    leftover = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if leftover:
+        return f"a start that was stopped while it migrated the state left {', '.join(leftover)} behind"
+    return None
+
+
+def recover_state(home: Path, now: float | None = None) -> str | None:
+    """Keep an unusable local SuperLink state aside (``state.db.unusable-<time>``, with its -wal and
+    -shm files) so the next start begins a fresh one; the line to say, or None when it was fine.
+    Only for this checkout's own FLWR_HOME, and only while no SuperLink of it runs."""
+    database = home / "local-superlink" / "state.db"
+    why = unusable_state(database)
+    if why is None:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    kept = database.with_name(f"state.db.unusable-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        part = database.with_name(database.name + suffix)
+        if part.exists():
+            part.rename(kept.with_name(kept.name + suffix))
+    return (
+        f"pflower run: this checkout's local SuperLink state {database} could not be used ({why}); "
+        f"kept aside as {kept}, starting with a fresh one (the earlier runs' records are in the kept file)"
+    )
+
+
 def run_status(run_id: str, env: dict[str, str], cwd: Path) -> str:
     """The run's status as `flwr ls` reports it (``finished:completed``, ``finished:failed``...)."""
     listed = subprocess.run(
@@ -373,6 +416,11 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
     env = checkout_env(checkout)
+    home = Path(env["FLWR_HOME"])
+    if not any(s.flwr_home is not None and s.flwr_home.resolve() == home.resolve() for s in local_superlinks()):
+        said = recover_state(home)
+        if said:
+            print(said, file=sys.stderr)
     if "--stream" not in argv:
         argv.append("--stream")
     run_id = None
@@ -393,7 +441,12 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
                 run_id = found.group(1)
         code = proc.wait()
     if run_id is None:
-        print(f"pflower run: `flwr run` started no run (exit status {code})", file=sys.stderr)
+        log = home / "local-superlink" / "superlink.log"
+        print(
+            f"pflower run: `flwr run` started no run (exit status {code}); if its local SuperLink did not start, "
+            f"its log is {log} and `pflower superlink status` shows what runs",
+            file=sys.stderr,
+        )
         return code or 1
     status = run_status(run_id, env, checkout)
     ok = status == "finished:completed"

@@ -221,3 +221,29 @@ def test_pflower_run_exits_2_on_a_bad_setting(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(superlink.subprocess, "Popen", lambda *a, **k: started.append(a))
     assert superlink.run_main(["--run-config", "method='nosuch'"], checkout=ROOT) == 2
     assert "pflower: unknown method 'nosuch'" in capsys.readouterr().err and not started
+
+
+def test_pflower_run_keeps_a_half_migrated_superlink_state_aside(tmp_path, monkeypatch, capsys):
+    """Issue 60: a `flower-superlink` killed while it migrated its state leaves `_alembic_tmp_run`
+    behind, and every later start failed ("exited with code 1"). `pflower run` keeps that state
+    aside, says so in one line, and starts on a fresh one; a healthy state is left as it is."""
+    import sqlite3
+
+    monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'finished:completed')}:{superlink.os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    checkout = code_tree(tmp_path / "checkout")
+    state = superlink.checkout_home(checkout) / "local-superlink" / "state.db"
+    state.parent.mkdir(parents=True)
+    with sqlite3.connect(state) as db:
+        db.execute("CREATE TABLE run (id INTEGER)")
+    assert superlink.unusable_state(state) is None and superlink.recover_state(state.parent.parent) is None
+    with sqlite3.connect(state) as db:
+        db.execute("CREATE TABLE _alembic_tmp_run (id INTEGER)")
+    (state.parent / "state.db-wal").write_bytes(b"")
+    assert superlink.run_main([], checkout=checkout) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    kept = sorted(state.parent.glob("state.db.unusable-*"))
+    assert [p.name.rsplit("-", 1)[-1] for p in kept][-1] == "wal" and not state.exists()
+    assert len(err) == 1 and "left _alembic_tmp_run behind" in err[0] and "kept aside as" in err[0]
+    state.write_bytes(b"not a database at all")
+    assert "not a readable SQLite database" in superlink.unusable_state(state)

@@ -54,6 +54,7 @@ VERDICTS = {
 }
 KINDS = (
     "value",
+    "values",
     "above",
     "compare",
     "trend",
@@ -295,6 +296,27 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
     raise ConfigError(f"conf/claims.yaml: rule kind {kind!r}")
 
 
+def _judge_values(
+    rule: Mapping[str, Any], metric: str, root: Path, numbers: list[Measured]
+) -> tuple[str, str, list[Measured]]:
+    """``values``: several of the paper's numbers (``items``: label, paper_value, runs), each held to
+    the tolerance as ``value`` is: reproduced when all are within it, not reproduced when none is,
+    partly otherwise (naming which)."""
+    tolerance = float(rule.get("tolerance", 1.5))
+    got, within, parts = [], [], []
+    for item in rule["items"]:
+        m = measure(item["runs"], item.get("metric", metric), item["label"], root)
+        diff = m.mean - float(item["paper_value"])
+        got.append(m)
+        within.append(abs(diff) <= tolerance)
+        parts.append(f"{item['label']} {diff:+.2f} from the paper's {float(item['paper_value']):g}")
+    verdict = "reproduced" if all(within) else "not_reproduced" if not any(within) else "partly"
+    if verdict == "reproduced" and rule.get("setting"):
+        verdict = "partly"
+    reason = f"{'; '.join(parts)} (tolerance {tolerance:g}: {sum(within)} of {len(within)} within)"
+    return verdict, _noted(reason, rule), [*got, *numbers]
+
+
 def _judge_above(
     rule: Mapping[str, Any], metric: str, root: Path, numbers: list[Measured]
 ) -> tuple[str, str, list[Measured]]:
@@ -424,6 +446,8 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         return verdict, _noted(reason, rule), [got, *numbers]
     if kind == "above":
         return _judge_above(rule, metric, root, numbers)
+    if kind == "values":
+        return _judge_values(rule, metric, root, numbers)
     if kind in ("compare", "trend", "ratio", "count", "shape"):
         verdict, reason, measured = _judge_paired(rule, metric, root)
         if rule.get("setting") and verdict in ("reproduced", "partly"):

@@ -3,24 +3,36 @@
 The claims are declared in ``conf/claims.yaml`` (id, paper, the claim in one line, the paper's
 number and where it is printed, the rule that gives the verdict, the run sets that test it);
 ``write`` renders ``docs/claims.md`` from them and the committed run files, ``check`` says
-whether the page is current (``tests/unit/test_claims.py`` runs it). Every pflower number on the
-page is read from a run's ``summary.json``; none is typed by hand.
+whether the page is current and no judged reason holds a number (``tests/unit/test_claims.py``
+runs it). Declared by hand: each claim's wording, the paper's number, the rule and the runs it
+reads, and for a judged claim its verdict and reason. Computed: every pflower number on the page
+(from the runs' ``summary.json`` and ``metrics.jsonl``) and every other verdict, by the rules in
+:mod:`.claim_rules`.
 
 Rules (``rule.kind``):
 
 - ``value``: the mean of ``metric`` over ``runs`` (a glob of run directories, percent) against
   ``paper_value``: reproduced within ``tolerance`` points (default 1.5), else not reproduced
   (``note``, here and for ``above``: what else the reader needs, e.g. where the gap comes from);
-- ``above``: the mean over ``runs`` against each set of ``others``: reproduced when it is the
-  highest, else not reproduced, naming who is above;
+- ``values``: several of the paper's numbers (``items``), each held to the tolerance: reproduced
+  when all are within it, not reproduced when none is, partly otherwise;
+- ``above``: ``runs`` against the strongest of ``others``, paired by seed and decided by
+  :func:`.claim_rules.decide` (``margin``: the paper's lead; ``spread``: the measured seed spread
+  that lets an effect many spreads wide rest on fewer seeds);
+- ``compare`` (A minus B), ``trend`` (a slope across a sweep; ``b_runs``: of a difference),
+  ``ratio`` (the share of a cost saved), ``count`` (how often a mechanism fires, against
+  ``expected`` within ``tolerance``) and ``shape`` (orderings at named windows): per-seed effects
+  decided by the one procedure of :mod:`.claim_rules` (``setting``: it holds only in another
+  setting, at best partly);
 - ``best_per_client``: for a claim that different clients do best under different options (a
   personal layer each): ``options`` maps an option's name to its runs; each client's accuracy
   (``final_client_acc``, averaged over an option's runs) picks its best option when it beats
   every other by ``margin`` points (default 1.0); reproduced when two options or more are each
   best for at least ``min_share`` of the clients (default 0.1), partly when two or more are best
   for any client, else not reproduced;
-- ``judged``: the verdict and its reason as declared, for a claim about a shape or a mechanism,
-  with the numbers it rests on (``numbers``) computed from the runs;
+- ``judged``: the verdict and its reason as declared, only for a claim no rule expresses yet: the
+  reason says why, holds no typed number (``check`` refuses a digit) and the numbers it rests on
+  (``numbers``) are computed from the runs;
 - ``untested``: nothing here tests it yet (``reason`` says what would);
 - ``needs_data``: it needs data this machine cannot reach (``reason`` names it).
 """
@@ -548,6 +560,24 @@ def render(data: Mapping[str, Any], root: Path = ROOT) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def lint(data: Mapping[str, Any]) -> list[str]:
+    """What ``check`` refuses besides a stale page: a judged reason with a typed number (a digit),
+    since a judged verdict's numbers must come from the runs it names."""
+    import re
+
+    problems = []
+    for claim in data.get("claims", []):
+        rule = claim.get("rule") or {}
+        if rule.get("kind") == "judged":
+            found = re.findall(r"\S*\d\S*", str(rule.get("reason", "")))
+            if found:
+                problems.append(
+                    f"{claim['id']}: a judged reason holds a typed number ({', '.join(found[:3])}): "
+                    "state it by a rule or drop it"
+                )
+    return problems
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="pflower claims", description="the papers' claims beside the runs")
     parser.add_argument("verb", choices=("write", "check"))
@@ -565,6 +595,10 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if not page.is_file() or page.read_text() != text:
         print(f"pflower claims: {page} is not current: run `pflower claims write`", file=sys.stderr)
+        return 1
+    problems = lint(load_claims())
+    if problems:
+        print("pflower claims: " + "\n  ".join(["conf/claims.yaml:", *problems]), file=sys.stderr)
         return 1
     print(f"{page} is current")
     return 0

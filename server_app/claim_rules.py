@@ -81,6 +81,22 @@ def decide(
     return "partly", "the paper's direction, but its 95 % interval includes no effect"
 
 
+def decide_within(effect: Effect | None, low: float, high: float, min_seeds: int = MIN_SEEDS) -> tuple[str, str]:
+    """A claim that an effect is small ("about as fast", "changes accuracy little", "keeps the
+    accuracy"): the band ``[low, high]`` is the paper's. Reproduced when the whole 95 % interval
+    lies inside the band, partly when the mean does but the interval reaches out of it, not
+    reproduced when the mean lies outside."""
+    if effect is None or effect.n < min_seeds:
+        have = 0 if effect is None else effect.n
+        return "untested", f"rests on {have} seed(s), the rule needs {min_seeds}"
+    band = f"[{low:+g}, {high:+g}]"
+    if not low <= effect.mean <= high:
+        return "not_reproduced", f"the effect lies outside the paper's band {band}"
+    if low <= effect.low and effect.high <= high:
+        return "reproduced", f"its 95 % interval lies inside the paper's band {band}"
+    return "partly", f"inside the paper's band {band} in the mean, but its 95 % interval reaches out of it"
+
+
 def compare(a: Mapping[int, float], b: Mapping[int, float]) -> Effect | None:
     """``a - b`` paired over the seeds both ran (same partitions): None without a shared seed."""
     seeds = sorted(set(a) & set(b))
@@ -125,15 +141,28 @@ def ratio(cost: Mapping[int, float], baseline: Mapping[int, float]) -> Effect | 
 
 
 def decide_count(
-    fired: Mapping[int, float], expected: float, tolerance: float, min_seeds: int = MIN_SEEDS
+    fired: Mapping[int, float],
+    expected: float = 0.0,
+    tolerance: float = 0.0,
+    min_seeds: int = MIN_SEEDS,
+    at_least: float | None = None,
 ) -> tuple[str, str]:
     """A mechanism that should fire ``expected`` times (splits, shrinks, triggers): reproduced when
     the mean count over seeds is within ``tolerance`` of it; partly when it fires (or, expected
     never to fire, stays silent on some seeds) but outside the tolerance; not reproduced when it
-    never fires though expected to, or fires on every seed though expected never to."""
+    never fires though expected to, or fires on every seed though expected never to. With
+    ``at_least`` (a claim that it fires, with no count): reproduced when every seed fires that often,
+    not reproduced when none does, partly otherwise."""
     if len(fired) < min_seeds:
         return "untested", f"rests on {len(fired)} seed(s), the rule needs {min_seeds}"
     values = [float(v) for v in fired.values()]
+    if at_least is not None:  # the paper gives no count, only that it fires: at least this often a run
+        hit = sum(v >= at_least for v in values)
+        if hit == len(values):
+            return "reproduced", f"at least {at_least:g} a run on each of {len(values)} seeds"
+        if hit == 0:
+            return "not_reproduced", f"fewer than {at_least:g} a run on each of {len(values)} seeds"
+        return "partly", f"at least {at_least:g} a run on {hit} of {len(values)} seeds only"
     mean = sum(values) / len(values)
     fired_text = f"{mean:.2f} a run on average ({len(values)} seeds)"
     if abs(mean - expected) <= tolerance:

@@ -23,7 +23,8 @@ Rules (``rule.kind``):
   ``ratio`` (the share of a cost saved), ``count`` (how often a mechanism fires, against
   ``expected`` within ``tolerance``) and ``shape`` (orderings at named windows): per-seed effects
   decided by the one procedure of :mod:`.claim_rules` (``setting``: it holds only in another
-  setting, at best partly);
+  setting, at best partly); ``within`` (A minus B inside the paper's ``band``: a claim that a
+  difference is small) and ``count`` with ``at_least`` (it fires, no count given);
 - ``best_per_client``: for a claim that different clients do best under different options (a
   personal layer each): ``options`` maps an option's name to its runs; each client's accuracy
   (``final_client_acc``, averaged over an option's runs) picks its best option when it beats
@@ -73,6 +74,7 @@ KINDS = (
     "ratio",
     "count",
     "shape",
+    "within",
     "best_per_client",
     "judged",
     "untested",
@@ -234,6 +236,16 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
     kind, need = rule["kind"], int(rule.get("min_seeds", rules.MIN_SEEDS))
     other = bool(rule.get("setting"))
     margin = float(rule["margin"]) if rule.get("margin") is not None else None
+    if kind == "within":
+        a, ma = _side(rule["a"], metric, root)
+        b, mb = _side(rule["b"], metric, root)
+        effect = rules.compare(a, b)
+        low, high = (float(v) for v in rule["band"])
+        verdict, why = rules.decide_within(effect, low, high, need)
+        reason = f"{ma.label} minus {mb.label}: {effect.text(' points') if effect else 'no shared seed'}; {why}"
+        if verdict == "untested":
+            reason += _seeds_note(effect, need, [a, b])
+        return verdict, reason, [ma, mb]
     if kind in ("compare", "ratio"):
         a, ma = _side(rule["a"], metric, root)
         b, mb = _side(rule["b"], metric, root)
@@ -271,7 +283,10 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         return verdict, reason, shown
     if kind == "count":
         fired, measured = _side(rule, metric, root)
-        verdict, why = rules.decide_count(fired, float(rule["expected"]), float(rule.get("tolerance", 0)), need)
+        at_least = float(rule["at_least"]) if rule.get("at_least") is not None else None
+        verdict, why = rules.decide_count(
+            fired, float(rule.get("expected", 0)), float(rule.get("tolerance", 0)), need, at_least
+        )
         if verdict == "reproduced" and other:
             verdict, why = "partly", why + ", but only in another setting"
         return verdict, why, [measured]
@@ -299,7 +314,7 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
             shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
         verdict, why = rules.decide_shape(effects, directions, need)
         parts = ", ".join(
-            f"{w['label']} ({pair}) {e.text(' points') if e else 'no shared seed'}"
+            f"{w['label']} ({pair}) {e.text(' ' + str(w.get('unit', 'points'))) if e else 'no shared seed'}"
             for w, e, pair in zip(rule["windows"], effects, pairs)
         )
         if verdict == "reproduced" and other:
@@ -460,7 +475,7 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         return _judge_above(rule, metric, root, numbers)
     if kind == "values":
         return _judge_values(rule, metric, root, numbers)
-    if kind in ("compare", "trend", "ratio", "count", "shape"):
+    if kind in ("compare", "trend", "ratio", "count", "shape", "within"):
         verdict, reason, measured = _judge_paired(rule, metric, root)
         if rule.get("setting") and verdict in ("reproduced", "partly"):
             reason += f" (setting: {rule['setting']})"

@@ -87,3 +87,25 @@ def test_shape_holds_at_every_window_some_or_none():
     assert rules.decide_shape(rules.shape([ahead, mixed]), [1, 1])[0] == "partly"
     assert rules.decide_shape(rules.shape([behind, behind]), [1, 1])[0] == "not_reproduced"
     assert rules.decide_shape(rules.shape([({1: 1.0}, {1: 0.0}), ahead]), [1, 1])[0] == "untested"
+
+
+@pytest.mark.parametrize(
+    "a, verdict",
+    [
+        ({1: 90.1, 2: 90.2, 3: 90.0}, "reproduced"),  # +0.1, +0.2, 0.0: [-0.15, +0.35] inside [-1, +0.7]
+        ({1: 90.5, 2: 89.0, 3: 90.4}, "partly"),  # mean -0.03 inside, the interval reaches out
+        ({1: 88.5, 2: 88.8, 3: 88.6}, "not_reproduced"),  # mean -1.37: outside the band
+        ({1: 90.1}, "untested"),
+    ],
+)
+def test_within_returns_every_verdict(a, verdict):
+    b = {1: 90.0, 2: 90.0, 3: 90.0}
+    assert rules.decide_within(rules.compare(a, b), -1.0, 0.7)[0] == verdict
+
+
+@pytest.mark.parametrize(
+    "fired, verdict",
+    [({1: 2, 2: 1, 3: 5}, "reproduced"), ({1: 0, 2: 1, 3: 3}, "partly"), ({1: 0, 2: 0, 3: 0}, "not_reproduced")],
+)
+def test_count_at_least_for_a_mechanism_the_paper_gives_no_count_for(fired, verdict):
+    assert rules.decide_count(fired, at_least=1)[0] == verdict

@@ -68,8 +68,10 @@ class ClientDirectory:
         """
         deadline = time.monotonic() + timeout
         errors: list[str] = []
+        seen: set[int] = set()  # every node the SuperLink listed, answered or not
         while True:
             nodes = set(grid.get_node_ids())
+            seen |= nodes
             for cid in [c for c, info in self.clients.items() if info.node_id not in nodes]:
                 log(WARNING, "client %d (node %d) disconnected", cid, self.clients.pop(cid).node_id)
             known = {info.node_id for info in self.clients.values()}
@@ -84,10 +86,26 @@ class ClientDirectory:
                 break
             time.sleep(1.0)
         if not self.clients:
-            reason = errors[0] if errors else "no node connected"
-            raise FederationError(f"no client could join the run: {reason}")
+            raise FederationError(f"no client could join the run: {self.no_client_reason(errors, seen)}")
         if len(self.clients) < wait_for:
             log(WARNING, "only %d of %d clients connected; going on", len(self.clients), wait_for)
+
+    def no_client_reason(self, errors: Sequence[str], seen: set[int]) -> str:
+        """Why discovery found nobody, with what to try: a node's refusal, nodes that never answered
+        within ``discover_timeout`` (a cold ClientApp imports torch and reads its data first), or no
+        node at all."""
+        if errors:
+            return errors[0]
+        if seen:
+            return (
+                f"{len(seen)} node(s) connected but none answered within discover_timeout="
+                f"{self.discover_timeout:g} s (a cold ClientApp first imports torch and reads its data); "
+                "raise discover_timeout (seconds, default 300) or check the SuperNodes' logs"
+            )
+        return (
+            "no node connected; start the SuperNodes (flower-supernode) against this SuperLink, or "
+            "raise discover_timeout (seconds, default 300) if they start later"
+        )
 
     def query(self, grid: Grid, node_ids: Sequence[int], hello: TaskSpec) -> list[str]:
         """Ask ``node_ids`` who they are; enter each valid answer; returns the refusals, one line each."""

@@ -245,3 +245,26 @@ def test_per_client_accuracy_is_each_clients_own_share_keyed_by_id_in_order():
     got = per_client_accuracy({10: {"test_correct": 3.0, "test_size": 4.0}, 2: {"test_correct": 1.0, "test_size": 8.0}})
     assert list(got) == ["2", "10"]  # numeric order, not text order
     assert got == {"2": 0.125, "10": 0.75}
+
+
+def test_discovery_says_whether_nodes_connected_but_did_not_answer_or_none_connected():
+    """Issue 60: `discover_timeout=20` (seconds) with cold ClientApps failed as 'no node connected'
+    while Flower listed 3 SuperNodes. The line now tells the two cases apart and names the fix."""
+    from pflower.strategies.base.client_directory import ClientDirectory
+
+    directory = ClientDirectory(3, 20.0, lambda cid, arch: None)
+
+    class Silent:  # nodes the SuperLink lists, whose ClientApps never answer in time
+        def __init__(self, nodes):
+            self.nodes = nodes
+
+        def get_node_ids(self):
+            return self.nodes
+
+    directory.query = lambda grid, nodes, hello: []  # asked, nobody answered (no refusal either)
+    with pytest.raises(RuntimeError) as err:
+        directory.discover(Silent([11, 12, 13]), None, wait_for=3, timeout=0.0)
+    assert "3 node(s) connected but none answered within discover_timeout=20 s" in str(err.value)
+    assert "raise discover_timeout (seconds, default 300)" in str(err.value)
+    with pytest.raises(RuntimeError, match="no node connected; start the SuperNodes"):
+        directory.discover(Silent([]), None, wait_for=3, timeout=0.0)

@@ -49,9 +49,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the SuperNode in --isolation process beside a pflower-superexec: ClientApps forked from a
     # process that imported torch once (client_app/forkserver.py)
     "pflower, warm ClientApps": {"env": {}, "node": {}, "isolation": "process"},
-    # a measurement, not a setting pflower ships: what Flower's fixed 3 s idle poll of the SuperNode
-    # costs a round (the SuperNode's loop patched to poll every 0.5 s; one node only: the patched
-    # process is not named flower-supernode, so the thread share would not count it)
+    # pflower's SuperNode launcher (client_app/supernode.py): Flower's SuperNode polling every
+    # 0.25 s for 10 s after each message, every 3 s (Flower's) when idle
+    "pflower, warm ClientApps, pflower-supernode": {
+        "env": {},
+        "node": {},
+        "isolation": "process",
+        "launcher": "pflower-supernode",
+    },
+    # the earlier measurement that led to pflower-supernode: Flower's loop patched to poll every 0.5 s
+    # (one node only: the patched process is not named flower-supernode, so the thread share would
+    # not count it)
     "warm ClientApps, node poll 0.5 s (patched Flower)": {
         "env": {},
         "node": {},
@@ -111,6 +119,10 @@ def run_once(nodes: int, rounds: int, variant: str, tmp: Path) -> dict[str, Any]
             PATCHED_SUPERNODE.replace("{poll}", str(settings["node_poll"])),
             *flower_argv(i, **kw)[1:],
         ]
+    if "launcher" in settings:  # the same flags, another command for the SuperNode
+        node_argv = cluster.node_argv
+        launcher = str(Path(sys.executable).parent / settings["launcher"])
+        cluster.node_argv = lambda i, **kw: [launcher, *node_argv(i, **kw)[1:]]
     try:
         cluster.prepare(["dataset=digits"])  # certificates and data dirs; the run itself uses DATA
         cluster.up()

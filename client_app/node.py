@@ -69,16 +69,19 @@ def cold_start_s() -> float | None:
     return process_age_s()
 
 
+SUPERNODE_PROGRAMS = ("flower-supernode", "pflower-supernode")  # the latter: client_app/supernode.py
+
+
 def supernodes_on_host(proc: Path = Path("/proc")) -> int:
-    """``flower-supernode`` processes this process can see (any user; the program, or a Python
-    running it); at least 1."""
+    """``flower-supernode`` (or ``pflower-supernode``) processes this process can see (any user; the
+    program, or a Python running it); at least 1."""
     count = 0
     for cmdline in proc.glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")[:2]
         except OSError:
             continue
-        if any(Path(a.decode(errors="replace")).name == "flower-supernode" for a in argv):
+        if any(Path(a.decode(errors="replace")).name in SUPERNODE_PROGRAMS for a in argv):
             count += 1
     return max(count, 1)
 

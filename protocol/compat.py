@@ -32,6 +32,7 @@ __all__ = [
     "clientapp_runtime",
     "node_unavailable_reason",
     "parse_run_config",
+    "supernode_loop",
     "ray_bootstrap_address",
     "superexec",
     "update_console_handler",
@@ -45,6 +46,20 @@ def node_unavailable_reason() -> str:
     from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
 
     return str(NODE_UNAVAILABLE_ERROR_REASON)
+
+
+def supernode_loop() -> SimpleNamespace:
+    """The SuperNode's message loop (``flwr.supernode.start_client_internal``): the module whose
+    ``time.sleep(3)`` is the idle wait between two pulls when no message came, its
+    ``_pull_and_store_message`` (returns the run id of a pulled message, None when none came) and
+    the ``flower-supernode`` entry point. ``client_app.supernode`` replaces the module's ``time``
+    and that function to poll fast after a message and at Flower's pace when idle."""
+    import flwr.supernode.start_client_internal as loop_module
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    return SimpleNamespace(
+        module=loop_module, pull=loop_module._pull_and_store_message, flower_supernode=flower_supernode
+    )
 
 
 def parse_run_config(values: list[str]) -> dict[str, Any]:

@@ -31,6 +31,18 @@ def test_flowers_logger_error_codes_and_task_identity():
     assert isinstance(compat.node_unavailable_reason(), str) and compat.node_unavailable_reason()
 
 
+def test_the_supernode_loop_pflower_supernode_patches():
+    """The idle wait pflower-supernode replaces: `time.sleep(3)` after an empty pull in Flower's
+    SuperNode loop, reached through the module's own `time` name."""
+    import time
+
+    loop = compat.supernode_loop()
+    assert loop.module.time is time and callable(loop.pull) and callable(loop.flower_supernode)
+    source = inspect.getsource(loop.module.start_client_internal)
+    assert "run_id = _pull_and_store_message(" in source and "if run_id is None:" in source
+    assert "time.sleep(3)" in source.split("if run_id is None:", 1)[1].split("continue", 1)[0]
+
+
 def test_flowers_run_config_parser():
     assert compat.parse_run_config(["alpha=0.5 method='fedper'", "rounds=3"]) == {
         "alpha": 0.5,

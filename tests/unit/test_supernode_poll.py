@@ -1,0 +1,62 @@
+"""pflower-supernode's idle poll (client_app/supernode.py, issue 62): fast for a while after a
+message, Flower's 3 s when idle; every other sleep untouched; installed into Flower's own loop."""
+
+from __future__ import annotations
+
+from pflower.client_app import supernode
+from pflower.protocol import compat
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_wait_is_short_after_a_message_and_flowers_when_idle():
+    clock, slept = Clock(), []
+    poll = supernode.AdaptivePoll(clock, slept.append)
+    poll.sleep(3)  # just started: a message may come soon
+    clock.now += supernode.HOT_S + 0.1
+    poll.sleep(3)  # idle: Flower's pace
+    poll.pulled()
+    poll.sleep(3)
+    poll.sleep(0.5)  # another of Flower's waits: passed through as it is
+    assert slept == [supernode.FAST_S, supernode.IDLE_S, supernode.FAST_S, 0.5]
+    assert poll.waits == [supernode.FAST_S, supernode.IDLE_S, supernode.FAST_S]
+    assert callable(poll.monotonic)  # the rest of `time` is the real one
+
+
+def test_install_puts_the_poll_into_flowers_loop_and_marks_each_pulled_message(monkeypatch):
+    loop = compat.supernode_loop()
+    monkeypatch.setattr(loop.module, "time", loop.module.time)  # restored after the test
+    monkeypatch.setattr(loop.module, "_pull_and_store_message", loop.module._pull_and_store_message)
+    answers = iter([None, 7])
+    monkeypatch.setattr(
+        compat,
+        "supernode_loop",
+        lambda: type(loop)(module=loop.module, pull=lambda **kw: next(answers), flower_supernode=None),
+    )
+    clock = Clock()
+    poll = supernode.install(supernode.AdaptivePoll(clock, lambda s: None))
+    assert loop.module.time is poll
+    clock.now += supernode.HOT_S + 1
+    assert loop.module._pull_and_store_message(state=None) is None and poll.hot_until < clock.now
+    assert loop.module._pull_and_store_message(state=None) == 7 and poll.hot_until > clock.now
+
+
+def test_a_pflower_supernode_counts_as_a_supernode_for_the_thread_share(tmp_path):
+    from pflower.client_app import node
+
+    for pid, argv in enumerate(
+        [
+            [b"/usr/bin/python3", b"/venv/bin/flower-supernode"],
+            [b"/venv/bin/pflower-supernode", b"--insecure"],
+            [b"bash"],
+        ]
+    ):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(argv))
+    assert node.supernodes_on_host(tmp_path) == 2

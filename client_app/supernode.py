@@ -6,11 +6,13 @@ Between two pulls that bring no message, Flower's SuperNode sleeps a fixed 3 s
 nightly). In a federated round a node's next message follows its reply within about a second
 (the server aggregates, then sends the next round), so that sleep adds up to 3 s to every
 message on a device. This launcher runs Flower's SuperNode unchanged but for that wait: for
-:data:`HOT_S` seconds after the node pulled a message it polls every :data:`FAST_S`; after
-that, every :data:`IDLE_S` (Flower's 3 s). Same flags as ``flower-supernode``.
+:data:`HOT_S` seconds after the node sent a reply (or pulled a message) it polls every
+:data:`FAST_S`; after that, every :data:`IDLE_S` (Flower's 3 s). Same flags as
+``flower-supernode``. (Flower's loop pulls a message, then waits in ``_push_messages`` until
+the ClientApp's reply is sent, so the window starts when the reply has left.)
 
 What it costs the SuperLink: an idle node sends one pull every 3 s, as before; a node in a
-round, one every 0.25 s for the 10 s after each message (4 a second, then back to one every 3 s).
+round, one every 0.25 s for the 10 s after each reply (4 a second, then back to one every 3 s).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def install(poll: AdaptivePoll | None = None) -> AdaptivePoll:
     """Put the adaptive poll into Flower's SuperNode loop (this process only)."""
     loop = compat.supernode_loop()
     poll = poll or AdaptivePoll()
-    pull = loop.pull
+    pull, push = loop.pull, loop.push
 
     def pull_and_mark(*args: Any, **kwargs: Any) -> Any:
         run_id = pull(*args, **kwargs)
@@ -64,8 +66,15 @@ def install(poll: AdaptivePoll | None = None) -> AdaptivePoll:
             poll.pulled()
         return run_id
 
+    def push_and_mark(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return push(*args, **kwargs)
+        finally:
+            poll.pulled()  # the reply has left: the round's next message is due soon
+
     loop.module.time = poll
     loop.module._pull_and_store_message = pull_and_mark
+    loop.module._push_messages = push_and_mark
     return poll
 
 

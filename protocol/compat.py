@@ -51,14 +51,18 @@ def node_unavailable_reason() -> str:
 def supernode_loop() -> SimpleNamespace:
     """The SuperNode's message loop (``flwr.supernode.start_client_internal``): the module whose
     ``time.sleep(3)`` is the idle wait between two pulls when no message came, its
-    ``_pull_and_store_message`` (returns the run id of a pulled message, None when none came) and
-    the ``flower-supernode`` entry point. ``client_app.supernode`` replaces the module's ``time``
+    ``_pull_and_store_message`` (returns the run id of a pulled message, None when none came), its
+    ``_push_messages`` (waits for the ClientApp's reply and sends it) and the ``flower-supernode``
+    entry point. ``client_app.supernode`` replaces the module's ``time``
     and that function to poll fast after a message and at Flower's pace when idle."""
     import flwr.supernode.start_client_internal as loop_module
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     return SimpleNamespace(
-        module=loop_module, pull=loop_module._pull_and_store_message, flower_supernode=flower_supernode
+        module=loop_module,
+        pull=loop_module._pull_and_store_message,
+        push=loop_module._push_messages,
+        flower_supernode=flower_supernode,
     )
 
 

@@ -38,8 +38,10 @@ def test_the_supernode_loop_pflower_supernode_patches():
 
     loop = compat.supernode_loop()
     assert loop.module.time is time and callable(loop.pull) and callable(loop.flower_supernode)
+    assert callable(loop.push)
     source = inspect.getsource(loop.module.start_client_internal)
     assert "run_id = _pull_and_store_message(" in source and "if run_id is None:" in source
+    assert "_push_messages(" in source.split("if run_id is None:", 1)[1]  # after a message: wait, send
     assert "time.sleep(3)" in source.split("if run_id is None:", 1)[1].split("continue", 1)[0]
 
 

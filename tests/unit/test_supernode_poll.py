@@ -33,11 +33,14 @@ def test_install_puts_the_poll_into_flowers_loop_and_marks_each_pulled_message(m
     loop = compat.supernode_loop()
     monkeypatch.setattr(loop.module, "time", loop.module.time)  # restored after the test
     monkeypatch.setattr(loop.module, "_pull_and_store_message", loop.module._pull_and_store_message)
+    monkeypatch.setattr(loop.module, "_push_messages", loop.module._push_messages)
     answers = iter([None, 7])
     monkeypatch.setattr(
         compat,
         "supernode_loop",
-        lambda: type(loop)(module=loop.module, pull=lambda **kw: next(answers), flower_supernode=None),
+        lambda: type(loop)(
+            module=loop.module, pull=lambda **kw: next(answers), push=lambda **kw: None, flower_supernode=None
+        ),
     )
     clock = Clock()
     poll = supernode.install(supernode.AdaptivePoll(clock, lambda s: None))
@@ -45,6 +48,9 @@ def test_install_puts_the_poll_into_flowers_loop_and_marks_each_pulled_message(m
     clock.now += supernode.HOT_S + 1
     assert loop.module._pull_and_store_message(state=None) is None and poll.hot_until < clock.now
     assert loop.module._pull_and_store_message(state=None) == 7 and poll.hot_until > clock.now
+    clock.now += supernode.HOT_S + 1  # the ClientApp trained longer than the window
+    loop.module._push_messages(state=None)  # its reply sent: the next message is due
+    assert poll.hot_until > clock.now
 
 
 def test_a_pflower_supernode_counts_as_a_supernode_for_the_thread_share(tmp_path):

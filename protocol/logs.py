@@ -10,6 +10,11 @@ Dropped (each is logged by Flower whatever the user does, and says nothing about
   user gave the number (only where pflower's code is loaded before it: not in the
   flwr-simulation process of `flwr run`, which logs it before loading the ServerApp).
 Colour codes are written only to a terminal (and never with ``NO_COLOR`` set).
+
+Shortened: a pflower error that is the user's to fix (a class with ``user_error = True``, such as
+a method option that does not exist), raised in a user's own ServerApp, reaches Flower's log as
+one ``pflower: ...`` line instead of a traceback (:func:`one_line_user_errors`, installed when
+``pflower.strategies`` is imported).
 """
 
 from __future__ import annotations
@@ -48,3 +53,25 @@ def quiet_flower_logs() -> None:
     if _FILTER not in FLOWER_LOGGER.filters:
         FLOWER_LOGGER.addFilter(_FILTER)
     update_console_handler(colored=use_colour())
+
+
+class OneLineUserErrors(logging.Filter):
+    """Flower logs a ServerApp's exception with its traceback ("... raised an exception"); for a
+    pflower error marked ``user_error`` (the message names the setting and the fix) the record
+    becomes that one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and getattr(exc, "user_error", False):
+            record.msg, record.args = "pflower: %s", (exc,)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_ONE_LINE = OneLineUserErrors()
+
+
+def one_line_user_errors() -> None:
+    """Install :class:`OneLineUserErrors` on Flower's logger (once)."""
+    if _ONE_LINE not in FLOWER_LOGGER.filters:
+        FLOWER_LOGGER.addFilter(_ONE_LINE)

@@ -15,6 +15,8 @@ import importlib
 import pkgutil
 from typing import Any
 
+from pflower.protocol.logs import one_line_user_errors
+
 from .base.client_spec import client_spec
 from .base.options import MethodOptions, OptionError
 from .base.strategy import METHODS, PersonalizedStrategy
@@ -106,3 +108,5 @@ __all__ = [
     "options_of",
     *_LATE,
 ]
+
+one_line_user_errors()  # an option typo in a user's own ServerApp: one line in Flower's log

@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 class OptionError(ValueError):
     """A method option that cannot work; the message names the method, the option and the fix."""
 
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+
     def __init__(self, message: str, option: str | None = None) -> None:
         super().__init__(message)
         self.option = option
@@ -129,7 +131,13 @@ class MethodOptions:
         fail with one message naming the method, the option, and where to set it."""
         unknown = sorted(set(values) - set(cls.names()))
         if unknown:
-            raise OptionError(f"method {method!r} has no option(s) {unknown}; its options: {cls.names() or 'none'}")
+            import difflib
+
+            close = [m for u in unknown for m in difflib.get_close_matches(u, list(cls.names()), n=1)]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise OptionError(
+                f"method {method!r} has no option(s) {unknown}{hint}; its options: {cls.names() or 'none'}"
+            )
         try:
             return cls(**values)
         except OptionError as e:

@@ -200,3 +200,29 @@ def test_flowers_exit_message_after_a_user_error_says_what_happened(tmp_path):
         FLOWER_LOGGER.removeHandler(lines)
     messages = [r.getMessage() for r in lines.records if r.levelno >= logging.ERROR]
     assert messages[-1] == f"Exit Code: 700\n{USER_ERROR_EXIT}" and "unhandled" not in "".join(messages)
+
+
+def test_an_option_typo_in_a_users_own_serverapp_is_one_line_in_flowers_log():
+    """Issue 60: `FedCMD(..., kpp=1)` in the user's own ServerApp; Flower logs the ServerApp's
+    exception with its traceback, which pflower's filter turns into one line with the fix."""
+    import torch.nn as nn
+
+    from pflower.strategies import FedCMD, OptionError
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep()
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        with pytest.raises(OptionError) as err:
+            FedCMD(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)), {}, num_clients=2, kpp=1)
+        log(logging.ERROR, "%s raised an exception", "ServerApp", exc_info=err.value)
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    (record,) = [r for r in records if "kpp" in r.getMessage()]
+    assert record.getMessage().startswith("pflower: method 'fedcmd' has no option(s) ['kpp'] (did you mean kp?)")
+    assert record.exc_info is None

@@ -17,13 +17,10 @@ tolerance. Nothing here reads a file: :mod:`.claims` gathers the numbers from th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scipy import stats
-
-from .paired import paired_difference
+from .paired import mean_interval, paired_difference
 
 MIN_SEEDS = 3
 
@@ -48,12 +45,9 @@ def interval(values: Sequence[float], level: float = 0.95) -> Effect:
     n = len(values)
     if n == 0:
         raise ValueError("no values")
-    mean = sum(values) / n
     if n < 2:
-        return Effect(mean, mean, mean, 1)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return Effect(mean, mean - half, mean + half, n)
+        return Effect(values[0], values[0], values[0], 1)
+    return Effect(*mean_interval(values, level), n)
 
 
 def decide(

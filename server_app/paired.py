@@ -11,7 +11,7 @@ replaces, "difference <= the two standard deviations added", did).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy import stats
@@ -37,15 +37,20 @@ class Paired:
         return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({self.n} seeds)"
 
 
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of ``values`` and its two-sided Student-t ``level`` interval (two values or more)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
 def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) -> Paired | None:
     """``a - b`` over the seeds both map (seed -> value), with its Student-t ``level`` interval;
     None below two shared seeds, where a difference has no spread to judge it by."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
         return None
-    diffs = [float(a[s]) - float(b[s]) for s in seeds]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return Paired(mean, mean - half, mean + half, n, level)
+    mean, low, high = mean_interval([float(a[s]) - float(b[s]) for s in seeds], level)
+    return Paired(mean, low, high, len(seeds), level)

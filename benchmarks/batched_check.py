@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.runs) / args.protocol / method
         done = list(out.glob("*/*/summary.json"))
         if not done:
-            cmd = [sys.executable, "-m", "pflower.server_app.cli", "sim", f"experiment=protocol_{args.protocol}"]
+            cmd = [sys.executable, "-m", "pflower.cli", "sim", f"experiment=protocol_{args.protocol}"]
             cmd += [f"method={method}", f"seed={args.seed}", f"rounds={args.rounds}", "backend=batched"]
             cmd += ["final_eval=false", "progress=false", f"output_dir={out}", *args.overrides]
             t0 = time.perf_counter()

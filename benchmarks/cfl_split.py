@@ -78,7 +78,7 @@ def write_label_group_federation(root: Path, groups: bool = True) -> list[int]:
 
 def grid_of(root: Path, **kwargs: Any) -> Any:
     """An in-process grid whose node i reads ``root/c<i>``."""
-    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.simulation.inprocess import InProcessGrid
 
     grid = InProcessGrid(CLIENTS, **kwargs)
     for cid in range(CLIENTS):

@@ -2,7 +2,7 @@
 
 Every registered method (``strategies.STRATEGIES``, so a new method joins by itself) runs the
 same workload through the real strategy and the real ClientApp handlers, on an in-process
-Grid (:mod:`server_app.inprocess`) that records every :class:`flwr.app.Message` going down
+Grid (:mod:`simulation.inprocess`) that records every :class:`flwr.app.Message` going down
 (server -> client) and up (client -> server). Each message is measured three ways:
 
 * **wire**: what Flower 1.41 moves between SuperLink and SuperNode for it. A message no longer
@@ -51,7 +51,7 @@ from flwr.app import Message
 from benchmarks.common import markdown_table, median, run_header, write_result
 from pflower.protocol.compat import wire_measures
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 MIB = 2**20
 KIB = 2**10

@@ -84,7 +84,7 @@ def write_two_group_federation(root: Path) -> list[Path]:
 
 def two_group_grid(root: Path, **kwargs: Any) -> Any:
     """An in-process grid whose node i reads ``root/c<i>`` (after :func:`write_two_group_federation`)."""
-    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.simulation.inprocess import InProcessGrid
 
     grid = InProcessGrid(CLIENTS, **kwargs)
     for cid in range(CLIENTS):

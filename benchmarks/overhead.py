@@ -46,8 +46,8 @@ WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false"]
 
 def pflower_run(rounds: int, out: Path, extra: list[str]) -> dict[str, Any]:
     """One pflower simulation; returns wall time, per-round records and the final model."""
-    from pflower.server_app.cli import simulate
     from pflower.server_app.config import compose_config
+    from pflower.simulation.simulate import simulate
     from pflower.strategies.base.checkpoint import load_checkpoint
 
     cfg = compose_config([*WORKLOAD, f"rounds={rounds}", f"output_dir={out}", *extra])

@@ -65,7 +65,7 @@ def computes_on_cuda(run_device: str, node_config: dict[str, Any] | None = None)
     """Whether a node's client computes on CUDA: the node config's ``device`` when set, else the
     run's (``auto``: CUDA when present). A device this machine lacks counts as not CUDA here: the
     handler refuses it with the fix. (Asks torch about the GPU: a process that forks workers
-    after asking must not give them CUDA work, see ``server_app/parallel.py``.)"""
+    after asking must not give them CUDA work, see ``simulation/parallel.py``.)"""
     try:
         return pick_device(node_device(node_config or {}, run_device)).type == "cuda"
     except (ValueError, RuntimeError):

@@ -9,6 +9,9 @@ The one import name pflower installs. Its parts (the public API is documented in
 - :mod:`pflower.federated_data`: datasets, partitioners and the data hooks
 - :mod:`pflower.server_app`, :mod:`pflower.protocol`, :mod:`pflower.conf`: the ServerApp, the
   message contract's code and the Hydra configs
+- :mod:`pflower.simulation`: ``pflower sim``'s engines (the one part that imports both the server
+  and the client side); :mod:`pflower.reports`: reports, leaderboard and claims from finished runs
+- :mod:`pflower.cli`: the ``pflower`` command
 
 In the repository the parts are top-level folders (server_app/, strategies/, ...); the wheel maps
 them under ``pflower/`` (pyproject.toml, ``package-dir``). In a checkout, and in the FAB that
@@ -20,7 +23,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PARTS = ("server_app", "client_app", "strategies", "models", "protocol", "federated_data", "conf")
+PARTS = (
+    "server_app",
+    "simulation",
+    "reports",
+    "client_app",
+    "strategies",
+    "models",
+    "protocol",
+    "federated_data",
+    "conf",
+)
 
 
 def _checkout_root() -> Path | None:

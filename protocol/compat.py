@@ -139,7 +139,7 @@ def basic_sweeper() -> Any:
 
 def ray_bootstrap_address(address: str) -> str:
     """What ``ray.init(address="auto")`` resolves ``auto`` to: the cluster started on this machine
-    (server_app.simulate checks it answers before Ray starts); ConnectionError when there is none."""
+    (simulation.simulate checks it answers before Ray starts); ConnectionError when there is none."""
     from ray._private.services import canonicalize_bootstrap_address
 
     return canonicalize_bootstrap_address(address)

@@ -26,6 +26,18 @@ SOURCE_ROOT = pflower.SOURCE_ROOT
 PACKAGES = ("flwr", "torch", "numpy")
 # what decides a run's result; an edited README or a results folder does not make a run "dirty"
 CODE_PATHS = (*pflower.PARTS, "pflower", "pyproject.toml")
+#: the folders whose .py and .yaml files are a run's code (:func:`code_files`)
+CODE_DIRS = ("pflower", *pflower.PARTS)
+
+
+def code_files(root: Path) -> dict[str, bytes]:
+    """``{relative path: contents}`` of the .py and .yaml files of :data:`CODE_DIRS` under ``root``."""
+    out: dict[str, bytes] = {}
+    for folder in CODE_DIRS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
+                out[path.relative_to(root).as_posix()] = path.read_bytes()
+    return out
 
 
 def code_origin(root: Path = SOURCE_ROOT) -> dict[str, str]:
@@ -80,12 +92,10 @@ def _candidate_checkouts() -> list[Path]:
 
 def fab_checkout(fab_root: Path, candidates: Sequence[Path] | None = None) -> Path | None:
     """The git checkout whose working tree holds exactly the FAB's code (every .py and .yaml file of
-    :func:`.superlink.code_files` equal, none missing on either side; Flower rewrites
+    :func:`code_files` equal, none missing on either side; Flower rewrites
     pyproject.toml, so it is not compared), or None: then the FAB's hash alone names its code.
     Flower builds the FAB from that working tree, so its commit (and whether the tree was dirty)
     is the FAB's."""
-    from .superlink import code_files
-
     if not (fab_root / "pflower" / "__init__.py").is_file():
         return None
     fab = code_files(fab_root)

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .provenance import code_files
+
 
 @dataclass(frozen=True)
 class LocalSuperLink:
@@ -177,20 +179,8 @@ def main(argv: list[str]) -> int:
 
 # ----------------------------------------------------------------------------- one checkout, one SuperLink
 
+
 # the folders and files whose contents decide what a run computes (provenance.CODE_PATHS plus the data code)
-CODE_DIRS = ("pflower", "server_app", "client_app", "strategies", "models", "protocol", "federated_data", "conf")
-
-
-def code_files(root: Path) -> dict[str, bytes]:
-    """``{relative path: contents}`` of the .py and .yaml files of :data:`CODE_DIRS` under ``root``."""
-    out: dict[str, bytes] = {}
-    for folder in CODE_DIRS:
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
-                out[path.relative_to(root).as_posix()] = path.read_bytes()
-    return out
-
-
 def is_checkout(path: Path) -> bool:
     """A pflower source tree: its pyproject names the project and it has the code folders."""
     try:

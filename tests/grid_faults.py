@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 
 class Crash(RuntimeError):

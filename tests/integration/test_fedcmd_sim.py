@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower.server_app.cli import simulate
+from pflower.simulation.simulate import simulate
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid
 
 pytestmark = pytest.mark.slow
 

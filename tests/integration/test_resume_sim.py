@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pflower.server_app.cli import simulate
 from pflower.server_app.results import read_metrics
+from pflower.simulation.simulate import simulate
 from pflower.strategies.base.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pflower.server_app.cli import main
+from pflower.cli import main
 
 pytestmark = pytest.mark.slow
 

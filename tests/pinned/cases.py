@@ -138,9 +138,9 @@ def run_case(case: str, grid: Callable[[int], Any] | None = None, extra: tuple[s
     import torch
 
     from pflower.server_app.config import compose_config
-    from pflower.server_app.inprocess import InProcessGrid
     from pflower.server_app.results import read_metrics
     from pflower.server_app.runner import check_strategy, run_experiment
+    from pflower.simulation.inprocess import InProcessGrid
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 import torch
 
-from pflower.server_app.batched import BatchedGrid
 from pflower.server_app.config import compose_config
-from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.batched import BatchedGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pinned.cases import CASES, overrides
 
 RTOL = 1e-4
@@ -168,7 +168,7 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
 def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, together, tmp_path, monkeypatch):
     """Two rounds of 2 clients: test_before and test_after, each one call for the chunk's two
     models when batched; none on this CPU by default (one at a time is faster on a CPU)."""
-    import pflower.server_app.batched as engine
+    import pflower.simulation.batched as engine
 
     calls = group_sizes(monkeypatch, engine, "evaluate_together")
     cfg = compose_config(
@@ -216,7 +216,7 @@ def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_pa
 def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path):
     """``pflower sim --together``: two seeds of a method share each round's training (one group
     twice as wide); each run's train replies equal its replies alone on the batched engine."""
-    from pflower.server_app.together import run_together
+    from pflower.simulation.together import run_together
 
     torch.set_num_threads(1)
     base = ["dataset=synthetic" if o == "dataset=digits" else o for o in overrides(case)]
@@ -264,7 +264,7 @@ def test_a_method_without_plans_runs_on_the_parallel_engine_with_its_numbers(tmp
     import json
 
     from pflower.server_app.results import read_metrics
-    from pflower.server_app.simulate import simulate
+    from pflower.simulation.simulate import simulate
     from pinned.cases import fingerprint, first_difference, load_pinned
 
     torch.set_num_threads(1)

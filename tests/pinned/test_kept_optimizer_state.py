@@ -11,12 +11,12 @@ import json
 import pytest
 from grid_faults import Crash, CrashingGrid
 
-from pflower.server_app.batched import BatchedGrid
 from pflower.server_app.config import compose_config
-from pflower.server_app.inprocess import InProcessGrid
-from pflower.server_app.parallel import ParallelGrid
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.batched import BatchedGrid
+from pflower.simulation.inprocess import InProcessGrid
+from pflower.simulation.parallel import ParallelGrid
 from pinned.cases import fingerprint, first_difference, overrides, run_case
 
 KEPT = {"felo": ("optimizer_state=kept",), "fedrep": ("momentum=0.9", "optimizer_state=kept")}

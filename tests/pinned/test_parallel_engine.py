@@ -12,10 +12,10 @@ import torch
 from grid_faults import Crash, CrashingGrid
 
 from pflower.server_app.config import compose_config
-from pflower.server_app.inprocess import InProcessGrid
-from pflower.server_app.parallel import ParallelGrid
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid
+from pflower.simulation.parallel import ParallelGrid
 from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides, run_case
 
 PINNED = load_pinned()
@@ -70,7 +70,7 @@ def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, 
 def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
     """Two workers, six nodes, FedPer: after the run every node's Context in the parent holds the
     personal head its worker saved (the parent's copy was replaced, not left stale)."""
-    from pflower.server_app.inprocess import personal_state
+    from pflower.simulation.inprocess import personal_state
 
     cfg = compose_config([*overrides("fedper"), "fraction=1.0", "rounds=1", f"output_dir={tmp_path}"])
     grid = parallel(6)
@@ -130,7 +130,7 @@ def test_the_start_follows_whether_the_clients_use_cuda(monkeypatch, cuda_ready,
 
     import pflower.client_app.node as client_node
     import pflower.client_app.runtime as client_runtime
-    from pflower.server_app import parallel as parallel_module
+    from pflower.simulation import parallel as parallel_module
 
     monkeypatch.setattr(client_runtime, "parse_spec", lambda msg: SimpleNamespace(device=run_device))
     # node_device checks a named CUDA device against this machine's: none here
@@ -192,7 +192,7 @@ def test_workers_sharing_one_gpu_write_the_serial_engines_numbers(case, start):
 def test_a_worker_gives_its_heap_back_only_past_what_its_tasks_reuse():
     """Trimming after every task made the next one fault its buffers in again (an evaluation
     12.7 ms against 7.8): a worker keeps up to TRIM_ABOVE of free heap past what it started with."""
-    from pflower.server_app.parallel import TRIM_ABOVE, _free_heap, should_trim
+    from pflower.simulation.parallel import TRIM_ABOVE, _free_heap, should_trim
 
     mib = 1 << 20
     assert not should_trim(40 * mib, 39 * mib)  # the workload's steady state: never trimmed

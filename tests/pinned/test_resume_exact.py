@@ -12,9 +12,9 @@ import pytest
 from grid_faults import Crash, CrashingGrid
 
 from pflower.server_app.config import compose_config
-from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid
 from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides
 
 PINNED = load_pinned()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pflower.client_app.roles import RoleContext
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 
 HEAD = ["classifier"]
 

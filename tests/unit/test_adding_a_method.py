@@ -80,7 +80,7 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
 
     updated = run("-m", "tests.pinned.cases", "--update", "fedthrow")
     assert updated.returncode == 0, updated.stdout[-2000:] + updated.stderr[-2000:]
-    docs = run("-m", "pflower.server_app.cli", "methods", "--write-docs")  # step 5
+    docs = run("-m", "pflower.cli", "methods", "--write-docs")  # step 5
     assert docs.returncode == 0, docs.stdout[-2000:] + docs.stderr[-2000:]
     checks = run(
         "-m",
@@ -101,4 +101,4 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
     )
     assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
     assert " passed" in checks.stdout and "failed" not in checks.stdout.splitlines()[-1]
-    assert "fedthrow" in run("-m", "pflower.server_app.cli", "methods").stdout
+    assert "fedthrow" in run("-m", "pflower.cli", "methods").stdout

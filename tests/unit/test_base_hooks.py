@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import ROLES, SGDRole
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 from pflower.strategies.base.replies import ClientsFailed
 from pflower.strategies.fedavg import FedAvg
 from pflower.strategies.fedcmd import FedCMD

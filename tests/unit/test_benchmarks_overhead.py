@@ -13,8 +13,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the checkout, not an installed package
 
 from benchmarks.overhead import _max_diff, floor_run  # noqa: E402
-from pflower.server_app.inprocess import InProcessGrid  # noqa: E402
 from pflower.server_app.runner import run_experiment  # noqa: E402
+from pflower.simulation.inprocess import InProcessGrid  # noqa: E402
 from pflower.strategies.base.checkpoint import load_checkpoint  # noqa: E402
 
 

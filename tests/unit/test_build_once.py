@@ -12,7 +12,7 @@ from flwr.app import Context, RecordDict
 import pflower.server_app.config as config
 import pflower.server_app.run_plan as run_plan
 import pflower.server_app.runner as runner
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ ONCE = {"composition": 1, "validation": 1, "resolution": 1, "model build": 1, "s
 
 
 def test_pflower_sim_composes_validates_resolves_and_builds_once(counts, tiny_overrides, tmp_path):
-    from pflower.server_app.cli import main
+    from pflower.cli import main
 
     assert main(["sim", *tiny_overrides, "method=fedper", "backend=serial", f"output_dir={tmp_path}"]) == 0
     assert dict(counts) == ONCE

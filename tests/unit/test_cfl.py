@@ -11,7 +11,7 @@ from sklearn.cluster import AgglomerativeClustering
 from test_strategy_base import make, run
 
 import pflower.client_app.runtime as runtime
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.shared.clustering import bipartition
 
 

@@ -21,9 +21,9 @@ from grid_faults import Crash, CrashingGrid
 from test_strategy_base import make, run
 
 from pflower.server_app.config import ConfigError
-from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import build, run_experiment
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies import STRATEGIES
 from pflower.strategies.base import checkpoint as ckpt_mod
 from pflower.strategies.base.checkpoint import (

@@ -1,11 +1,11 @@
-"""The claim rules (server_app/claim_rules.py): each kind on hand-made per-seed numbers, hand-worked,
+"""The claim rules (reports/claim_rules.py): each kind on hand-made per-seed numbers, hand-worked,
 and shown able to return every verdict it can give (issue 59). t(0.975, 2) = 4.3027."""
 
 from __future__ import annotations
 
 import pytest
 
-from pflower.server_app import claim_rules as rules
+from pflower.reports import claim_rules as rules
 
 
 def test_interval_by_hand():

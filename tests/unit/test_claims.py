@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pflower.server_app import claims
+from pflower.reports import claims
 from pflower.server_app.config import ConfigError
 
 

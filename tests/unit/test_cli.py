@@ -2,7 +2,7 @@
 
 import pytest
 
-from pflower.server_app.cli import main
+from pflower.cli import main
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from flwr.app import Context, RecordDict
 from flwr.common import log
 from flwr.supercore.logger import FLOWER_LOGGER
 
+from pflower.cli import main
 from pflower.server_app.app import main as server_app_main
-from pflower.server_app.cli import main
 from pflower.server_app.failures import USER_ERRORS
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 CASES = [
     (["lr=abc"], ["lr='abc' is not a number", "lr=0.05"]),

@@ -5,8 +5,8 @@ import torch
 from flwr.app import Context, RecordDict
 
 from pflower.client_app.state import ClientState
-from pflower.server_app.inprocess import InProcessGrid
 from pflower.server_app.runner import build
+from pflower.simulation.inprocess import InProcessGrid
 
 
 def ctx(node_id=1):

@@ -13,9 +13,9 @@ from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 
 from pflower.server_app.failures import USER_ERRORS
-from pflower.server_app.inprocess import InProcessGrid, error_reply
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid, error_reply
 from pflower.strategies.base.replies import ClientsFailed
 
 BASE = ["method=fedavg", "rounds=3", "fraction=1.0"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower.server_app.report import write_report
+from pflower.reports.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = sorted((ROOT / "docs" / "results").rglob("report.md"))

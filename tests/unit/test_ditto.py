@@ -11,7 +11,7 @@ from test_strategy_base import make, run
 
 from pflower.client_app.roles import build_role
 from pflower.client_app.roles.ditto import PREFIX
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- Ditto

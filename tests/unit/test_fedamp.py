@@ -15,7 +15,7 @@ from test_strategy_base import make, run, sent_keys
 from pflower.client_app.roles import build_role
 from pflower.client_app.roles.proximal import proximal_loss
 from pflower.client_app.training import cross_entropy
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedamp import attention_matrix
 from pflower.strategies.shared.aggregation import weighted_average
 from pflower.strategies.shared.model_distance import gram_matrix

@@ -9,7 +9,7 @@ from method_helpers import replied_keys
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles.fedap import bn_input_stats
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedap import bn_distance, fedap_weights
 
 

@@ -8,7 +8,7 @@ from method_helpers import BODY, HEAD, ctx, params, replied_keys, same
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import build_role
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- FedBabu

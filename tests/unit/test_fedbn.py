@@ -9,7 +9,7 @@ from test_strategy_base import make, run, sent_keys
 from pflower.client_app.runtime import fresh_model
 from pflower.models import buffer_keys
 from pflower.models.schema import batchnorm_keys
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- FedBN

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pflower.server_app.config import ConfigError
-from pflower.server_app.inprocess import InProcessGrid, personal_state
 from pflower.server_app.runner import build
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 from pflower.strategies.base.validation import ClientUpdate
 from pflower.strategies.fedcmd import FedCMD, FedCMDState
 from pflower.strategies.fedcmd_math import flat_vector, personalized_posts, similarity_matrix

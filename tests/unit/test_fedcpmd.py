@@ -26,7 +26,7 @@ from pflower.client_app.roles.layer_stats import (
     tensor_moments,
 )
 from pflower.protocol.roles import FedCPMDArgs, RoleArgsError
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedcpmd import cluster_sample_size, personal_layer_of
 from pflower.strategies.shared.clustering import groups_by_label
 
@@ -229,7 +229,7 @@ def test_a_clients_own_layer_keeps_what_it_trained(compose, tiny_overrides, monk
     _, strategy = make(compose, tiny_overrides, *FAST[:3], "num_clients=4", "fraction=1.0", "rounds=3")
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=2)
-    from pflower.server_app.inprocess import personal_state
+    from pflower.simulation.inprocess import personal_state
 
     trained = {c: personal_state(grid.contexts[grid.node_of_client[c]]) for c in range(4)}
     strategy.votes = {c: [(1, "fc1")] for c in range(4)}

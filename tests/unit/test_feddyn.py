@@ -17,7 +17,7 @@ from pflower.client_app.roles.feddyn import PREFIX as DYN_PREFIX
 from pflower.client_app.roles.feddyn import feddyn_loss, linear_term, updated_state
 from pflower.client_app.roles.proximal import snapshot
 from pflower.client_app.training import cross_entropy
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.feddyn import feddyn_server_update
 
 

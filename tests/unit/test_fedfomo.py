@@ -14,7 +14,7 @@ from test_strategy_base import make, run, sent_keys
 from pflower.client_app.roles import build_role
 from pflower.client_app.roles.fedfomo import fomo_combine, fomo_weights
 from pflower.client_app.roles.proximal import snapshot
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 
 # ----------------------------------------------------------------------------- FedFomo

@@ -18,7 +18,7 @@ from pflower.federated_data import ClientData
 from pflower.models import build_model
 from pflower.models.gkt import ExtractorThenHead, kd_loss, server_head
 from pflower.protocol.roles import GKT
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedgkt_math import head_accuracy, head_logits, train_server_head
 
 HETERO = [

@@ -15,7 +15,7 @@ from pflower.federated_data import ClientData, DataSpec, load_public_data, load_
 from pflower.federated_data.client_data import _pool, client_indices
 from pflower.models import build_model
 from pflower.protocol.roles import FEDMD, RoleArgsError, fedmd_subset
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedmd import consensus
 
 MD = ["method=fedmd", "dataset.transfer_fraction=0.2", "method.subset=20", "method.transfer_epochs=1"]

@@ -18,7 +18,7 @@ from test_strategy_base import make, run
 
 import pflower.client_app.runtime as runtime
 from pflower.server_app.config import ConfigError
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedtsdp_math import (
     amend_weights,
     dbscan_groups,

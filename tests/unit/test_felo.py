@@ -10,7 +10,7 @@ from method_helpers import train_messages
 from test_strategy_base import make, run
 
 from pflower.server_app.config import ConfigError
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 # three LeNet depths with one feature width: 2 clients each (blocks)
 ARCHS = [

@@ -22,7 +22,7 @@ from pflower.federated_data import ClientData
 from pflower.models import build_model
 from pflower.models.lenet import Scaler
 from pflower.protocol.roles import HETEROFL_CLASSES
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.heterofl_math import fits_inside, partial_average, slice_arrays
 
 WIDTHS = ["model=lenet5_widths", "num_clients=6", "fraction=1.0"]

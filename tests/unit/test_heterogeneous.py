@@ -12,7 +12,7 @@ from test_strategy_base import make, run
 
 from pflower.models.schema import assign_archs
 from pflower.server_app.config import ConfigError
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedper import FedPer
 
 MIXED = ["model=mixed", "num_clients=6", "fraction=1.0"]  # lenet5 with 1 FC layer, with 3, and the KAPC CNN

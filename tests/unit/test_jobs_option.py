@@ -2,8 +2,8 @@
 
 import pytest
 
-from pflower.server_app.cli import main
-from pflower.server_app.sweep_jobs import parse_jobs
+from pflower.cli import main
+from pflower.simulation.sweep_jobs import parse_jobs
 
 
 def test_jobs_is_taken_out_of_the_command_line():
@@ -56,8 +56,8 @@ def test_each_run_of_a_jobs_sweep_gets_its_share_in_its_environment(monkeypatch,
     """The runs are started with PFLOWER_CORES = cores // jobs (a stand-in `pflower` prints it)."""
     import subprocess
 
-    from pflower.server_app import sweep_jobs
     from pflower.server_app.config import CORES_ENV, default_workers
+    from pflower.simulation import sweep_jobs
 
     monkeypatch.delenv(CORES_ENV, raising=False)
     started = []

@@ -14,7 +14,7 @@ from test_strategy_base import make, run
 from pflower.client_app.roles.kapc import criterion, log_bound, select_omega
 from pflower.models import build_model
 from pflower.protocol.roles import REGULARIZER_PREFIX
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies import build_strategy
 from pflower.strategies.kapc_math import (
     centered,

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflower.server_app.config import ConfigError
-from pflower.server_app.leaderboard import (
+from pflower.reports.leaderboard import (
     budget_line,
     load_plan,
     mark_ties,
@@ -21,6 +20,7 @@ from pflower.server_app.leaderboard import (
     verdict,
     write_page,
 )
+from pflower.server_app.config import ConfigError
 
 
 def seed_row(entry: str, *values: float, planned: int | None = None) -> dict:
@@ -242,7 +242,7 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
     """One panel per family (best first, unnamed entries under 'other'); the first family's panel
     also draws the two best entries of the others; a small protocol is one panel; no two curves of
     a panel share colour and line style."""
-    from pflower.server_app.leaderboard import ONE_PANEL, line_styles, panel_layout
+    from pflower.reports.leaderboard import ONE_PANEL, line_styles, panel_layout
 
     plan = {
         "families": {"seed methods": ["fedcmd", "kapc"], "personal layers": ["fedper", "fedrep"], "global": ["fedavg"]}
@@ -265,7 +265,7 @@ def test_the_figure_panels_follow_the_families_and_meet_the_best_baselines():
 def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_changes(tmp_path):
     """`only` narrows a protocol to some entries of its group; `compare_to` puts the two tables side
     by side on the entries both finished, with best and ties re-marked among those entries alone."""
-    from pflower.server_app.leaderboard import compare_protocols
+    from pflower.reports.leaderboard import compare_protocols
 
     plan, root = tiny_plan(tmp_path, {e: {"overrides": [f"method={e}", *TINY]} for e in ("fedavg", "local", "fedper")})
     plan["protocols"]["longer"] = {"experiment": "smoke", "entries": "all", "only": ["fedper", "fedavg"]}
@@ -333,7 +333,7 @@ def test_a_protocol_runs_only_its_listed_entries_and_says_whether_a_verdict_chan
 
 def test_the_paired_difference_by_hand():
     """diffs 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.3027, half-width 4.3027 / sqrt(3) = 2.4841."""
-    from pflower.server_app.paired import paired_difference
+    from pflower.reports.paired import paired_difference
 
     got = paired_difference({1: 90.0, 2: 91.0, 3: 92.0, 9: 50.0}, {1: 89.0, 2: 89.0, 3: 89.0})
     assert got.n == 3 and got.mean == pytest.approx(2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from method_helpers import replied_keys
 from test_strategy_base import make, run, sent_keys
 
-from pflower.server_app.inprocess import InProcessGrid, personal_state
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 
 
 # ----------------------------------------------------------------------------- LG-FedAvg

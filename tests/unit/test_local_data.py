@@ -113,9 +113,9 @@ def test_the_shape_nodes_must_hold_is_a_server_option(tmp_path):
 def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compose):
     """The config's alpha (0.3 by default) says nothing about node-held data: the summary and the
     report take what the nodes' meta.json says (exported with alpha 1.0 from digits)."""
-    from pflower.server_app.inprocess import InProcessGrid
-    from pflower.server_app.report import group_runs
+    from pflower.reports.report import group_runs
     from pflower.server_app.runner import run_experiment
+    from pflower.simulation.inprocess import InProcessGrid
 
     export_partitions(SIM, tmp_path / "nodes")
     grid = InProcessGrid(0)
@@ -133,8 +133,8 @@ def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compo
 
 
 def test_nodes_with_their_own_data_record_no_partition(tmp_path, compose):
-    from pflower.server_app.inprocess import InProcessGrid
     from pflower.server_app.runner import run_experiment
+    from pflower.simulation.inprocess import InProcessGrid
 
     grid = InProcessGrid(0)
     for cid in range(2):

@@ -166,7 +166,7 @@ def test_options_coerce_numbers_and_keep_the_declared_types():
 def test_the_method_list_read_from_the_source_equals_the_registry():
     """`pflower methods` lists the methods without importing them (no torch): what it reads from
     strategies/*.py must be what the registry holds, role and options included."""
-    from pflower.server_app.methods_cli import declared_methods
+    from pflower.reports.methods_cli import declared_methods
 
     declared = declared_methods()
     assert set(declared) == set(STRATEGIES)
@@ -178,7 +178,7 @@ def test_methods_and_roles_register_by_subclassing():
     """Every strategy module's method is registered with no list to edit, every strategy's role
     exists on the client side with the same arguments class, and a name cannot be taken twice."""
     from pflower.client_app.roles import ROLES
-    from pflower.server_app.methods_cli import declared_methods
+    from pflower.reports.methods_cli import declared_methods
 
     assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
     assert all(cls.name == name for name, cls in STRATEGIES.items())
@@ -189,7 +189,7 @@ def test_methods_and_roles_register_by_subclassing():
 
 
 def test_pflower_methods_prints_a_method_s_options_from_its_dataclass(capsys):
-    from pflower.server_app.cli import main
+    from pflower.cli import main
 
     assert main(["methods", "fedprox"]) == 0
     out = capsys.readouterr().out
@@ -212,7 +212,7 @@ def test_a_method_without_options_uses_the_base_dataclass():
 def test_each_method_page_shows_the_options_table_of_its_dataclass(method):
     """docs/methods/ carries a copy of each options dataclass; `pflower methods --write-docs`
     refreshes it. A changed option without the refreshed page fails here."""
-    from pflower.server_app.methods_cli import BLOCK, options_markdown, page_of
+    from pflower.reports.methods_cli import BLOCK, options_markdown, page_of
 
     page = (conf_dir().parent / "docs" / page_of(method)).read_text()
     assert BLOCK.format(name=method, table=options_markdown(method)) in page, (
@@ -221,7 +221,7 @@ def test_each_method_page_shows_the_options_table_of_its_dataclass(method):
 
 
 def test_write_docs_fills_a_page_once_and_keeps_the_rest(tmp_path):
-    from pflower.server_app.methods_cli import options_markdown, write_docs
+    from pflower.reports.methods_cli import options_markdown, write_docs
 
     (tmp_path / "methods").mkdir()
     pages = ("fedcmd", "fedcpmd", "fedtsdp", "felo_velo", "kapc", "cfl", "heterofl", "fedgkt", "fedmd", "baselines")
@@ -245,7 +245,7 @@ def test_every_method_class_is_public_in_the_strategies_package():
 def test_configuration_page_lists_every_registered_method():
     """docs/configuration.md's list of methods is generated from the registry (issue 58: heterofl,
     fedgkt and fedmd were missing from a hand-kept row)."""
-    from pflower.server_app.methods_cli import METHODS_BLOCK, methods_markdown
+    from pflower.reports.methods_cli import METHODS_BLOCK, methods_markdown
 
     page = (conf_dir().parent / "docs" / "configuration.md").read_text()
     assert METHODS_BLOCK.format(table=methods_markdown()) in page, "run `pflower methods --write-docs`"

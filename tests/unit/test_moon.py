@@ -13,7 +13,7 @@ from test_strategy_base import make, run, sent_keys
 from pflower.client_app.roles import build_role
 from pflower.client_app.roles.moon import PREFIX as MOON_PREFIX
 from pflower.client_app.roles.moon import contrastive_term, previous_model
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 
 
 # ----------------------------------------------------------------------------- MOON

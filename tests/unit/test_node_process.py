@@ -136,8 +136,8 @@ def test_default_cache_directory_follows_xdg(monkeypatch, tmp_path):
 
 
 def test_a_deployed_nodes_reply_and_log_carry_its_timings(compose, tiny_overrides, caplog, monkeypatch):
-    from pflower.server_app.inprocess import InProcessGrid
     from pflower.server_app.runner import build
+    from pflower.simulation.inprocess import InProcessGrid
 
     monkeypatch.setattr(node, "_first_message_seen", False)
     cfg = compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0")
@@ -167,8 +167,8 @@ def test_node_config_device_overrides_the_run_s_and_is_checked(compose, tiny_ove
         node.node_device({"device": "cuda:2"}, "auto")
     monkeypatch.undo()
     # a run that asks for CUDA trains on the CPU of the nodes that say so (this machine has no CUDA)
-    from pflower.server_app.inprocess import InProcessGrid
     from pflower.server_app.runner import build
+    from pflower.simulation.inprocess import InProcessGrid
 
     strategy = build(compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0", "device=cuda"), "tok")
     strategy.start(grid=InProcessGrid(4, node_config={"device": "cpu"}), initial_arrays=None, num_rounds=1, timeout=60)
@@ -225,14 +225,14 @@ def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(comp
 
     code = (
         "import json, sys, torch\n"
-        "from server_app.cli import simulate\n"
+        "from simulation.simulate import simulate\n"
         "from server_app.config import compose_config\n"
         "cfg = compose_config(sys.argv[2:])\n"
         "s = simulate(cfg)\n"
         "print(json.dumps({'det': torch.are_deterministic_algorithms_enabled(), 'acc': "
         "s['headline_test_before_acc']}))\n"
     )
-    from pflower.server_app.cli import simulate
+    from pflower.simulation.simulate import simulate
 
     common = [*tiny_overrides, "method=fedavg", "backend=serial"]
     args = [*common, "deterministic=true", f"output_dir={compose().output_dir}/det"]

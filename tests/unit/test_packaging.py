@@ -92,7 +92,7 @@ def test_the_wheel_installs_one_import_name_beside_a_users_models_and_strategies
     script = f"""
 import json, pathlib, models, strategies
 assert models.WHO == "the user's models" and strategies.WHO == "the user's strategies"
-from pflower.server_app.cli import main
+from pflower.cli import main
 code = main(["sim", "dataset=digits", "num_clients=4", "rounds=2", "local_epochs=1", "backend=serial",
              "method=fedper", "progress=false", "output_dir={out}"])
 assert code in (0, None), code

@@ -7,7 +7,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from test_strategy_base import make, run
 
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.pfedla import HyperNetwork, hypernet_step
 from pflower.strategies.shared.aggregation import layerwise_mix as personalize
 

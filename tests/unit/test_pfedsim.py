@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from method_helpers import BODY, HEAD, replied_keys
 from test_strategy_base import make, run, sent_keys
 
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.pfedsim import classifier_similarity, pfedsim_weights
 from pflower.strategies.shared.aggregation import mixing_average
 

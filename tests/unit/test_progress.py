@@ -131,8 +131,8 @@ def test_sweep_job_reads_hydras_job_number(monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import read_write
 
-    from pflower.server_app import cli
     from pflower.server_app.config import conf_dir
+    from pflower.simulation import cli
 
     argv = ["-m", "method=fedavg,fedper,local", "rounds=2"]
     with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
@@ -157,7 +157,7 @@ def test_sweep_job_reads_hydras_job_number(monkeypatch):
 @pytest.mark.parametrize("progress", [True, False])
 def test_runner_logs_a_progress_line_per_round(compose, tiny_overrides, monkeypatch, progress):
     from pflower.server_app import runner
-    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.simulation.inprocess import InProcessGrid
 
     lines: list[str] = []
     real_log = runner.log

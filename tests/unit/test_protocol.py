@@ -94,11 +94,11 @@ def imports_of(path: Path) -> set[str]:
 # the simulation engines host both sides in one process: they run the ClientApp's handlers
 # (inprocess.py, parallel.py) or hand Flower the ClientApp object (simulate.py)
 SIMULATION_HARNESS = {
-    "server_app/inprocess.py",
-    "server_app/parallel.py",
-    "server_app/batched.py",
-    "server_app/together.py",
-    "server_app/simulate.py",
+    "simulation/inprocess.py",
+    "simulation/parallel.py",
+    "simulation/batched.py",
+    "simulation/together.py",
+    "simulation/simulate.py",
 }
 # benchmarks of the client's own training loop: one client at a time against the batched engine,
 # and the Felo probe that trains one client's model with a fresh Adam against a kept one

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from pflower.reports.report import write_report
 from pflower.server_app import provenance as prov
-from pflower.server_app.inprocess import InProcessGrid
-from pflower.server_app.report import write_report
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid
 
 
 def git(repo: Path, *args: str) -> None:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pflower.server_app.report import find_runs, markdown, paper_numbers, report_rows
+from pflower.reports.report import find_runs, markdown, paper_numbers, report_rows
 
 PAPER_SETUP = "num_clients: 100\nfraction: 0.1\nmodel:\n  name: lenet5\npartition:\n  name: dirichlet\n"
 
@@ -130,7 +130,7 @@ def test_no_runs_is_a_clear_error(tmp_path):
 
 import struct  # noqa: E402
 
-from pflower.server_app.report import (  # noqa: E402
+from pflower.reports.report import (  # noqa: E402
     ReportError,
     curve_points,
     group_runs,
@@ -636,7 +636,7 @@ def test_felo_runs_compare_the_global_test_set_and_name_their_architecture_set(t
     assert "| final (all clients) | MiB/round |" in markdown(
         [{**rows["felo"], "global test final": "", "global test 2nd half": ""}]
     )
-    from pflower.server_app.report import group_runs, legend_labels
+    from pflower.reports.report import group_runs, legend_labels
 
     (group,) = group_runs(find_runs([tmp_path]))
     assert legend_labels(group) == ["fedhe, resnets_extreme", "felo, resnets_previous"]
@@ -645,7 +645,7 @@ def test_felo_runs_compare_the_global_test_set_and_name_their_architecture_set(t
 def test_the_mechanism_panels_come_from_the_strategies_and_name_real_options():
     """Each method declares its own diagnostics (``diagnostic_panels``); a threshold a panel draws
     is one of that method's options."""
-    from pflower.server_app.report import mechanism_keys, mechanisms
+    from pflower.reports.report import mechanism_keys, mechanisms
     from pflower.strategies import method_options
 
     panels = mechanisms()

@@ -4,8 +4,8 @@ that pflower implements, so `pflower sim -m experiment=<group>` reproduces the w
 import pytest
 import yaml
 
+from pflower.reports.report import paper_tables, setup_differences
 from pflower.server_app.config import compose_config, conf_dir
-from pflower.server_app.report import paper_tables, setup_differences
 from pflower.strategies import STRATEGIES
 
 

@@ -11,10 +11,10 @@ from flwr.app import Context, RecordDict
 from grid_faults import Crash, CrashingGrid
 
 from pflower.client_app.state import ClientState
-from pflower.server_app.inprocess import InProcessGrid
-from pflower.server_app.report import report_rows, resume_notes, wall_text
+from pflower.reports.report import report_rows, resume_notes, wall_text
 from pflower.server_app.results import read_metrics
 from pflower.server_app.runner import run_experiment
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.base.client_directory import ClientStateLost
 
 BASE = ["method=fedper", "rounds=3", "fraction=1.0"]

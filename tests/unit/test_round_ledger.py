@@ -18,7 +18,7 @@ def sent(node: int) -> Message:
 
 
 def test_the_ledger_records_a_batch_names_each_reply_and_resets():
-    from pflower.server_app.inprocess import InProcessGrid
+    from pflower.simulation.inprocess import InProcessGrid
 
     InProcessGrid(0)  # sets the task identity a ServerApp process has when it builds Messages
     ledger = RoundLedger()

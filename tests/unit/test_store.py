@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.base.checkpoint import decode, encode
 from pflower.strategies.base.store import ClientStore
 

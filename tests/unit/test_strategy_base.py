@@ -6,8 +6,8 @@ from flwr.app import Array, ArrayRecord
 
 from pflower.client_app.roles import ROLES, SGDRole
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX
-from pflower.server_app.inprocess import InProcessGrid, personal_state
 from pflower.server_app.runner import build
+from pflower.simulation.inprocess import InProcessGrid, personal_state
 from pflower.strategies import STRATEGIES
 from pflower.strategies.base.strategy import PersonalizedStrategy
 from pflower.strategies.fedavg import FedAvg

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from pflower.cli import main
 from pflower.server_app import superlink
-from pflower.server_app.cli import main
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -135,7 +135,9 @@ def code_tree(dest, change: str | None = None):
     where ``change`` names it."""
     import shutil
 
-    for folder in superlink.CODE_DIRS:
+    from pflower.server_app.provenance import CODE_DIRS
+
+    for folder in CODE_DIRS:
         shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
     if change:

@@ -1,4 +1,4 @@
-"""``pflower sim --together``: the shared training step (server_app.together.SharedTrainer) and the
+"""``pflower sim --together``: the shared training step (simulation.together.SharedTrainer) and the
 command line's refusals. The runs' numbers against each run alone: tests/pinned/test_batched_engine.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from pflower.server_app import together
-from pflower.server_app.cli import main
+from pflower.cli import main
+from pflower.simulation import shared_trainer, together
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def joint_calls(monkeypatch):
         calls.append(list(tasks))
         return [t * 10 for t in tasks]
 
-    monkeypatch.setattr(together, "train_tasks", fake)
+    monkeypatch.setattr(shared_trainer, "train_tasks", fake)
     return calls
 
 
@@ -110,7 +110,7 @@ def test_a_joint_training_that_raises_answers_every_run_with_the_error(monkeypat
     def broken(tasks, say):  # noqa: ANN001, ANN202
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(together, "train_tasks", broken)
+    monkeypatch.setattr(shared_trainer, "train_tasks", broken)
     out = in_threads(together.SharedTrainer(2), {"a": [1, 2], "b": [3]})
     assert sorted(out) == ["a", "b"] and all(isinstance(o, RuntimeError) for outs in out.values() for o in outs)
     assert len(out["a"]) == 2 and len(out["b"]) == 1

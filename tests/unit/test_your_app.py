@@ -12,7 +12,7 @@ from user_code import Digits32, Net, client_digits32
 from pflower.client_app.hooks import ClientHooks
 from pflower.federated_data.datasets import DataHookError
 from pflower.protocol.wire import TaskSpec
-from pflower.server_app.inprocess import InProcessGrid
+from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies import FedCMD, FedPer, client_spec
 
 

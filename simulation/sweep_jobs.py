@@ -50,7 +50,7 @@ def pflower_bin() -> str:
 def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | None = None) -> int:
     """Run each combination as ``pflower sim <overrides>``, ``jobs`` at a time; returns 0 when
     every run succeeded, else the first failing run's exit status (after all have ended)."""
-    from .config import CORES_ENV, default_workers
+    from pflower.server_app.config import CORES_ENV, default_workers
 
     total = len(combos)
     share = max(1, default_workers() // jobs)

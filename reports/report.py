@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from .config import conf_dir
-from .provenance import short_commit
+from pflower.server_app.config import conf_dir
+from pflower.server_app.provenance import short_commit
 
 COLUMNS = (
     "method",

@@ -1,4 +1,4 @@
-"""The ``pflower`` command.
+"""``pflower sim``: simulate runs on this machine.
 
 ``pflower sim key=value ...`` composes conf/ exactly like `flwr run .` does and runs it
 in-process through Flower's simulation engine, one simulated SuperNode per client;
@@ -12,31 +12,10 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config, validate
-from .progress import Sweep, job_label, parse_sweep
+from pflower.server_app.config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config, validate
+from pflower.server_app.progress import Sweep, job_label, parse_sweep
+
 from .simulate import simulate
-
-USAGE = """usage: pflower sim [-m] [key=value ...]
-       pflower report [--out DIR] [--smooth N] RUN_DIR_OR_PARENT...
-                                  (Markdown table of finished runs vs the papers; with --out
-                                   also DIR/report.md and accuracy-vs-round/-MiB plots)
-       pflower leaderboard status|run|write [PROTOCOL ...]
-                                  (every method on the shared protocols of conf/leaderboard.yaml,
-                                   several seeds: run what is missing, write docs/leaderboard.md)
-       pflower claims write|check       (the papers' claims beside the committed runs: docs/claims.md)
-       pflower methods [NAME ...]       (the methods; a method's options: type, default, allowed, doc)
-       pflower run [flwr run options]   (`flwr run . --stream` through this checkout's own local
-                                   SuperLink; exits with the run's status)
-       pflower superlink status|stop [--all]
-                                  (the local SuperLink `flwr run .` uses from this shell:
-                                   its ports and working directory; stop only that one)
-
-  pflower sim method=fedavg dataset=fmnist alpha=0.1 rounds=50
-  pflower sim -m method=fedavg,fedper,local          (one run per value: a sweep)
-  pflower sim -m seed=1,2,3,4 --jobs 2                (a sweep, two runs at a time)
-  pflower sim experiment=smoke                        (a conf/experiment/ file)
-  pflower sim resume=outputs/<date>/<run> rounds=60   (continue a run after its last checkpoint)
-Keys: see conf/config.yaml; groups: method, dataset, model, partition, experiment."""
 
 
 def split_sweep(value: str) -> list[str]:
@@ -68,9 +47,9 @@ def precheck(argv: list[str]) -> DictConfig | None:
     combination is composed, validated and its strategy built (as a single run is before it
     starts), and the data partition made once per distinct data set-up, so a sweep that would stop
     halfway is refused before its first run, with every bad combination listed."""
-    from .config import compose_config, data_spec_dict
-    from .failures import USER_ERRORS
-    from .runner import check_data, check_strategy
+    from pflower.server_app.config import compose_config, data_spec_dict
+    from pflower.server_app.failures import USER_ERRORS
+    from pflower.server_app.runner import check_data, check_strategy
 
     sweep = "-m" in argv or "--multirun" in argv
     if not sweep and plain_single_run(argv):
@@ -142,18 +121,17 @@ def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
     return sweep
 
 
-def _sim_main(argv: list[str]) -> int:
+def sim_main(argv: list[str]) -> int:
     import hydra
 
     from pflower.protocol.logs import quiet_flower_logs
-
-    from .config import sim_help
+    from pflower.server_app.config import sim_help
 
     if "--help" in argv or "-h" in argv:  # not hydra's generic page
         print(sim_help())
         return 0
     quiet_flower_logs()
-    from .failures import USER_ERRORS
+    from pflower.server_app.failures import USER_ERRORS
 
     sweeps: list[Sweep] = []
 
@@ -227,9 +205,10 @@ def _sim_main(argv: list[str]) -> int:
 
 def _together_main(argv: list[str], jobs: int) -> int:
     """``pflower sim -m ... backend=batched --together``: the sweep's runs in this process, each
-    round's training of all of them as one computation (:mod:`server_app.together`)."""
-    from .config import compose_config
-    from .failures import USER_ERRORS
+    round's training of all of them as one computation (:mod:`simulation.together`)."""
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.failures import USER_ERRORS
+
     from .together import run_together
 
     try:
@@ -255,43 +234,3 @@ def _together_main(argv: list[str], jobs: int) -> int:
     for label, exc in failed:
         print(f"pflower: the run {label} failed: {exc}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "sim":
-        return _sim_main(rest)
-    if command == "superlink":
-        from .superlink import main as superlink_main
-
-        return superlink_main(rest)
-    if command == "run":
-        from .superlink import run_main
-
-        return run_main(rest)
-    if command == "report":
-        from .report import main as report_main
-
-        return report_main(rest)
-    if command == "methods":
-        from .methods_cli import main as methods_main
-
-        return methods_main(rest)
-    if command == "leaderboard":
-        from .leaderboard import main as leaderboard_main
-
-        return leaderboard_main(rest)
-    if command == "claims":
-        from .claims import main as claims_main
-
-        return claims_main(rest)
-    print(f"pflower: unknown command {command!r}\n{USAGE}", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

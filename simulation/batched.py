@@ -35,7 +35,7 @@ from pflower.client_app.runtime import TrainTask, finish_train, record_before, s
 from .inprocess import InProcessGrid, _threads, error_reply, handle_safely
 
 if TYPE_CHECKING:
-    from .together import SharedTrainer
+    from .shared_trainer import SharedTrainer
 
 
 class BatchedGrid(InProcessGrid):
@@ -54,7 +54,7 @@ class BatchedGrid(InProcessGrid):
         threads for everything this process computes (None: unchanged); ``batch_eval``: evaluate
         a chunk's models as one computation too (None: on CUDA only; on a CPU one at a time is
         faster, measured in docs/benchmarks.md section 5); ``trainer``: the training step this
-        run shares with others (``pflower sim --together``, :mod:`server_app.together`)."""
+        run shares with others (``pflower sim --together``, :mod:`simulation.together`)."""
         if isinstance(batch_clients, bool) or not isinstance(batch_clients, int) or batch_clients < 1:
             raise ValueError(f"batch_clients must be a positive whole number, got {batch_clients!r}")
         super().__init__(num_nodes, record=record, client_threads=threads)

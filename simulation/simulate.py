@@ -10,8 +10,8 @@ from typing import Any
 from flwr.common import log
 from omegaconf import DictConfig
 
-from .config import ConfigError
-from .progress import Sweep
+from pflower.server_app.config import ConfigError
+from pflower.server_app.progress import Sweep
 
 
 def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     sim``'s sweep path). ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress
     lines).
     """
-    from .runner import prepare_run
+    from pflower.server_app.runner import prepare_run
 
     in_process = cfg.get("backend", "ray") in ("serial", "parallel", "batched")
     backend = None if in_process else ray_backend_config(cfg)
@@ -36,13 +36,13 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
 
 
 def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict[str, Any] | None) -> dict[str, Any]:
-    from .runner import run_experiment
+    from pflower.server_app.runner import run_experiment
 
     if cfg.get("backend", "ray") in ("serial", "parallel", "batched"):  # no Ray
         from pflower.client_app.batched import role_has_plans
+        from pflower.server_app.config import resolve_workers
 
         from .batched import BatchedGrid
-        from .config import resolve_workers
         from .inprocess import InProcessGrid
         from .parallel import ParallelGrid
 
@@ -79,8 +79,7 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
     from flwr.simulation import run_simulation  # imports Ray: only on this engine
 
     from pflower.client_app.app import app as client_app
-
-    from .failures import USER_ERRORS
+    from pflower.server_app.failures import USER_ERRORS
 
     out: dict[str, Any] = {}
     refused: list[Exception] = []

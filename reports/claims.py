@@ -53,8 +53,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pflower.server_app.config import ConfigError, conf_dir
+
 from . import claim_rules as rules
-from .config import ConfigError, conf_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = Path("docs/claims.md")
@@ -511,7 +512,7 @@ def load_claims(path: Path | None = None) -> dict[str, Any]:
 def setup_line(experiment: str) -> str:
     """What an experiment file runs, read from its composed config (never typed): rounds, clients,
     the share a round, the data and its fraction, the split, the model."""
-    from .config import compose_config
+    from pflower.server_app.config import compose_config
 
     cfg = compose_config([f"experiment={experiment}"])
     data = str(cfg.dataset.name).upper() if cfg.dataset.name in ("fmnist", "mnist") else str(cfg.dataset.name)

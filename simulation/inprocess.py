@@ -136,7 +136,7 @@ class InProcessGrid(Grid):
 
     def handle_all(self, tasks: list[tuple[Message, int]]) -> list[Message]:
         """The replies to ``(message, node)`` tasks, in order: here one after the other in this
-        process (``server_app.parallel`` overrides this to spread them over worker processes)."""
+        process (``simulation.parallel`` overrides this to spread them over worker processes)."""
         return [handle_safely(msg, self.contexts[node], self.client_threads) for msg, node in tasks]
 
     def close(self) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .config import ConfigError, conf_dir
+from pflower.server_app.config import ConfigError, conf_dir
+
 from .paired import paired_difference
 
 PLAN_FILE = "leaderboard.yaml"
@@ -147,8 +148,8 @@ def plan_jobs(
 def check_jobs(jobs: Sequence[Job]) -> None:
     """Every job that still has to run composes, validates and builds its strategy: refuse them all at once
     otherwise."""
-    from .config import compose_config
-    from .runner import check_strategy
+    from pflower.server_app.config import compose_config
+    from pflower.server_app.runner import check_strategy
 
     problems = []
     for job in jobs:
@@ -166,8 +167,8 @@ def check_jobs(jobs: Sequence[Job]) -> None:
 
 def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]]:
     """Run what is not done, one after another (each run in this process, its protocol's engine)."""
-    from .config import compose_config
-    from .simulate import simulate
+    from pflower.server_app.config import compose_config
+    from pflower.simulation.simulate import simulate
 
     check_jobs(jobs)
     done = []
@@ -675,7 +676,7 @@ def fill_method_pages(methods: Path, embeds: dict[str, str]) -> list[Path]:
 
 
 def _commit(run: Path) -> str | None:
-    from .provenance import short_commit
+    from pflower.server_app.provenance import short_commit
 
     return short_commit(run)
 

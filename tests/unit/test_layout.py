@@ -1,0 +1,146 @@
+"""The house's shape, checked from the source: which part may import which, no import circle
+(lazy imports inside functions and ``TYPE_CHECKING`` blocks count too: a tool reading the code
+sees them), and the ServerApp's folder kept to what the ServerApp does."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pflower import PARTS
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pflower", *PARTS)
+#: part -> the parts it must never import (docs/architecture.md, "Parts")
+FORBIDDEN = {
+    "server_app": {"simulation", "reports"},
+    "client_app": {"server_app", "simulation", "reports", "strategies"},
+    "strategies": {"server_app", "simulation", "reports", "client_app"},
+    "protocol": {"server_app", "simulation", "reports", "client_app", "strategies"},
+    "models": {"server_app", "simulation", "reports", "client_app", "strategies"},
+    "federated_data": {"server_app", "simulation", "reports", "client_app", "strategies"},
+    "simulation": {"reports"},
+}
+
+
+def module_name(path: Path) -> str:
+    """``server_app/runner.py`` -> ``server_app.runner`` (``pflower/cli.py`` -> ``pflower.cli``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _strip(name: str) -> str:
+    """``pflower.server_app.runner`` -> ``server_app.runner``: the parts are pflower's subpackages."""
+    return name.removeprefix("pflower.") if name.startswith("pflower.") and name != "pflower.cli" else name
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The pflower modules ``path`` imports anywhere in its body, as names of :func:`module_name`."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                stem = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                stem = node.module or ""
+            # ``from pkg import sub`` imports the module pkg.sub; ``from pkg import name``, pkg itself
+            names = [f"{stem}.{a.name}" if _strip(f"{stem}.{a.name}") in modules else stem for a in node.names]
+        else:
+            continue
+        for name in names:
+            name = _strip(name)
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module_name(path):
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    modules = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p, modules) for p in files}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_finder_sees_a_circle_and_lazy_imports(tmp_path):
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    graph = import_graph()
+    assert "simulation.shared_trainer" in graph["simulation.batched"]  # a TYPE_CHECKING import is an edge
+    assert "simulation.cli" in graph["pflower.cli"]  # so is one inside a function
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_a_part_imports_only_the_parts_below_it(part):
+    graph = import_graph()
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == part
+        for target in targets
+        if target.split(".")[0] in FORBIDDEN[part]
+    )
+    assert wrong == []
+
+
+def test_simulation_is_the_one_part_that_imports_both_sides():
+    graph = import_graph()
+    both = {
+        module.split(".")[0]
+        for module, targets in graph.items()
+        if {t.split(".")[0] for t in targets} >= {"server_app", "client_app"}
+    }
+    assert both <= {"simulation", "pflower"}, both
+
+
+def test_the_server_app_folder_holds_what_the_server_app_does():
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "server_app").glob("*.py"))
+    assert lines < 2500, f"server_app/ has {lines} lines: engines belong in simulation/, reports in reports/"

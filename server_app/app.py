@@ -35,14 +35,15 @@ def main(grid: Grid, context: Context) -> None:
         if Path(sys.argv[0]).name == "flwr-simulation":  # a local SuperLink's run: is it this checkout's?
             check_superlink_checkout(APP_DIR, Path.cwd())
         cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
-        prepared = prepare_run(cfg)  # the strategy built once; a bad option is one line, no run directory
-        if not Path(str(cfg.output_dir)).expanduser().is_absolute():
+        prepared = prepare_run(cfg)  # resolved once into a plan, the strategy built once; a bad option: one line
+        output_dir = prepared.plan.run.output_dir
+        if not Path(output_dir).expanduser().is_absolute():
             # the ServerApp runs in the SuperLink's working directory, not the one `flwr run` ran in
             log(
                 INFO,
                 "pflower: output_dir=%s is relative to the SuperLink's working directory %s "
                 "(`pflower superlink status`); to write elsewhere pass output_dir='<absolute path>'",
-                cfg.output_dir,
+                output_dir,
                 Path.cwd(),
             )
         run_experiment(grid, prepared)

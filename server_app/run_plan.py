@@ -1,9 +1,11 @@
 """A run's config resolved once into the typed pieces the runner's steps read.
 
-The composed config (a hydra ``DictConfig``) is resolved here a single time per run: the data
-specification every client is sent and the server partitions, the architectures and who runs
-which, and the method's options. The runner passes this object from step to step instead of
-re-deriving each piece from the raw config.
+The composed config (a hydra ``DictConfig``) is resolved here a single time per run: the run's
+own settings (rounds, clients, timeouts, output), the engine's, the data specification every
+client is sent and the server partitions, the architectures and who runs which, and the method's
+options. The runner passes this object from step to step, and the engines and the ServerApp take
+it; below the runner nothing reads the ``DictConfig`` (it stays in the plan for the run's record,
+``config.yaml``, and for the resume check that compares it with the saved one).
 """
 
 from __future__ import annotations
@@ -15,12 +17,96 @@ from omegaconf import DictConfig
 
 from pflower.federated_data import DataSpec
 
-from .config import MIXED, data_spec_dict, method_args, model_archs, model_entries, model_spec
+from .config import MIXED, client_spec, data_spec_dict, method_args, model_archs, model_entries, model_spec
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The run's own keys (conf/config.yaml's top level), typed."""
+
+    num_clients: int
+    rounds: int
+    fraction: float
+    min_clients: int
+    min_replies: int
+    seed: int
+    final_eval: bool
+    round_timeout: float  # seconds a round waits for its replies
+    checkpoint_every: int  # 0: no checkpoints
+    headline_window: int  # rounds averaged into the headline accuracy
+    progress: bool
+    output_dir: str
+    resume: str | None
+    resume_force: bool
+    client_state_dir: str | None
+    dataset: str  # names, for the run's record
+    model: str
+    partition: str
+    alpha: Any  # the partition's alpha as configured (None where it has none)
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunSettings:
+        return cls(
+            num_clients=int(cfg.num_clients),
+            rounds=int(cfg.rounds),
+            fraction=float(cfg.fraction),
+            min_clients=int(cfg.min_clients),
+            min_replies=int(cfg.min_replies),
+            seed=int(cfg.seed),
+            final_eval=bool(cfg.final_eval),
+            round_timeout=float(cfg.round_timeout),
+            checkpoint_every=int(cfg.get("checkpoint_every", 1)),
+            headline_window=int(cfg.headline_window),
+            progress=bool(cfg.get("progress", True)),
+            output_dir=str(cfg.output_dir),
+            resume=str(cfg.resume) if cfg.get("resume") else None,
+            resume_force=bool(cfg.get("resume_force", False)),
+            client_state_dir=None if cfg.get("client_state_dir") is None else str(cfg.client_state_dir),
+            dataset=str(cfg.dataset.name),
+            model=str(cfg.model.name),
+            partition=str(cfg.partition.name),
+            alpha=cfg.partition.get("alpha"),
+        )
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How ``pflower sim`` runs the clients (``backend`` and its keys); the ServerApp of a real
+    federation ignores them."""
+
+    backend: str  # ray | serial | parallel | batched
+    workers: Any  # "auto" or a count (server_app.config.resolve_workers)
+    batch_clients: int
+    device: str
+    ray_client_cpus: float
+    ray_client_gpus: Any  # "auto" or a share
+    ray_address: str | None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> EngineSettings:
+        ray = cfg.get("ray") or {}
+        address = ray.get("address")
+        return cls(
+            backend=str(cfg.get("backend", "ray")),
+            workers=cfg.get("workers", "auto"),
+            batch_clients=int(cfg.get("batch_clients", 64)),
+            device=str(cfg.get("device", "auto")),
+            ray_client_cpus=float(ray.get("client_cpus", 1)),
+            ray_client_gpus=ray.get("client_gpus", "auto"),
+            ray_address=str(address) if address else None,
+        )
+
+    @property
+    def in_process(self) -> bool:
+        """Every client in this process or its forked workers (no Ray)."""
+        return self.backend in ("serial", "parallel", "batched")
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    cfg: DictConfig  # the composed config, for the keys read once (rounds, timeouts, output)
+    cfg: DictConfig  # the composed config: the run's record (config.yaml) and the resume check
+    run: RunSettings
+    engine: EngineSettings
     data_fields: dict[str, Any]  # the DataSpec fields as every client receives them
     data: DataSpec
     archs: dict[str, dict[str, Any]]  # architecture name -> model spec (one for a homogeneous run)
@@ -38,6 +124,8 @@ class RunPlan:
         archs, assign = model_archs(cfg)
         return cls(
             cfg=cfg,
+            run=RunSettings.of(cfg),
+            engine=EngineSettings.of(cfg),
             data_fields=fields,
             data=DataSpec.from_dict(fields),
             archs=archs,
@@ -50,3 +138,14 @@ class RunPlan:
     def model_entries(self) -> dict[str, Any]:
         """The client spec's model keys (:func:`server_app.config.model_entries`, from the resolved architectures)."""
         return model_entries(self.cfg, (self.archs, self.assign))
+
+    def client_spec(self, run_token: str, client_state_dir: str | None, server_store_dir: str | None) -> dict[str, Any]:
+        """Everything a client is sent (:func:`server_app.config.client_spec`) from the resolved pieces."""
+        return client_spec(
+            self.cfg,
+            run_token,
+            client_state_dir,
+            server_store_dir,
+            data=self.data_fields,
+            models=self.model_entries(),
+        )

@@ -26,7 +26,7 @@ from pflower.strategies.base.checkpoint import Checkpoint, CheckpointError, enco
 from pflower.strategies.base.evaluation import summarize
 from pflower.strategies.base.round_log import format_value
 
-from .config import ConfigError, client_spec, config_diff, load_saved_config
+from .config import ConfigError, config_diff, load_saved_config
 from .failures import discard_unstarted_run
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
@@ -42,9 +42,8 @@ def check_data(cfg: DictConfig | RunPlan) -> list[int]:
         raise ConfigError(str(exc)) from exc
 
 
-def client_state_dir(cfg: DictConfig, run_dir: Path | None) -> str | None:
+def client_state_dir(value: str | None, run_dir: Path | None) -> str | None:
     """``client_state_dir=auto``: ``<run dir>/client_state`` (so a resumed simulation finds it)."""
-    value = cfg.get("client_state_dir")
     if value in (None, "", "null"):
         return None
     if value == "auto":
@@ -57,7 +56,7 @@ def client_state_dir(cfg: DictConfig, run_dir: Path | None) -> str | None:
 def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet]:
     """The run's initial model (seeded), or one per architecture of a mixed federation."""
     plan = RunPlan.of(cfg)
-    info, seed = plan.data.info, int(plan.cfg.seed)
+    info, seed = plan.data.info, plan.run.seed
     models = {
         arch: build_model(
             spec["name"], info.in_shape, info.num_classes, seed=seed, **{k: v for k, v in spec.items() if k != "name"}
@@ -69,28 +68,25 @@ def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet
 
 def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
     plan = RunPlan.of(cfg)
-    cfg = plan.cfg
-    spec = client_spec(
-        cfg,
+    run = plan.run
+    spec = plan.client_spec(
         run_token,
-        client_state_dir(cfg, run_dir),
+        client_state_dir(run.client_state_dir, run_dir),
         None if run_dir is None else str(run_dir / "server_store"),
-        data=plan.data_fields,
-        models=plan.model_entries(),
     )
     strategy = build_strategy(
         plan.method,
         build_models(plan),
         spec,
         method_args=plan.options,
-        num_clients=int(cfg.num_clients),
-        fraction=float(cfg.fraction),
-        min_clients=int(cfg.min_clients),
-        min_replies=int(cfg.min_replies),
-        seed=int(cfg.seed),
-        final_eval=bool(cfg.final_eval),
+        num_clients=run.num_clients,
+        fraction=run.fraction,
+        min_clients=run.min_clients,
+        min_replies=run.min_replies,
+        seed=run.seed,
+        final_eval=run.final_eval,
     )
-    strategy.resume_force = bool(cfg.get("resume_force", False))
+    strategy.resume_force = run.resume_force
     if strategy.needs_public_data:
         strategy.attach_public(public_images(plan))
     elif plan.data.public != "none":
@@ -152,13 +148,12 @@ def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> Prep
     directory and build its strategy: a method option that cannot work (FedCMD's ``kp >= rounds``...)
     is one line (ConfigError) and leaves no run directory behind."""
     plan = RunPlan.of(cfg)  # the config resolved once; every step below reads it
-    cfg = plan.cfg
-    checkpoint = resumable(cfg) if cfg.get("resume") else None
+    checkpoint = resumable(plan.cfg) if plan.run.resume else None
     if check_partition:
         check_data(plan)
-    made_root = not Path(str(cfg.output_dir)).expanduser().exists()
+    made_root = not Path(plan.run.output_dir).expanduser().exists()
     if checkpoint is None:
-        run_dir = make_run_dir(cfg.output_dir, cfg.method.name, cfg.dataset.name)
+        run_dir = make_run_dir(plan.run.output_dir, plan.method, plan.run.dataset)
         run_token = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
     else:
         run_dir, run_token = checkpoint.path.parent, checkpoint.run_token
@@ -191,19 +186,19 @@ def run_experiment(
 
 def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str, Any]:
     plan, run_dir, checkpoint, strategy = prepared.plan, prepared.run_dir, prepared.checkpoint, prepared.strategy
-    cfg = plan.cfg
+    run = plan.run
     writer = RunWriter(run_dir)
     origin = data_origin(plan.data)
     if origin:
         log(
             INFO,
             "pflower data: %s read from %s (sha256 %s)",
-            cfg.dataset.name,
+            run.dataset,
             origin["data_dir"],
             origin["data_sha256"][:16],
         )
     if checkpoint is None:
-        writer.write_config(cfg)
+        writer.write_config(plan.cfg)
         write_provenance(run_dir, grid, data=origin)
         log(INFO, "pflower run directory: %s", run_dir)  # absolute: see also the summary's run_dir
     else:
@@ -212,31 +207,31 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
         except ValueError as exc:
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
         writer.rounds = restore_metrics(run_dir, strategy.history)
-        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))  # the new rounds, if raised
+        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(plan.cfg))  # the new rounds, if raised
         write_provenance(run_dir, grid, resumed_after_round=checkpoint.round, data=origin)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
-    every = int(cfg.get("checkpoint_every", 1))
+    every = run.checkpoint_every
     if every > 0:
         encode(strategy.state_dict(), {})  # an attribute that cannot be checkpointed fails now, not after round 1
     first_round = checkpoint.round + 1 if checkpoint is not None else 1
-    progress = RunProgress(int(cfg.rounds), first_round, sweep) if cfg.get("progress", True) else None
+    progress = RunProgress(run.rounds, first_round, sweep) if run.progress else None
 
     def on_round(record: dict[str, Any]) -> None:
         writer.append_round(record)  # metrics first: a checkpoint never runs ahead of metrics.jsonl
-        if every > 0 and (record["round"] % every == 0 or record["round"] == int(cfg.rounds)):
+        if every > 0 and (record["round"] % every == 0 or record["round"] == run.rounds):
             save_checkpoint(run_dir, strategy.state_dict())
         if progress is not None:
             log(INFO, "%s", progress.line(int(record["round"]), record.get("round_time_s")))
 
     t0 = time.perf_counter()
-    strategy.start(grid, num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout), on_round=on_round)
+    strategy.start(grid, num_rounds=run.rounds, timeout=run.round_timeout, on_round=on_round)
     summary: dict[str, Any] = {
-        "method": cfg.method.name,
-        "dataset": cfg.dataset.name,
+        "method": plan.method,
+        "dataset": run.dataset,
         **data_record(plan, strategy),
-        "model": cfg.model.name,
-        "num_clients": int(cfg.num_clients),
-        **summarize(writer.rounds, int(cfg.headline_window)),
+        "model": run.model,
+        "num_clients": run.num_clients,
+        **summarize(writer.rounds, run.headline_window),
         **{k: v for k, v in strategy.final_metrics.items() if k != "dropped"},
         **strategy_summary(strategy),
         # every segment of a resumed run (rounds a crash lost after their checkpoint not counted)
@@ -248,7 +243,7 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
     if artifacts:
         summary["artifacts"] = [str(Path(a).name) for a in artifacts]
     writer.write_summary(summary)
-    writer.plot(f"{cfg.method.name} on {cfg.dataset.name}")
+    writer.plot(f"{plan.method} on {run.dataset}")
     for line in summary_table(summary).splitlines():
         log(INFO, "%s", line)
     return summary
@@ -263,8 +258,8 @@ def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> di
     plan = RunPlan.of(cfg)
     if not plan.data.info.node_local:
         return {
-            "partition": plan.cfg.partition.name,
-            "alpha": plan.cfg.partition.get("alpha"),
+            "partition": plan.run.partition,
+            "alpha": plan.run.alpha,
             **data_origin(plan.data),
         }
     origins = {cid: info.origin for cid, info in sorted(strategy.clients.items())}

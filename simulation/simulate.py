@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import warnings
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.common import log
 from omegaconf import DictConfig
 
 from pflower.server_app.config import ConfigError
 from pflower.server_app.progress import Sweep
+from pflower.server_app.run_plan import EngineSettings
+
+if TYPE_CHECKING:
+    from pflower.server_app.runner import PreparedRun
 
 
 def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
@@ -24,21 +28,19 @@ def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
     """
     from pflower.server_app.runner import prepare_run
 
-    in_process = cfg.get("backend", "ray") in ("serial", "parallel", "batched")
-    backend = None if in_process else ray_backend_config(cfg)
     prepared = prepare_run(cfg)  # the strategy built once, a bad option refused before an engine starts
-    cfg = prepared.plan.cfg
     try:
-        return _simulate(prepared, cfg, sweep, backend)
+        return _simulate(prepared, sweep)
     except BaseException:
         prepared.discard(before_start=True)  # an engine that failed before the run began leaves nothing
         raise
 
 
-def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict[str, Any] | None) -> dict[str, Any]:
+def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
     from pflower.server_app.runner import run_experiment
 
-    if cfg.get("backend", "ray") in ("serial", "parallel", "batched"):  # no Ray
+    engine, num_clients = prepared.plan.engine, prepared.plan.run.num_clients
+    if engine.in_process:  # no Ray
         from pflower.client_app.batched import role_has_plans
         from pflower.server_app.config import resolve_workers
 
@@ -50,14 +52,13 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
         # order) or in worker processes forked from it (parallel): each node keeps its Context
         # across rounds as a SuperNode does, each client runs on one torch thread as a Ray actor
         # with client-resources num_cpus=1 does: the same numbers on every engine
-        if cfg.backend == "serial":
-            grid = InProcessGrid(int(cfg.num_clients), record=False, client_threads=1)
-        elif cfg.backend == "batched" and role_has_plans(prepared.strategy.role):
+        if engine.backend == "serial":
+            grid = InProcessGrid(num_clients, record=False, client_threads=1)
+        elif engine.backend == "batched" and role_has_plans(prepared.strategy.role):
             # one process, a round's clients as grouped computations
-            threads = resolve_workers(cfg.get("workers", "auto"))
-            grid = BatchedGrid(int(cfg.num_clients), int(cfg.get("batch_clients", 64)), threads=threads)
+            grid = BatchedGrid(num_clients, engine.batch_clients, threads=resolve_workers(engine.workers))
         else:
-            if cfg.backend == "batched":  # every client would train alone: the parallel engine does that faster
+            if engine.backend == "batched":  # every client would train alone: the parallel engine does that faster
                 log(
                     INFO,
                     "batched engine: client role %s has no FitPlan, so its clients train one at a time; "
@@ -66,10 +67,8 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
                 )
             from pflower.client_app.runtime import computes_on_cuda
 
-            on_cuda = computes_on_cuda(str(cfg.get("device", "auto")))
-            grid = ParallelGrid(
-                int(cfg.num_clients), resolve_workers(cfg.get("workers", "auto"), on_cuda), client_threads=1
-            )
+            on_cuda = computes_on_cuda(engine.device)
+            grid = ParallelGrid(num_clients, resolve_workers(engine.workers, on_cuda), client_threads=1)
         try:
             return run_experiment(grid, prepared, sweep=sweep)
         finally:
@@ -81,6 +80,7 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
     from pflower.client_app.app import app as client_app
     from pflower.server_app.failures import USER_ERRORS
 
+    backend = ray_backend_config(engine)
     out: dict[str, Any] = {}
     refused: list[Exception] = []
     server_app = ServerApp()
@@ -96,9 +96,7 @@ def _simulate(prepared: Any, cfg: DictConfig, sweep: Sweep | None, backend: dict
     # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    run_simulation(
-        server_app=server_app, client_app=client_app, num_supernodes=int(cfg.num_clients), backend_config=backend
-    )
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_clients, backend_config=backend)
     if refused:
         raise refused[0]
     if not out:
@@ -115,20 +113,18 @@ def _gpu_share() -> float:
         return 0.0
 
 
-def ray_backend_config(cfg: DictConfig) -> dict[str, Any]:
+def ray_backend_config(engine: EngineSettings) -> dict[str, Any]:
     """Flower's Ray backend settings from the ``ray`` keys: per-ClientApp resources, and with
     ``ray.address`` the running cluster to join (checked first: a bad address fails in seconds
     with one line, not after Ray's minute of retries)."""
-    ray_cfg = cfg.get("ray") or {}
-    gpus = ray_cfg.get("client_gpus", "auto")
+    gpus = engine.ray_client_gpus
     resources = {
-        "num_cpus": float(ray_cfg.get("client_cpus", 1)),
+        "num_cpus": engine.ray_client_cpus,
         "num_gpus": _gpu_share() if gpus == "auto" else float(gpus),
     }
     init_args: dict[str, Any] = {"log_to_driver": True}
-    address = ray_cfg.get("address")
-    if address:
-        init_args["address"] = check_ray_address(str(address))
+    if engine.ray_address:
+        init_args["address"] = check_ray_address(engine.ray_address)
     return {"client_resources": resources, "init_args": init_args}
 
 

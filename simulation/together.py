@@ -66,11 +66,11 @@ def run_together(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None
     out: list[dict[str, Any] | Exception] = [RuntimeError("did not run")] * len(prepared)
 
     def one(k: int) -> None:
-        cfg = prepared[k].plan.cfg
-        threads = resolve_workers(cfg.get("workers", "auto"))
+        plan = prepared[k].plan
+        threads = resolve_workers(plan.engine.workers)
         with trainer.lock:
             try:
-                grid = BatchedGrid(int(cfg.num_clients), int(cfg.get("batch_clients", 64)), threads, trainer=trainer)
+                grid = BatchedGrid(plan.run.num_clients, plan.engine.batch_clients, threads, trainer=trainer)
                 try:
                     out[k] = run_experiment(grid, prepared[k])
                 finally:

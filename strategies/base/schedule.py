@@ -42,18 +42,18 @@ class LRSchedule:
             raise ValueError("lr_schedule: fractional milestones need the run's rounds")
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any] | None) -> LRSchedule:
-        if not cfg:
+    def from_config(cls, values: Mapping[str, Any] | None) -> LRSchedule:
+        if not values:
             return cls()
         known = {"kind", "milestones", "gamma", "rounds"}
-        unknown = sorted(set(cfg) - known)
+        unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"lr_schedule has no key(s) {unknown}; its keys: {sorted(known)}")
         return cls(
-            kind=str(cfg.get("kind", "constant")),
-            milestones=tuple(float(m) for m in (cfg.get("milestones") or ())),
-            gamma=float(cfg.get("gamma", 0.1)),
-            rounds=int(cfg["rounds"]) if cfg.get("rounds") else None,
+            kind=str(values.get("kind", "constant")),
+            milestones=tuple(float(m) for m in (values.get("milestones") or ())),
+            gamma=float(values.get("gamma", 0.1)),
+            rounds=int(values["rounds"]) if values.get("rounds") else None,
         )
 
     def milestone_rounds(self) -> list[int]:

@@ -144,3 +144,49 @@ def test_simulation_is_the_one_part_that_imports_both_sides():
 def test_the_server_app_folder_holds_what_the_server_app_does():
     lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "server_app").glob("*.py"))
     assert lines < 2500, f"server_app/ has {lines} lines: engines belong in simulation/, reports in reports/"
+
+
+#: modules below the runner: they take the resolved plan (server_app/run_plan.py), never the config
+BELOW_THE_RUNNER = (
+    "server_app/app.py",
+    "simulation/inprocess.py",
+    "simulation/parallel.py",
+    "simulation/batched.py",
+    "simulation/shared_trainer.py",
+)
+
+
+def _reads_a_config(path: Path) -> list[str]:
+    """Where ``path`` reads a composed config: an omegaconf import, or a key of a name ``cfg``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if any(n and n.split(".")[0] == "omegaconf" for n in names):
+                found.append(f"{path.name}:{node.lineno} imports omegaconf")
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            if isinstance(node.value, ast.Name) and node.value.id == "cfg":
+                found.append(f"{path.name}:{node.lineno} reads cfg")
+    return found
+
+
+@pytest.mark.parametrize(
+    "place", [*BELOW_THE_RUNNER, "strategies", "client_app", "models", "protocol", "federated_data"]
+)
+def test_below_the_runner_nothing_reads_the_composed_config(place):
+    target = ROOT / place
+    files = [target] if target.is_file() else sorted(target.rglob("*.py"))
+    assert [hit for f in files for hit in _reads_a_config(f)] == []
+
+
+def test_the_plan_is_frozen_and_the_engines_take_it():
+    import dataclasses
+
+    from pflower.server_app.run_plan import EngineSettings, RunPlan, RunSettings
+
+    for cls in (RunPlan, RunSettings, EngineSettings):
+        assert cls.__dataclass_params__.frozen, cls
+    simulate = ast.parse((ROOT / "simulation" / "simulate.py").read_text())
+    engine_fn = next(n for n in ast.walk(simulate) if isinstance(n, ast.FunctionDef) and n.name == "_simulate")
+    assert [a.arg for a in engine_fn.args.args] == ["prepared", "sweep"]  # the prepared run and its plan, no cfg
+    assert {f.name for f in dataclasses.fields(RunPlan)} >= {"run", "engine", "data", "archs", "options"}

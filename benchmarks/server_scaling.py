@@ -69,6 +69,16 @@ RESULT = "benchmarks/results/server_scaling.md"
 Prepare = Callable[[Any, list[Any], int], None]
 
 
+def server_only_spec() -> dict:
+    """A client spec for a server measured alone: training settings, no data spec (FedMD reads
+    its transfer set from a data spec when one is given)."""
+    from pflower.strategies import client_spec
+
+    spec = client_spec()
+    del spec["data"]
+    return spec
+
+
 def nothing(strategy: Any, updates: list[Any], rnd: int) -> None:
     """FedAvg-like methods: no state but the global model."""
 
@@ -286,7 +296,9 @@ def build(name: str, model: Any, n: int) -> Any:
     from pflower.strategies.base.client_directory import ClientInfo
 
     c = CASES[name]
-    strategy = build_strategy(c.method, model, {}, num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options))
+    strategy = build_strategy(
+        c.method, model, server_only_spec(), num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options)
+    )
     # every client as if discovered (node 1000 + i, 50 training and 20 test samples): a method whose
     # uploads are sized by the client's data (FedGKT's features) declares them from this
     strategy.clients.update({i: ClientInfo(1000 + i, 50, 20) for i in range(n)})
@@ -484,7 +496,7 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
     logging.getLogger("flwr").setLevel(logging.WARNING)
     threadpool_limits(1)
     model = build_model("vgg11", (3, 32, 32), 10, seed=0, **STORE_MODELS[model_name])
-    spec = {"server_store": {"mode": mode, "dir": directory}}
+    spec = {**server_only_spec(), "server_store": {"mode": mode, "dir": directory}}
     strategy = build_strategy(
         "fedcpmd", model, spec, num_clients=clients, fraction=participants / clients, seed=0, method_args={"kp": 60}
     )

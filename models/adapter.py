@@ -19,6 +19,7 @@ group's output, and names what to change where not.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,48 @@ from .layered import LayeredNet
 
 class ModelAdaptError(ValueError):
     """A module pflower cannot split into layer groups; the message names the module and the fix."""
+
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+
+
+#: modules that turn logits into probabilities: pflower's clients train with cross-entropy on the
+#: model's output, so it must be the logits (a softmax after the last layer is a different loss)
+OUTPUT_TRANSFORMS = (nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Sigmoid)
+
+
+def reseeded(module: nn.Module, seed: int) -> nn.Module:
+    """A copy of ``module`` with every layer re-initialized from ``seed`` (each submodule's own
+    ``reset_parameters``, in module order): the server's initial weights of a user's model, the
+    same in every run with that seed. The caller's module and torch's global generator are left
+    as they were; a layer without ``reset_parameters`` keeps the values it has."""
+    copied = copy.deepcopy(module)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for sub in copied.modules():
+            reset = getattr(sub, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    return copied
+
+
+def check_logits(net: nn.Module) -> None:
+    """Refuse a user's module whose top-level children, after its last layer group, include a
+    softmax-like module: its output would not be the logits pflower's cross-entropy expects."""
+    if not isinstance(net, AdaptedNet):
+        return
+    last_member = net.group_members[net.group_names[-1]][-1].split(".")[0]
+    names = [name for name, _ in net.wrapped.named_children()]
+    if last_member not in names:
+        return
+    after = [(n, m) for n, m in list(net.wrapped.named_children())[names.index(last_member) + 1 :]]
+    for name, child in after:
+        if isinstance(child, OUTPUT_TRANSFORMS):
+            raise ModelAdaptError(
+                f"{type(net.wrapped).__name__}.{name} ({type(child).__name__}) comes after the last layer group "
+                f"{net.group_names[-1]!r}: pflower's clients train with cross-entropy on the model's output, which "
+                f"must be the logits; remove {type(child).__name__} from the model (cross-entropy on logits equals "
+                "NLLLoss on log-probabilities)"
+            )
 
 
 def default_groups(module: nn.Module) -> OrderedDict[str, list[str]]:
@@ -105,9 +148,11 @@ class AdaptedNet(LayeredNet):
         self.group_members = {g: ([m] if isinstance(m, str) else list(m)) for g, m in spec.items()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The wrapped module's own forward: the groups only name its tensors."""
         return self.wrapped(x)
 
     def train(self, mode: bool = True) -> AdaptedNet:
+        """Set the mode on the groups and on the wrapped module, whose forward may read its own flag."""
         super().train(mode)
         self.wrapped.train(mode)  # its own flag too: a forward that reads self.training
         return self

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import log
+from typing_extensions import override
 
 from .base.diagnostics import Panel
 from .base.options import MethodOptions, option
@@ -59,6 +60,9 @@ from .shared.similarity import cosine_from_gram
 
 @dataclass(frozen=True)
 class CFLOptions(MethodOptions):
+    """CFL's options (``method.<name>=`` on the command line, keywords of ``CFL(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     eps1: float = option(0.4, "split when the norm of the mean update falls below this", low=0)
     eps2: float = option(1.6, "... and the largest update norm rises above this", low=0)
     min_cluster_size: int = option(
@@ -94,6 +98,7 @@ class CFL(PersonalizedStrategy):
         self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
         self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round
 
+    @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         out = {}
         for cid in client_ids:
@@ -101,6 +106,7 @@ class CFL(PersonalizedStrategy):
             out[cid] = {k: model[k] for k in self.travelling_keys(self.groups, cid, server_round)}
         return out
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         keys = list(self.global_arrays)
         clusters, models = [], []
@@ -163,6 +169,7 @@ class CFL(PersonalizedStrategy):
             groups[side].append(k)
         return [(sorted(g), side) for g, side in zip(groups, sides)]
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         return {
             "clusters": self.clusters.members,

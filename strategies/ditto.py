@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from pflower.protocol.roles import DittoArgs
 
 from .base.options import MethodOptions, option
@@ -14,6 +16,9 @@ from .base.strategy import PersonalizedStrategy
 
 @dataclass(frozen=True)
 class DittoOptions(MethodOptions):
+    """Ditto's options (``method.<name>=`` on the command line, keywords of ``Ditto(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     lam: float = option(0.1, "pull of the personal model toward the global one (FedTSDP recommends 0.1)", low=0)
     personal_epochs: int | None = option(
         None, "epochs on the personal model a round (null: the run's local_epochs)", low=0
@@ -31,5 +36,6 @@ class Ditto(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         self.args = DittoArgs(lam=self.options.lam, personal_epochs=self.options.personal_epochs)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> DittoArgs:
         return self.args

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
 
@@ -77,6 +78,9 @@ def attention_matrix(gram: np.ndarray, self_weight: float, sigma: float = 1.0, k
 
 @dataclass(frozen=True)
 class FedAMPOptions(MethodOptions):
+    """FedAMP's options (``method.<name>=`` on the command line, keywords of ``FedAMP(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     lam: float = option(1.0, "the pull of each client toward its cloud model u_i", low=0)
     sigma: float = option(1.0, "kernel scale", above=0)
     self_weight: float = option(0.5, "alpha_k = xi_ii, a client's weight on its own model", low=0, high=1)
@@ -97,12 +101,15 @@ class FedAMP(PersonalizedStrategy):
         self.lam, self.sigma, self.self_weight, self.kernel = o.lam, o.sigma, o.self_weight, o.kernel
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded w_j of each client
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
+    @override
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedAMPArgs:
         return FedAMPArgs(mu=self.lam)
 
@@ -155,10 +162,12 @@ class FedAMP(PersonalizedStrategy):
         """u_i = sum_j xi_ij w_j."""
         return self.cloud_models([client_id])[client_id]
 
+    @override
     def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         clouds = self.cloud_models(client_ids)
         return {c: {CLOUD_PREFIX + k: v for k, v in clouds[c].items()} for c in client_ids}
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         for u in updates:
             self.models[u.client_id] = u.arrays
@@ -170,8 +179,10 @@ class FedAMP(PersonalizedStrategy):
             )
         return record
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {"models": store_state(self.models)}
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.models = store_from_state(state["models"])

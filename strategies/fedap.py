@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import log
+from typing_extensions import override
 
 from pflower.protocol.roles import FedAPArgs
 
@@ -95,6 +96,9 @@ def fedap_weights(distances: Sequence[float], momentum: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FedAPOptions(MethodOptions):
+    """FedAP's options (``method.<name>=`` on the command line, keywords of ``FedAP(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     momentum: float = option(0.5, "the weight of a client's own model (the papers: 0.5)", low=0, high=1)
     warmup_ratio: float = option(0.5, "W = int(warmup_ratio * total_rounds)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
@@ -124,18 +128,23 @@ class FedAP(PersonalizedStrategy):
         self.stats: dict[int, dict[str, np.ndarray]] = {}  # BN input statistics of each client
 
     def personalizing(self, server_round: int) -> bool:
+        """After the warm-up rounds: then each client's BN layers are personal, mixed by FedAP's similarity."""
         return server_round > self.warmup
 
+    @override
     def personal_keys(self, client_id: int, server_round: int) -> list[str]:
         return list(self.bn_keys)
 
     def needs_stats(self, client_id: int, server_round: int) -> bool:
+        """Whether the client must send its BN input statistics this round (once, when personalization starts)."""
         return self.personalizing(server_round) and client_id not in self.stats
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedAPArgs:
         epochs = None if self.personalizing(server_round) else self.warmup_epochs
         return FedAPArgs(bn_stats=self.needs_stats(client_id, server_round), epochs=epochs)
 
+    @override
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         if not self.needs_stats(client_id, server_round):
             return {}
@@ -169,6 +178,7 @@ class FedAP(PersonalizedStrategy):
         others = sorted(j for j in self.stats if j != client_id)
         return {client_id: float(w[0, columns.index(client_id)]), **{j: float(w[0, columns.index(j)]) for j in others}}
 
+    @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values
             return super().downlinks(client_ids, server_round)
@@ -177,6 +187,7 @@ class FedAP(PersonalizedStrategy):
         models = [self.models.get(j, self.global_arrays) for j in columns]  # the warm-up model until trained
         return dict(zip(client_ids, mixing_average(models, w, keys=keys)))
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):
             return {"phase": "warmup", "log_keys": ["phase"], **super().aggregate(server_round, updates)}
@@ -188,14 +199,17 @@ class FedAP(PersonalizedStrategy):
                 self.stats[u.client_id] = u.extra
         return {"phase": "personal", "log_keys": ["phase"], "clients_with_stats": len(self.stats)}
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         return {"warmup_rounds": self.warmup}
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {
             "models": store_state(self.models),
             "stats": store_state(self.stats),
         }
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.models, self.stats = store_from_state(state["models"]), store_from_state(state["stats"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from pflower.protocol.roles import SGDArgs
 
 from .base.options import MethodOptions, option
@@ -13,6 +15,9 @@ from .base.strategy import PersonalizedStrategy
 
 @dataclass(frozen=True)
 class FedAvgOptions(MethodOptions):
+    """FedAvg's options (``method.<name>=`` on the command line, keywords of ``FedAvg(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     finetune_epochs: int = option(
         0, "epochs of fine-tuning a copy of the received model before test_before (FedAvg-FT)", low=0
     )
@@ -31,5 +36,6 @@ class FedAvg(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         self.args = SGDArgs(finetune_epochs=self.options.finetune_epochs)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> SGDArgs:
         return self.args

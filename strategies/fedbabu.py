@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from pflower.protocol.roles import FINETUNE_PARTS, FedBabuArgs
 
 from .base.options import MethodOptions, option
@@ -14,6 +16,9 @@ from .fedper import FedPer
 
 @dataclass(frozen=True)
 class FedBabuOptions(MethodOptions):
+    """FedBabu's options (``method.<name>=`` on the command line, keywords of ``FedBabu(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     finetune_epochs: int = option(
         5, "fine-tuning before each evaluation (official code: 5; 0: the frozen head as is)", low=0
     )
@@ -27,6 +32,7 @@ class FedBabu(FedPer):
     :class:`FedBabuOptions`)."""
 
     name = "fedbabu"
+    linear_head = True  # the last layer group is the method's classifier
     options_type = FedBabuOptions
     role = "fedbabu"
 
@@ -35,6 +41,7 @@ class FedBabu(FedPer):
         self.finetune_epochs = self.options.finetune_epochs
         self.finetune_part = self.options.finetune_part
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedBabuArgs:
         return FedBabuArgs(
             head=self.personal_groups(client_id, server_round),

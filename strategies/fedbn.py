@@ -12,11 +12,14 @@ from logging import WARNING
 from typing import Any
 
 from flwr.common import log
+from typing_extensions import override
 
 from .base.strategy import PersonalizedStrategy
 
 
 class FedBN(PersonalizedStrategy):
+    """FedBN: FedAvg with every BatchNorm parameter and statistic kept on its client (module docstring)."""
+
     name = "fedbn"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -25,5 +28,6 @@ class FedBN(PersonalizedStrategy):
         if not self.bn_keys:
             log(WARNING, "FedBN: the model has no BatchNorm layer; FedBN is FedAvg here")
 
+    @override
     def personal_keys(self, client_id: int, server_round: int) -> list[str]:
         return list(self.bn_keys)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import log
+from typing_extensions import override
 
 from pflower.protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
 
@@ -63,6 +64,7 @@ class FedCMDState:
         return [counts.get(c, 0) for c in self.candidates]
 
     def winners_in_order(self) -> list[str]:
+        """Each phase-1 round's majority layer, oldest first (the tally that fixes l*)."""
         return [self.round_winners[r] for r in sorted(self.round_winners)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +82,7 @@ class FedCMDState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FedCMDState:
+        """The state a checkpoint's :meth:`to_dict` wrote."""
         votes: dict[int, dict[int, str]] = {}
         for r, c, v in d.get("votes", []):
             votes.setdefault(int(r), {})[int(c)] = str(v)
@@ -101,6 +104,9 @@ def _copy(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class FedCMDOptions(MethodOptions):
+    """FedCMD's options (``method.<name>=`` on the command line, keywords of ``FedCMD(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     kp: int = option(20, "Kp, the rounds of phase 1 (layer selection); the paper: 20 of 200", low=0)
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
@@ -135,6 +141,7 @@ class FedCMD(PersonalizedStrategy):
     to the client role."""
 
     name = "fedcmd"
+    linear_head = True  # the last layer group is the method's classifier
     options_type = FedCMDOptions
     role = "fedcmd"
 
@@ -173,6 +180,7 @@ class FedCMD(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ phases and groups
     def phase(self, server_round: int) -> int:
+        """1 while the clients vote for a layer (rounds 1..Kp), then 2."""
         return 1 if server_round <= self.kp else 2
 
     def personal_layer(self) -> str:
@@ -182,9 +190,11 @@ class FedCMD(PersonalizedStrategy):
         return self.state.personal_layer  # type: ignore[return-value]
 
     def pre_groups(self) -> list[str]:
+        """The groups before l*: FedAvg'd over the round's clients."""
         return self.groups[: self.groups.index(self.personal_layer())]
 
     def post_groups(self) -> list[str]:
+        """The groups after l*: averaged per client with Eq. 8's similarity weights."""
         return self.groups[self.groups.index(self.personal_layer()) + 1 :]
 
     def _fix_personal_layer(self) -> None:
@@ -202,9 +212,11 @@ class FedCMD(PersonalizedStrategy):
         log(INFO, "FedCMD: personal layer l* = %s (round winners %s)", layer, st.winners_in_order())
 
     # ------------------------------------------------------------------ hooks
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return [] if self.phase(server_round) == 1 else [self.personal_layer()]
 
+    @override
     def relay(self, server_round: int) -> bool:
         return self.relay_phase2 and self.phase(server_round) == 2
 
@@ -230,6 +242,7 @@ class FedCMD(PersonalizedStrategy):
             return list(self.groups)
         return super().uplink_groups(client_id, server_round)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
         if self.phase(server_round) == 1:
             return FedCMDArgs(phase=1, candidates=list(self.state.candidates), **self.scoring)
@@ -237,6 +250,7 @@ class FedCMD(PersonalizedStrategy):
             phase=2, personal_layer=self.personal_layer(), has_phi_init=client_id not in self.state.phi_seen
         )
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         record: dict[str, Any] = {"phase": self.phase(server_round)}
         if self.relay(server_round):  # the global model is the last relayed client's (absorb_relay)
@@ -306,6 +320,7 @@ class FedCMD(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ reporting
+    @override
     def summary(self) -> None:
         super().summary()
         log(

@@ -39,6 +39,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.common import log
 from flwr.serverapp import Grid
+from typing_extensions import override
 
 from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
 
@@ -79,6 +80,9 @@ def personal_layer_of(votes: Sequence[tuple[int, str]]) -> str | None:
 
 @dataclass(frozen=True)
 class FedCPMDOptions(MethodOptions):
+    """FedCPMD's options (``method.<name>=`` on the command line, keywords of ``FedCPMD(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     kp: int = option(60, "Kp, the rounds of phase 1 (votes; at least 1); the paper: 60 of 200", low=0)
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
@@ -110,6 +114,7 @@ class FedCPMD(PersonalizedStrategy):
     """FedCPMD on the strategy base (options: :class:`FedCPMDOptions`; the algorithm: the module docstring)."""
 
     name = "fedcpmd"
+    linear_head = True  # the last layer group is the method's classifier
     options_type = FedCPMDOptions
     role = "fedcpmd"
     client_keeps = "model"  # a layer shared in phase 1 and personal in phase 2 keeps the client's own value
@@ -158,9 +163,11 @@ class FedCPMD(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ phases
     def phase(self, server_round: int) -> int:
+        """1 while clients vote (Kp rounds, longer until every client has voted), then 2: clustered FL."""
         return 1 if self.phase1_end is None or server_round <= self.phase1_end else 2
 
     def unvoted(self) -> list[int]:
+        """The clients without a vote yet: phase 1 runs on for them (up to k_extra rounds)."""
         return sorted(set(range(self.num_clients)) - set(self.votes))
 
     def _continue_phase1(self, server_round: int) -> bool:
@@ -227,11 +234,13 @@ class FedCPMD(PersonalizedStrategy):
         return list(self.groups) if self.ablation == "only_cluster" else [g for g in self.groups if g != layer]
 
     # ------------------------------------------------------------------ hooks
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         if self.phase(server_round) == 1 or client_id not in self.layer_of or client_id in self._probing:
             return [self.classifier]  # the classifier is every client's personal layer in phase 1
         return [] if self.ablation == "only_cluster" else [self.layer_of[client_id]]
 
+    @override
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         if client_id in self._probing:
             return []  # a vote-only probe sends nothing back but its vote
@@ -239,6 +248,7 @@ class FedCPMD(PersonalizedStrategy):
             return super().uplink_groups(client_id, server_round)
         return list(self.groups)  # phase 1: the classifier is stored; phase 2: phi for Eq. 13
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedCPMDArgs:
         if client_id in self._probing:
             return FedCPMDArgs(phase=0, candidates=self.candidates, **self.scoring)
@@ -272,6 +282,7 @@ class FedCPMD(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ the round
+    @override
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
@@ -344,6 +355,7 @@ class FedCPMD(PersonalizedStrategy):
             )
         return None
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if self.phase(server_round) == 1:
             return self._aggregate_phase1(server_round, updates)
@@ -417,6 +429,7 @@ class FedCPMD(PersonalizedStrategy):
         return {"phase": 2, "log_keys": ["phase"]}
 
     # ------------------------------------------------------------------ reporting
+    @override
     def summary(self) -> None:
         super().summary()
         log(

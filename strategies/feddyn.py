@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from pflower.protocol.roles import FedDynArgs
 
@@ -39,6 +40,9 @@ def feddyn_server_update(
 
 @dataclass(frozen=True)
 class FedDynOptions(MethodOptions):
+    """FedDyn's options (``method.<name>=`` on the command line, keywords of ``FedDyn(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     alpha: float = option(0.01, "regularization weight (FedCMD/FedCPMD baselines: 0.01)", above=0)
 
 
@@ -54,9 +58,11 @@ class FedDyn(PersonalizedStrategy):
         self.alpha = self.options.alpha
         self.h = {k: np.zeros(v.shape) for k, v in self.global_arrays.items()}
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedDynArgs:
         return FedDynArgs(alpha=self.alpha)
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = [u.arrays for u in updates if u.arrays]
         if models:
@@ -65,8 +71,10 @@ class FedDyn(PersonalizedStrategy):
             )
         return {"h_norm": float(np.sqrt(sum(np.sum(v**2) for v in self.h.values())))}
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {"h": copy_arrays(self.h)}
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.h = copy_arrays(state["h"])

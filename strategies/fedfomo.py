@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
@@ -30,6 +31,9 @@ POOLS = ("latest", "all")
 
 @dataclass(frozen=True)
 class FedFomoOptions(MethodOptions):
+    """FedFomo's options (``method.<name>=`` on the command line, keywords of ``FedFomo(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     m: int = option(5, "models downloaded per client a round", low=1)
     val_ratio: float = option(0.2, "validation share of the local training split", above=0, below=1)
     pool: str = option(
@@ -56,12 +60,15 @@ class FedFomo(PersonalizedStrategy):
         self.offered: dict[int, list[int]] = {}  # the models sent to each client this round
         self.explore = np.random.default_rng([self.seed, 1])  # its own stream: sampling stays method-independent
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
+    @override
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedFomoArgs:
         return FedFomoArgs(val_ratio=self.val_ratio)
 
@@ -88,6 +95,7 @@ class FedFomo(PersonalizedStrategy):
             out[cid] = {f"{j}/{k}": v for j in self.offered[cid] for k, v in self.models[j].items()}
         return out
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         helpful = []
         for u in updates:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from pflower.models.gkt import server_head
 from pflower.models.optim import PlainAdam
@@ -36,6 +37,9 @@ SERVER = GKT + "server/"
 
 @dataclass(frozen=True)
 class FedGKTOptions(MethodOptions):
+    """FedGKT's options (``method.<name>=`` on the command line, keywords of ``FedGKT(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     alpha: float = option(1.0, "weight of the distillation term on both sides", low=0)
     temperature: float = option(3.0, "distillation temperature T", above=0)
     hidden: list[int] = option([256, 256], "the server model's hidden widths (an MLP on the clients' features)")
@@ -71,16 +75,20 @@ class FedGKT(PersonalizedStrategy):
         # client id -> its latest features, logits and labels (training split)
         self.knowledge: dict[int, dict[str, np.ndarray]] = {}
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedGKTArgs:
         return self.args
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)  # no weights travel: the client keeps its model
 
     # ------------------------------------------------------------------ messages
     def head_arrays(self) -> dict[str, np.ndarray]:
+        """The server model's arrays, sent to the clients for their distillation term."""
         return {SERVER + k: v.detach().cpu().numpy().copy() for k, v in self.head.state_dict().items()}
 
+    @override
     def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         head = self.head_arrays()
         out: dict[int, dict[str, np.ndarray]] = {}
@@ -90,6 +98,7 @@ class FedGKT(PersonalizedStrategy):
                 out[cid][GKT + "z"] = head_logits(self.head, self.knowledge[cid]["h"])
         return out
 
+    @override
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         info = self.clients[client_id]
         n, nt, d, c = info.num_train, info.num_test, self.feature_dim, self.num_classes
@@ -108,6 +117,7 @@ class FedGKT(PersonalizedStrategy):
         return {cid: dict(head) for cid in client_ids}
 
     # ------------------------------------------------------------------ the round
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         for u in updates:
             self.knowledge[u.client_id] = {k: u.extra[GKT + k] for k in ("h", "z", "y")}
@@ -131,6 +141,7 @@ class FedGKT(PersonalizedStrategy):
             record["server_acc"] = correct / max(sum(len(u.extra[GKT + "yt"]) for u in updates), 1)
         return record
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         accs = [r["server_acc"] for r in self.history if "server_acc" in r]
         return {"server_acc_last": accs[-1] if accs else None, "feature_dim": self.feature_dim}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from pflower.protocol.roles import FEDMD, FEDMD_DIGEST_LOSSES, FedMDArgs
 
@@ -36,6 +37,9 @@ def consensus(scores: Sequence[np.ndarray]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FedMDOptions(MethodOptions):
+    """FedMD's options (``method.<name>=`` on the command line, keywords of ``FedMD(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     subset: int = option(1000, "transfer-split samples scored and digested per round", low=1)
     transfer_epochs: int = option(5, "epochs on the transfer split at a client's first round", low=0)
     digest_epochs: int = option(1, "epochs toward the consensus on its subset per round", low=0)
@@ -72,21 +76,26 @@ class FedMD(PersonalizedStrategy):
         self.consensus: np.ndarray | None = None
         self.consensus_round = 0
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> FedMDArgs:
         return self.args
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)  # no weights travel
 
+    @override
     def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if self.consensus is None:
             return {cid: {} for cid in client_ids}
         down = {FEDMD + "consensus": self.consensus, FEDMD + "round": np.array([self.consensus_round], np.int64)}
         return {cid: dict(down) for cid in client_ids}
 
+    @override
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {FEDMD + "scores": ((self.options.subset, self.num_classes), np.dtype(np.float32))}
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not updates:
             return {}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing_extensions import override
+
 from .base.strategy import PersonalizedStrategy
 
 
 class FedPer(PersonalizedStrategy):
-    name = "fedper"
+    """FedPer: the last layer group (the classifier) stays on each client; the body is FedAvg'd."""
 
+    name = "fedper"
+    linear_head = True  # the last layer group is the method's classifier
+
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return [self.groups[-1]]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from pflower.protocol.roles import ProximalArgs
 
 from .base.options import MethodOptions, option
@@ -13,6 +15,9 @@ from .base.strategy import PersonalizedStrategy
 
 @dataclass(frozen=True)
 class FedProxOptions(MethodOptions):
+    """FedProx's options (``method.<name>=`` on the command line, keywords of ``FedProx(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     mu: float = option(1.0, "proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)", low=0)
 
 
@@ -27,5 +32,6 @@ class FedProx(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         self.args = ProximalArgs(mu=self.options.mu)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> ProximalArgs:
         return self.args

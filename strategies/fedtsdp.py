@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.common import log
+from typing_extensions import override
 
 from .base.diagnostics import Panel
 from .base.options import MethodOptions, option
@@ -65,6 +66,9 @@ AMEND_MODES = ("literal", "bounded")
 
 @dataclass(frozen=True)
 class FedTSDPOptions(MethodOptions):
+    """FedTSDP's options (``method.<name>=`` on the command line, keywords of ``FedTSDP(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     h_th: float = option(0.65, "Hopkins threshold (strict >, the paper's); inf: never cluster, exactly FedAvg", low=0)
     eps1: float = option(
         0.15, "stage 1 DBSCAN radius on JS divergence (natural log, max ln 2); inf: one group", above=0
@@ -169,6 +173,7 @@ class FedTSDP(PersonalizedStrategy):
         return max(0, min(int(math.floor(self.shared_counter)), len(self.units)))
 
     # ------------------------------------------------------------------ downlink
+    @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         prefix = self.units[: self.shared_units]
         out = {}
@@ -179,6 +184,7 @@ class FedTSDP(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ the round
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         ups = [u for u in updates if u.arrays]
         self.trained = sorted(set(self.trained) | {u.client_id for u in ups})
@@ -312,6 +318,7 @@ class FedTSDP(PersonalizedStrategy):
             out.append(torch.softmax(model(x).double(), dim=-1).cpu().numpy())
         return np.stack(out)
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         return {
             "clusters": self.clusters.members,

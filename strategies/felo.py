@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from pflower.models import adapt
 from pflower.models.cvae import CVAE, CVAE_LOSSES, train_cvae
@@ -70,6 +71,9 @@ def shared_feature_width(schemas: Mapping[str, Any], method: str) -> int:
 
 @dataclass(frozen=True)
 class FeloOptions(MethodOptions):
+    """Felo's options (``method.<name>=`` on the command line, keywords of ``Felo(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     alpha: float = option(0.5, "weight of the distillation terms in Eq. 1", low=0)
     warmup: float = option(0.05, "share of the rounds trained on CE alone (knowledge still uploaded)", low=0, below=1)
     total_rounds: int = option(100, "K, the run's rounds (the method config sets it to rounds)", low=1)
@@ -153,19 +157,24 @@ class Felo(PersonalizedStrategy):
         return list(self.schema(client_id).groups) if self.own_models else []
 
     # ------------------------------------------------------------------ messages
+    @override
     def role_config(self, client_id: int, server_round: int) -> FeloArgs:
         return self.args
 
     def distilling(self, server_round: int) -> bool:
+        """After the warm-up, once some class knowledge exists: only then do clients get it."""
         return server_round > self.warmup_rounds and bool(self.known.any())
 
     def knowledge_down(self) -> dict[str, np.ndarray]:
+        """The class-wise features, logits and known-class mask every client is sent."""
         return {KNOWLEDGE + "S": self.class_features, KNOWLEDGE + "P": self.class_logits, KNOWLEDGE + "M": self.known}
 
+    @override
     def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         down = self.knowledge_down() if self.distilling(server_round) else {}
         return {cid: dict(down) for cid in client_ids}
 
+    @override
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         c, d = self.num_classes, self.feature_dim
         up = {KNOWLEDGE + "p": ((c, c), np.dtype(np.float32)), KNOWLEDGE + "n": ((c,), np.dtype(np.int64))}
@@ -177,6 +186,7 @@ class Felo(PersonalizedStrategy):
         return up
 
     # ------------------------------------------------------------------ the round
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         distilled = self.distilling(server_round)  # what this round's clients trained with (before the new knowledge)
         record = super().aggregate(server_round, updates)
@@ -244,6 +254,7 @@ class Felo(PersonalizedStrategy):
         """S for the next round: Felo sends the stores' class means."""
         return self.store.class_features()
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "warmup_rounds": self.warmup_rounds,
@@ -260,9 +271,11 @@ class Felo(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ checkpoint
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {**super().extra_state(), "store_state": self.store.state()}
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         state = dict(state)
         self.store.load_state(state.pop("store_state"))
@@ -279,18 +292,24 @@ class FedHe(Felo):
         True  # ... so the clients score them on the global test set at the end (final_global_acc)
     )
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.schema(client_id).groups)
 
+    @override
     def knowledge_down(self) -> dict[str, np.ndarray]:
         return {KNOWLEDGE + "P": self.class_logits, KNOWLEDGE + "M": self.known}
 
+    @override
     def next_class_features(self, server_round: int) -> np.ndarray:
         return self.class_features  # never sent
 
 
 @dataclass(frozen=True)
 class VeloOptions(FeloOptions):
+    """Velo's options (``method.<name>=`` on the command line, keywords of ``Velo(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     cvae_interval: int = option(1, "rounds between CVAE trainings (Table 4: 1-10 all similar)", low=1)
     cvae_epochs: int = option(10, "epochs over the stored features per training", low=1)
     cvae_batch: int = option(50, "the CVAE's batch size", low=2)
@@ -329,6 +348,7 @@ class Velo(Felo):
         self.cvae_trained = 0
         self.cvae_history: list[float] = []
 
+    @override
     def next_class_features(self, server_round: int) -> np.ndarray:
         if server_round >= self.warmup_rounds and (server_round - self.warmup_rounds) % self.cvae_interval == 0:
             feats, labels = self.store.labelled_features()
@@ -358,6 +378,7 @@ class Velo(Felo):
         self._s_quality = class_feature_distance(synthetic, self.store.class_features(), self.store.mask())
         return synthetic
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         self._s_quality = {}
         record = super().aggregate(server_round, updates)
@@ -366,16 +387,19 @@ class Velo(Felo):
             record["log_keys"] = [*record["log_keys"], "s_rel_dist"]
         return record
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         weights = {k: v.detach().cpu().clone() for k, v in self.cvae.state_dict().items()}
         return {**super().extra_state(), "cvae_gen_state": self.cvae_gen.get_state(), "cvae_weights": weights}
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         state = dict(state)
         self.cvae_gen.set_state(torch.as_tensor(state.pop("cvae_gen_state"), dtype=torch.uint8))
         self.cvae.load_state_dict({k: torch.as_tensor(v) for k, v in state.pop("cvae_weights").items()})
         super().load_extra_state(state)
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         return {
             **super().run_summary(),

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from typing_extensions import override
 
 from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
 
@@ -36,6 +37,9 @@ ASSIGNMENTS = ("static", "dynamic")
 
 @dataclass(frozen=True)
 class HeteroFLOptions(MethodOptions):
+    """HeteroFL's options (``method.<name>=`` on the command line, keywords of ``HeteroFL(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     label_split: bool = option(
         True, "masked cross-entropy and per-class classifier rows (the paper's non-IID training)"
     )
@@ -85,10 +89,12 @@ class HeteroFL(PersonalizedStrategy):
             "(conf/model/lenet5_widths.yaml)"
         )
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> HeteroFLArgs:
         return self.args
 
     # ------------------------------------------------------------------ levels
+    @override
     def sample(self, server_round: int) -> list[int]:
         chosen = super().sample(server_round)
         if self.options.assignment == "dynamic":
@@ -118,10 +124,12 @@ class HeteroFL(PersonalizedStrategy):
         return ArrayRecord(array_dict={k: Array(v) for k, v in self.arch_arrays[self.full_arch].items()})
 
     # ------------------------------------------------------------------ messages
+    @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         full = self.arch_arrays[self.full_arch]
         return {cid: slice_arrays(full, {k: t[0] for k, t in self.template_of(cid).items()}) for cid in client_ids}
 
+    @override
     def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         if not self.options.label_split:
             return {}
@@ -129,10 +137,12 @@ class HeteroFL(PersonalizedStrategy):
 
     @property
     def num_classes(self) -> int:
+        """The classifier's output width, read from the model: the label mask's length."""
         schema = self.schema()
         return int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
 
     # ------------------------------------------------------------------ the round
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         ups = [u for u in updates if u.arrays]
         if not ups:

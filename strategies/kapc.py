@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from pflower.protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
 
@@ -55,6 +56,9 @@ from .shared.model_distance import gram_matrix
 
 @dataclass(frozen=True)
 class KAPCOptions(MethodOptions):
+    """KAPC's options (``method.<name>=`` on the command line, keywords of ``KAPC(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     lam: float = option(1.0, "coaching weight lambda (the paper at alpha 0.1: 1)", low=0)
     beta: float = option(0.005, "pull of R toward uniform (the paper at alpha 0.1: 0.005)", low=0)
     cube_lr: float | str = option(
@@ -126,12 +130,15 @@ class KAPC(PersonalizedStrategy):
         self._unheard: dict[int, int] = {}  # per client, the layers left out for want of a heard co-participant
 
     # ------------------------------------------------------------------ hooks
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)  # the client's model is its own; s_i travels as a regularizer
 
+    @override
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)
 
+    @override
     def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
         if not self.bls:
             return None
@@ -139,6 +146,7 @@ class KAPC(PersonalizedStrategy):
             [k for keys in self.layers[:omega] for k in keys] for omega in range(self.omega_min, len(self.layers) + 1)
         ]
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
         return KAPCArgs(
             lam=self.lam,
@@ -285,6 +293,9 @@ def plot_cube(cube: np.ndarray, path: Path, layer_names: Sequence[str]) -> Path:
 
 @dataclass(frozen=True)
 class KAPCBLSOptions(KAPCOptions):
+    """KAPCBLS's options (``method.<name>=`` on the command line, keywords of ``KAPCBLS(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     bls: bool = option(True, "bidirectional layer selection (on: KAPC+BLS)")
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 
@@ -22,6 +24,9 @@ def lower_groups(groups: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class LGFedAvgOptions(MethodOptions):
+    """LGFedAvg's options (``method.<name>=`` on the command line, keywords of ``LGFedAvg(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     local_groups: list[str] | None = option(
         None, "the personal (local) groups (null: the lower groups, e.g. LeNet-5's conv1, conv2)"
     )
@@ -44,5 +49,6 @@ class LGFedAvg(PersonalizedStrategy):
             raise ValueError(f"LG-FedAvg local_groups {unknown} are not groups of the model {self.groups}")
         self.local_groups = [g for g in self.groups if g in chosen]
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.local_groups)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from pflower.protocol.roles import MOONArgs
 
 from .base.options import MethodOptions, option
@@ -17,6 +19,9 @@ from .base.strategy import PersonalizedStrategy
 
 @dataclass(frozen=True)
 class MOONOptions(MethodOptions):
+    """MOON's options (``method.<name>=`` on the command line, keywords of ``MOON(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     mu: float = option(
         1.0, "weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)", low=0
     )
@@ -27,6 +32,7 @@ class MOON(PersonalizedStrategy):
     """FedAvg with a model-contrastive term in the local loss (options: :class:`MOONOptions`)."""
 
     name = "moon"
+    linear_head = True  # the last layer group is the method's classifier
     options_type = MOONOptions
     role = "moon"
 
@@ -34,11 +40,14 @@ class MOON(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         self.args = MOONArgs(mu=self.options.mu, tau=self.options.tau)
 
+    @override
     def role_config(self, client_id: int, server_round: int) -> MOONArgs:
         return self.args
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {}  # the server is FedAvg: its state is the base's global model
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         pass

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from typing_extensions import override
 
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
@@ -112,6 +113,9 @@ def hypernet_step(
 
 @dataclass(frozen=True)
 class PFedLAOptions(MethodOptions):
+    """PFedLA's options (``method.<name>=`` on the command line, keywords of ``PFedLA(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     hn_lr: float = option(5e-3, "the hypernetwork's SGD step", above=0)
     embedding_dim: int = option(100, "width of a client's embedding", low=1)
     hidden_dim: int = option(100, "width of the hypernetwork's hidden layers", low=1)
@@ -146,10 +150,12 @@ class PFedLA(PersonalizedStrategy):
         return self.hypernet
 
     def alpha(self, client_id: int) -> np.ndarray:
+        """The client's layer-wise mixing weights over all clients' models, from its hypernetwork."""
         with torch.no_grad():
             return self.load_hypernet(client_id)().numpy()
 
     def all_models(self) -> list[dict[str, np.ndarray]]:
+        """Every client's stored model (the global one for a client not yet trained), in client order."""
         return [self.models.get(j, self.global_arrays) for j in range(self.num_clients)]
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
@@ -163,6 +169,7 @@ class PFedLA(PersonalizedStrategy):
                     out[c].update(mixed)
         return {c: {k: out[c][k] for k in self.travelling_keys(self.groups, c, server_round)} for c in client_ids}
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = self.all_models()  # what the round's clients were personalized from
         trained = [u for u in updates if u.arrays]
@@ -182,8 +189,10 @@ class PFedLA(PersonalizedStrategy):
             self.models[u.client_id] = u.arrays
         return {"stored_models": len(self.models), **record}
 
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {"models": store_state(self.models), "hypernets": store_state(self.hypernets)}
 
+    @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.models, self.hypernets = store_from_state(state["models"]), store_from_state(state["hypernets"])

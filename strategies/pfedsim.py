@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import log
+from typing_extensions import override
 
 from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
@@ -69,6 +70,9 @@ def pfedsim_weights(sim_row: np.ndarray, own: int, weighting: str = "pfedsim") -
 
 @dataclass(frozen=True)
 class PFedSimOptions(MethodOptions):
+    """PFedSim's options (``method.<name>=`` on the command line, keywords of ``PFedSim(...)``),
+    checked before round 1; ``pflower methods`` lists them."""
+
     rho_general: float = option(0.5, "warm-up share of the rounds (the papers: 0.5)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     warmup: int | None = option(None, "the warm-up in rounds (overrides rho_general)", low=0)
@@ -82,6 +86,7 @@ class PFedSim(PersonalizedStrategy):
     (options: :class:`PFedSimOptions`)."""
 
     name = "pfedsim"
+    linear_head = True  # the last layer group is the method's classifier
     options_type = PFedSimOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -96,11 +101,14 @@ class PFedSim(PersonalizedStrategy):
         self.head_seen: set[int] = set()  # clients holding their own classifier
 
     def personalizing(self, server_round: int) -> bool:
+        """After the warm-up rounds: the classifier is personal and bodies are mixed by similarity."""
         return server_round > self.warmup
 
+    @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.head) if self.personalizing(server_round) else []
 
+    @override
     def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
         return list(self.groups)  # after warm-up the classifier goes up for S only
 
@@ -119,8 +127,10 @@ class PFedSim(PersonalizedStrategy):
         return dict(zip(client_ids, mixing_average(bodies, rows[:, used], keys=list(warm))))
 
     def personal_body(self, client_id: int) -> dict[str, np.ndarray]:
+        """One client's body (:meth:`personal_bodies` for one client)."""
         return self.personal_bodies([client_id])[client_id]
 
+    @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values
             return super().downlinks(client_ids, server_round)
@@ -131,6 +141,7 @@ class PFedSim(PersonalizedStrategy):
                 bodies[c].update(head)
         return bodies
 
+    @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):
             return {"phase": "warmup", "log_keys": ["phase"], **super().aggregate(server_round, updates)}
@@ -149,5 +160,6 @@ class PFedSim(PersonalizedStrategy):
             log(INFO, "pFedSim: warm-up over after round %d; classifiers are personal now", self.warmup)
         return record
 
+    @override
     def run_summary(self) -> dict[str, Any]:
         return {"warmup_rounds": self.warmup}

@@ -17,6 +17,7 @@ from flwr.common import log
 from torch import nn
 
 from pflower.models import LayeredNet, adapt
+from pflower.models.adapter import check_logits, reseeded
 from pflower.models.schema import ModelSchema, Template, assign_archs, initial_arrays
 
 
@@ -32,14 +33,26 @@ class Architectures:
         method: str,
         heterogeneous: bool,
         shared_buffers: bool,
+        seed: int | None = None,
     ) -> None:
-        """``spec``: the client spec; its ``archs`` and ``assign`` entries are taken out of it."""
+        """``spec``: the client spec; its ``archs`` and ``assign`` entries are taken out of it.
+        ``seed``: a user's module (not a pflower model, which is built seeded) starts from weights
+        drawn from it (:func:`models.adapter.reseeded`), so two runs of one app start alike."""
         arch_specs = spec.pop("archs", None)
         rule = spec.pop("assign", None) or "blocks"
-        if isinstance(model, nn.Module) and not isinstance(model, LayeredNet):
-            model = adapt(model)  # a user's module: its top-level children are the layer groups
+
+        def own(module: nn.Module) -> LayeredNet:
+            if isinstance(module, LayeredNet):
+                return module
+            # a user's module: its top-level children are the layer groups, its weights drawn from seed
+            return adapt(module if seed is None else reseeded(module, seed))
+
+        if isinstance(model, nn.Module):
+            model = own(model)
         elif isinstance(model, Mapping):
-            model = {arch: adapt(m) for arch, m in model.items()}
+            model = {arch: own(m) for arch, m in model.items()}
+        for net in [model] if isinstance(model, nn.Module) else model.values():
+            check_logits(net)  # a softmax after the last group: not the logits the clients' loss needs
         if isinstance(model, LayeredNet):
             model_spec = dict(spec.get("model") or {"name": "model"})
             models = {str(model_spec.get("name", "model")): model}
@@ -182,3 +195,21 @@ class Architectures:
         self.arrays = restored
         self.arch_of.update({int(c): str(a) for c, a in (state.get("arch_of") or {}).items()})
         self.announced = {int(c): str(a) for c, a in (state.get("announced") or {}).items()}
+
+
+def check_linear_head(method: str, schemas: Mapping[str, ModelSchema]) -> None:
+    """Refuse a model whose last layer group is not one linear classifier (a weight [classes,
+    features] and a bias) for a method that reads that group as its classifier."""
+    from .client_spec import SetupError
+
+    for arch, schema in schemas.items():
+        last = schema.groups[-1]
+        keys = schema.group_keys[last]
+        dims = sorted(len(schema.template[k][0]) for k in keys)
+        if dims not in ([2], [1, 2]):
+            shapes = {k: list(schema.template[k][0]) for k in keys}
+            raise SetupError(
+                f"method {method!r} reads the model's last layer group as its classifier, one nn.Linear "
+                f"(weight [classes, features] and bias); {arch!r}'s last group {last!r} holds {shapes}: end the "
+                "model with an nn.Linear of its own group (adapt(model, groups=...) names the groups)"
+            )

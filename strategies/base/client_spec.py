@@ -14,6 +14,36 @@ from typing import Any
 from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
 
 
+class SetupError(ValueError):
+    """A strategy built in a user's ServerApp with arguments it cannot run with; the message names
+    the argument and the fix."""
+
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+
+
+#: what every client reads from the spec (the rest has defaults)
+REQUIRED = ("run", "seed", "device", "train")
+REQUIRED_TRAIN = ("epochs", "batch_size", "lr", "momentum", "weight_decay", "optimizer")
+
+
+def check_client_spec(spec: Any) -> None:
+    """Refuse a client spec a client could not train from: not a mapping, empty, or without the
+    keys :func:`client_spec` writes (a hand-written ``{}`` or ``{"lr": 0.1}``)."""
+    how = "build it with pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)"
+    if not hasattr(spec, "keys"):
+        raise SetupError(f"client_spec must be a mapping, got {type(spec).__name__}: {how}")
+    if not spec:
+        raise SetupError(f"client_spec is empty: the clients would not know how to train; {how}")
+    missing = [k for k in REQUIRED if k not in spec]
+    train = spec.get("train")
+    if not missing and hasattr(train, "keys"):
+        missing = [f"train.{k}" for k in REQUIRED_TRAIN if k not in train]
+    elif not missing:
+        missing = ["train (a mapping)"]
+    if missing:
+        raise SetupError(f"client_spec lacks {missing} (it has {sorted(spec)}): {how}")
+
+
 def client_spec(
     *,
     lr: float = 0.01,

@@ -37,14 +37,16 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
+from typing_extensions import override
 
 from pflower.models import group_of
 from pflower.models.schema import ModelSchema, Template
 from pflower.protocol import wire
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
-from .architectures import Architectures
+from .architectures import Architectures, check_linear_head
 from .client_directory import ClientDirectory, ClientInfo
+from .client_spec import check_client_spec
 from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
 from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
@@ -106,6 +108,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.options = self.options_type.build(self.name, options)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        check_client_spec(client_spec)
         spec = dict(client_spec)
         self.lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
         store = spec.pop("server_store", None) or {}
@@ -119,7 +122,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             method=self.name,
             heterogeneous=self.heterogeneous,
             shared_buffers=self.shared_buffers,
+            seed=seed,
         )
+        if self.linear_head:
+            check_linear_head(self.name, self.architectures.schemas)
         spec["model"] = dict(self.schema().spec)
         self.client_spec = spec
         self.num_clients, self.fraction, self.seed = num_clients, fraction, seed
@@ -218,6 +224,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         buffers with ``shared_buffers``), in forward order, in ``client_id``'s architecture."""
         return self.schema(client_id).keys(groups, buffers=self.shared_buffers)
 
+    @override
     def summary(self) -> None:
         log(INFO, "\t├── method: %s (client role %s)", self.name, self.role)
         log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", self.num_clients, self.fraction, self.seed)
@@ -320,6 +327,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         )
 
     # ------------------------------------------------------------------ Flower hooks
+    @override
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -375,6 +383,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         expected = (lambda cid: self.expected_uploads(cid, server_round)) if task == "train" else (lambda cid: [{}])
         return collect_batch(server_round, replies, task, self.ledger, self.clients, expected)
 
+    @override
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -432,6 +441,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             for cid in ids
         ]
 
+    @override
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         updates, dropped = self.collect_replies(server_round, replies, "evaluate")
         if not updates:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing_extensions import override
+
 from pflower.protocol.roles import ProximalArgs
 
 from .base.strategy import PersonalizedStrategy
@@ -31,12 +33,17 @@ from .base.options import MethodOptions, option
 
 @dataclass(frozen=True)
 class FedThrowOptions(MethodOptions):
+    """FedThrow's options."""
+
     mu: float = option(0.5, "proximal weight", low=0)
 
 
 class FedThrow(PersonalizedStrategy):
+    """A throwaway method: FedProx under another name."""
+
     name, role, options_type = "fedthrow", "proximal", FedThrowOptions
 
+    @override
     def role_config(self, client_id, server_round):
         return ProximalArgs(mu=self.options.mu)
 '''

@@ -207,7 +207,7 @@ def test_an_option_typo_in_a_users_own_serverapp_is_one_line_in_flowers_log():
     exception with its traceback, which pflower's filter turns into one line with the fix."""
     import torch.nn as nn
 
-    from pflower.strategies import FedCMD, OptionError
+    from pflower.strategies import FedCMD, OptionError, client_spec
 
     records = []
 
@@ -219,7 +219,7 @@ def test_an_option_typo_in_a_users_own_serverapp_is_one_line_in_flowers_log():
     FLOWER_LOGGER.addHandler(handler)
     try:
         with pytest.raises(OptionError) as err:
-            FedCMD(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)), {}, num_clients=2, kpp=1)
+            FedCMD(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)), client_spec(), num_clients=2, kpp=1)
         log(logging.ERROR, "%s raised an exception", "ServerApp", exc_info=err.value)
     finally:
         FLOWER_LOGGER.removeHandler(handler)

@@ -15,7 +15,7 @@ from pflower.client_app.roles.kapc import criterion, log_bound, select_omega
 from pflower.models import build_model
 from pflower.protocol.roles import REGULARIZER_PREFIX
 from pflower.simulation.inprocess import InProcessGrid
-from pflower.strategies import build_strategy
+from pflower.strategies import build_strategy, client_spec
 from pflower.strategies.kapc_math import (
     centered,
     cube_gradient,
@@ -150,7 +150,7 @@ def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
         strategy = build_strategy(
             "kapc",
             model,
-            {"model": {"name": "cnn_kapc"}},
+            {**client_spec(), "model": {"name": "cnn_kapc"}},
             num_clients=3,
             fraction=1.0,
             seed=0,
@@ -226,7 +226,7 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
     strategy = build_strategy(
         "kapc_bls",
         model,
-        {"model": {"name": "resnet18"}},
+        {**client_spec(), "model": {"name": "resnet18"}},
         num_clients=3,
         fraction=1.0,
         seed=0,

@@ -106,9 +106,11 @@ def role_disagreements(method: str, sent: dict[str, object], role_args: type) ->
 
 def sent_role_args(method: str, **options) -> dict[str, object]:
     from pflower.models import build_model
+    from pflower.strategies import client_spec
 
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
-    spec = {"model": {"name": "lenet5"}, "train": {"lr": 0.01}}
+    spec = {**client_spec(lr=0.01), "model": {"name": "lenet5"}}
+    del spec["data"]  # the data spec is the runner's (FedMD reads its transfer set from it when given)
     run = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}  # the paper's K
     strategy = STRATEGIES[method](model, spec, num_clients=4, fraction=0.5, **run, **options)
     args = strategy.role_config(0, 1)

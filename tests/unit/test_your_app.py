@@ -58,3 +58,73 @@ def test_a_data_function_without_a_test_split_is_refused():
     hooks = ClientHooks(model=Net, data=lambda context: Digits32(np.arange(10)))
     with pytest.raises(DataHookError, match=r"must return \(train, test\)"):
         hooks.data_of(context(0), 0)
+
+
+class SoftNet(torch.nn.Module):
+    """Flower-style Net that ends in a LogSoftmax child: not the logits pflower's clients train on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.out = torch.nn.Linear(8, 6), torch.nn.Linear(6, 3), torch.nn.LogSoftmax(dim=1)
+
+    def forward(self, x):
+        return self.out(self.fc2(torch.relu(self.fc1(x))))
+
+
+class ConvHead(torch.nn.Module):
+    """A model whose last layer group is a Conv2d: no linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(1, 4, 3), torch.nn.Conv2d(4, 3, 3)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv1(x))).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({}, r"client_spec is empty: .* build it with pflower.strategies.client_spec\(lr=\.\.\."),
+        ({"lr": 0.1}, r"client_spec lacks \['run', 'seed', 'device', 'train'\] \(it has \['lr'\]\)"),
+        ({**client_spec(), "train": {"lr": 0.1}}, r"client_spec lacks \['train.epochs', 'train.batch_size'"),
+        ([0.1], r"client_spec must be a mapping, got list"),
+    ],
+)
+def test_an_empty_or_partial_client_spec_is_one_line(spec, message):
+    from pflower.strategies.base.client_spec import SetupError
+
+    with pytest.raises(SetupError, match=message) as err:
+        FedPer(Net(), spec, num_clients=2)
+    assert err.value.user_error and "\n" not in str(err.value)
+
+
+def test_a_softmax_after_the_last_layer_is_refused_for_every_method():
+    from pflower.models.adapter import ModelAdaptError
+    from pflower.strategies import FedAvg
+
+    for method in (FedPer, FedAvg):
+        with pytest.raises(ModelAdaptError, match=r"SoftNet.out \(LogSoftmax\) comes after the last layer group 'fc2'"):
+            method(SoftNet(), client_spec(), num_clients=2)
+
+
+def test_a_method_that_reads_a_classifier_refuses_a_conv_head_and_others_take_it():
+    from pflower.strategies import FedAvg
+    from pflower.strategies.base.client_spec import SetupError
+
+    with pytest.raises(SetupError, match=r"method 'fedcmd' reads the model's last layer group as its classifier"):
+        FedCMD(ConvHead(), client_spec(), num_clients=2, kp=1)
+    with pytest.raises(SetupError, match=r"'conv2' holds \{'groups.conv2.weight': \[3, 4, 3, 3\]"):
+        FedPer(ConvHead(), client_spec(), num_clients=2)
+    assert FedAvg(ConvHead(), client_spec(), num_clients=2).groups == ["conv1", "conv2"]  # no classifier read
+
+
+def test_the_servers_model_is_drawn_from_the_seed_and_the_users_module_is_left_alone():
+    net = Net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    a = FedPer(net, client_spec(), num_clients=2, seed=3).global_arrays
+    b = FedPer(Net(), client_spec(), num_clients=2, seed=3).global_arrays  # another Net(), another draw
+    c = FedPer(Net(), client_spec(), num_clients=2, seed=4).global_arrays
+    assert all(np.array_equal(a[k], b[k]) for k in a)  # the same seed: the same start, whatever Net() drew
+    assert not np.array_equal(a["groups.fc3.weight"], c["groups.fc3.weight"])
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # the caller's module unchanged

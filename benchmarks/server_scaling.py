@@ -297,7 +297,7 @@ def build(name: str, model: Any, n: int) -> Any:
 
     c = CASES[name]
     strategy = build_strategy(
-        c.method, model, server_only_spec(), num_clients=n, fraction=1.0, seed=0, method_args=dict(c.options)
+        c.method, model, server_only_spec(), num_clients=n, fraction_train=1.0, seed=0, method_args=dict(c.options)
     )
     # every client as if discovered (node 1000 + i, 50 training and 20 test samples): a method whose
     # uploads are sized by the client's data (FedGKT's features) declares them from this
@@ -498,7 +498,13 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
     model = build_model("vgg11", (3, 32, 32), 10, seed=0, **STORE_MODELS[model_name])
     spec = {**server_only_spec(), "server_store": {"mode": mode, "dir": directory}}
     strategy = build_strategy(
-        "fedcpmd", model, spec, num_clients=clients, fraction=participants / clients, seed=0, method_args={"kp": 60}
+        "fedcpmd",
+        model,
+        spec,
+        num_clients=clients,
+        fraction_train=participants / clients,
+        seed=0,
+        method_args={"kp": 60},
     )
     del model
     rnd = 62

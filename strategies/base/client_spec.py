@@ -44,6 +44,32 @@ def check_client_spec(spec: Any) -> None:
         raise SetupError(f"client_spec lacks {missing} (it has {sorted(spec)}): {how}")
 
 
+#: keywords pflower took before it took Flower's names -> Flower's name
+RENAMED = {"fraction": "fraction_train", "min_clients": "min_train_nodes", "min_available": "min_available_nodes"}
+#: Flower FedAvg keywords pflower's methods do not take -> why
+NOT_TAKEN = {
+    "fraction_evaluate": "pflower's methods evaluate every client they train, before and after its local "
+    "training, and every client after the last round",
+    "min_evaluate_nodes": "pflower's methods evaluate the clients they train (min_train_nodes) and, at the end, all",
+    "weighted_by_key": "pflower's methods weigh replies by their num-examples, as the message contract says",
+    "arrayrecord_key": "pflower's messages name their records themselves (the message contract)",
+    "configrecord_key": "pflower's messages name their records themselves (the message contract)",
+    "train_metrics_aggr_fn": "pflower aggregates the replies' metrics itself (each round's record: .history)",
+    "evaluate_metrics_aggr_fn": "pflower aggregates the replies' metrics itself (each round's record: .history)",
+}
+
+
+def check_flower_keywords(keywords: dict[str, Any]) -> None:
+    """Refuse, in one line, a keyword of pflower's old names or one of Flower's FedAvg that a
+    pflower method does not take (left alone it would be taken for a method option and refused
+    less clearly)."""
+    for name in keywords:
+        if name in RENAMED:
+            raise SetupError(f"{name}= is Flower's {RENAMED[name]}= in pflower's strategies: pass {RENAMED[name]}=")
+        if name in NOT_TAKEN:
+            raise SetupError(f"{name}= is not taken: {NOT_TAKEN[name]}; remove it")
+
+
 def client_spec(
     *,
     lr: float = 0.01,

@@ -46,7 +46,7 @@ from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures, check_linear_head
 from .client_directory import ClientDirectory, ClientInfo
-from .client_spec import check_client_spec
+from .client_spec import SetupError, check_client_spec, check_flower_keywords
 from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
 from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
@@ -93,21 +93,27 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         client_spec: Mapping[str, Any],
         *,
         num_clients: int,
-        fraction: float = 0.1,
-        min_clients: int = 1,
-        min_available: int | None = None,
+        fraction_train: float = 0.1,
+        min_train_nodes: int = 1,
+        min_available_nodes: int | None = None,
         min_replies: int = 1,
         seed: int = 42,
         final_eval: bool = True,
         discover_timeout: float = 300.0,
         **options: Any,
     ) -> None:
-        """``options``: the method's (``options_type``), checked here, before round 1; the method
-        reads them as ``self.options``."""
+        """``fraction_train``, ``min_train_nodes`` and ``min_available_nodes`` are Flower's FedAvg
+        keywords and mean what they mean there (the share of clients sampled a round, the fewest
+        sampled, the nodes to wait for before round 1; default: all ``num_clients``). ``options``:
+        the method's (``options_type``), checked here, before round 1; the method reads them as
+        ``self.options``. A keyword of Flower's FedAvg that pflower's methods do not take is
+        refused in one line saying why (:func:`check_flower_keywords`)."""
         before = set(vars(self))  # a subclass may set attributes before calling this: those are its own
+        check_flower_keywords(options)
         self.options = self.options_type.build(self.name, options)
+        fraction, min_clients, min_available = fraction_train, min_train_nodes, min_available_nodes
         if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+            raise SetupError(f"fraction_train must be in (0, 1], got {fraction}")
         check_client_spec(client_spec)
         spec = dict(client_spec)
         self.lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))

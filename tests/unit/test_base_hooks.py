@@ -50,7 +50,7 @@ def test_a_group_that_turns_personal_keeps_the_clients_own_value_only_with_whole
     compose, tiny_overrides, monkeypatch, cls, keeps_own
 ):
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = cls(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42)
+    strategy = cls(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     fc2 = strategy.keys(["fc2"])
     initial = {k: strategy.global_arrays[k].copy() for k in fc2}
     seen = {}  # client -> its fc2 when its round-2 training starts
@@ -97,7 +97,7 @@ def test_whole_model_persistence_saves_every_tensor_and_personal_mode_only_the_p
     class FedPerKeeping(FedPer):
         client_keeps = "model"
 
-    keeping = FedPerKeeping(_model(cfg), fedper.client_spec, num_clients=4, fraction=1.0, seed=42)
+    keeping = FedPerKeeping(_model(cfg), fedper.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     grid = InProcessGrid(4)
     run(keeping, grid, rounds=1)
     state = personal_state(grid.contexts[grid.node_of_client[0]])
@@ -116,7 +116,7 @@ def test_fedcmd_opting_into_whole_model_persistence_would_change_nothing(compose
 
     overrides = ("method=fedcmd", "method.kp=2", "fraction=0.5", "rounds=5")
     cfg, plain = make(compose, tiny_overrides, *overrides)
-    keeping = FedCMDKeeping(_model(cfg), plain.client_spec, num_clients=4, fraction=0.5, seed=42, kp=2)
+    keeping = FedCMDKeeping(_model(cfg), plain.client_spec, num_clients=4, fraction_train=0.5, seed=42, kp=2)
     histories = []
     for strategy in (plain, keeping):
         histories.append(run(strategy, InProcessGrid(4), rounds=5))
@@ -153,7 +153,7 @@ class Prefixes(FedAvg):
 def test_a_client_may_upload_any_declared_set_and_bytes_count_what_came(compose, tiny_overrides, monkeypatch):
     monkeypatch.setitem(ROLES, "prefix", PrefixRole)
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42)
+    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
     keys = strategy.keys()
@@ -174,7 +174,7 @@ def test_a_set_the_strategy_did_not_declare_is_rejected(compose, tiny_overrides,
 
     monkeypatch.setitem(ROLES, "prefix", OddRole)
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42)
+    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     before = {k: v.copy() for k, v in strategy.global_arrays.items()}
     records = run(strategy, InProcessGrid(4), rounds=1)
     assert records[0]["clients"] == [] and len(records[0]["dropped"]) == 4
@@ -198,7 +198,11 @@ def test_a_role_cannot_upload_what_the_server_did_not_ask_for(compose, tiny_over
     cfg, base = make(compose, tiny_overrides, "method=fedper", "fraction=1.0")
     # every client's ClientApp refuses: the run stops on that round, naming the refusal
     with pytest.raises(ClientsFailed, match="round 1: .*did not ask for"):
-        run(AskGreedy(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42), InProcessGrid(4), rounds=1)
+        run(
+            AskGreedy(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42),
+            InProcessGrid(4),
+            rounds=1,
+        )
 
 
 # ----------------------------------------------------------------------------- BN statistics
@@ -208,7 +212,7 @@ class SharedStats(FedAvg):
 
 def test_shared_buffers_send_and_average_bn_running_statistics_but_never_the_counter(compose, tiny_overrides):
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = SharedStats(_model(cfg), base.client_spec, num_clients=4, fraction=1.0, seed=42)
+    strategy = SharedStats(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     stats = [k for k in strategy.global_arrays if "running_" in k]
     assert stats and not any("num_batches" in k for k in strategy.global_arrays)
     assert all(np.all(strategy.global_arrays[k] == (0.0 if "mean" in k else 1.0)) for k in stats)  # BN's initial values
@@ -232,7 +236,7 @@ class EvenOnly(FedAvg):
 
 def test_the_sampling_hook_decides_who_trains(compose, tiny_overrides):
     cfg, base = make(compose, tiny_overrides, "method=fedavg")
-    strategy = EvenOnly(_model(cfg), base.client_spec, num_clients=4, fraction=0.5, seed=42)
+    strategy = EvenOnly(_model(cfg), base.client_spec, num_clients=4, fraction_train=0.5, seed=42)
     records = run(strategy, InProcessGrid(4), rounds=4)
     assert all(len(r["clients"]) == 1 and r["clients"][0] % 2 == 0 for r in records)
 

@@ -152,7 +152,7 @@ def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
             model,
             {**client_spec(), "model": {"name": "cnn_kapc"}},
             num_clients=3,
-            fraction=1.0,
+            fraction_train=1.0,
             seed=0,
             method_args={"cube_steps": 0, "unheard": unheard},
         )
@@ -228,7 +228,7 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
         model,
         {**client_spec(), "model": {"name": "resnet18"}},
         num_clients=3,
-        fraction=1.0,
+        fraction_train=1.0,
         seed=0,
         method_args={"cube_init": "uniform", "cube_steps": 0},
     )  # only the layer set below is masked

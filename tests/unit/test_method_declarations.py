@@ -112,7 +112,7 @@ def sent_role_args(method: str, **options) -> dict[str, object]:
     spec = {**client_spec(lr=0.01), "model": {"name": "lenet5"}}
     del spec["data"]  # the data spec is the runner's (FedMD reads its transfer set from it when given)
     run = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}  # the paper's K
-    strategy = STRATEGIES[method](model, spec, num_clients=4, fraction=0.5, **run, **options)
+    strategy = STRATEGIES[method](model, spec, num_clients=4, fraction_train=0.5, **run, **options)
     args = strategy.role_config(0, 1)
     return args.to_dict() if hasattr(args, "to_dict") else dict(args)
 

@@ -114,7 +114,7 @@ def uploads(strategy, n):
 
 
 def test_fedamp_round_of_cloud_models_equals_the_per_client_attention(lenet):
-    strategy = build_strategy("fedamp", lenet, client_spec(), num_clients=5, fraction=1.0)
+    strategy = build_strategy("fedamp", lenet, client_spec(), num_clients=5, fraction_train=1.0)
     strategy.models = {c: m for c, m in uploads(strategy, 5).items() if c != 3}  # client 3 never trained
     clouds = strategy.extra_downlinks([0, 3, 4], 2)
     for c in (0, 3, 4):
@@ -125,7 +125,7 @@ def test_fedamp_round_of_cloud_models_equals_the_per_client_attention(lenet):
 
 
 def test_fedap_and_pfedsim_rounds_of_downlinks_equal_their_single_client_form(lenet):
-    fedap = build_strategy("fedap", lenet, client_spec(), num_clients=4, fraction=1.0, method_args={"warmup": 0})
+    fedap = build_strategy("fedap", lenet, client_spec(), num_clients=4, fraction_train=1.0, method_args={"warmup": 0})
     keys = fedap.travelling_keys(fedap.groups, 0, 1)
     fedap.models = {c: {k: m[k] for k in keys} for c, m in uploads(fedap, 3).items()}
     fedap.stats = {
@@ -139,7 +139,9 @@ def test_fedap_and_pfedsim_rounds_of_downlinks_equal_their_single_client_form(le
         assert set(down[c]) == set(keys)
         for k in keys:
             np.testing.assert_allclose(down[c][k], want[k], rtol=1e-5, atol=1e-7)
-    pfedsim = build_strategy("pfedsim", lenet, client_spec(), num_clients=4, fraction=1.0, method_args={"warmup": 0})
+    pfedsim = build_strategy(
+        "pfedsim", lenet, client_spec(), num_clients=4, fraction_train=1.0, method_args={"warmup": 0}
+    )
     body = pfedsim.keys(pfedsim.body)
     pfedsim.bodies = {c: {k: m[k] for k in body} for c, m in uploads(pfedsim, 3).items()}
     pfedsim.sim = np.array([[1, 0.5, 0.2, 0], [0.5, 1, 0.9, 0], [0.2, 0.9, 1, 0], [0, 0, 0, 1.0]])
@@ -179,7 +181,7 @@ def test_bipartition_merges_exactly_as_the_full_rescan_ties_included():
 
 def test_fedfomo_choice_keeps_its_tie_rules(lenet):
     strategy = build_strategy(
-        "fedfomo", lenet, client_spec(), num_clients=8, fraction=1.0, method_args={"m": 3, "pool": "all"}
+        "fedfomo", lenet, client_spec(), num_clients=8, fraction_train=1.0, method_args={"m": 3, "pool": "all"}
     )
     strategy.models = {j: {} for j in (5, 1, 7, 2, 4, 0)}
     strategy.model_round = {5: 2, 1: 3, 7: 3, 2: 1, 4: 3, 0: 3}

@@ -27,7 +27,7 @@ def context(partition: int, partitions: int = 4) -> Context:
 
 
 def test_a_strategy_takes_the_users_module_and_names_its_layer_groups():
-    strategy = FedCMD(Net(), client_spec(lr=0.05), num_clients=4, fraction=0.5, kp=2)
+    strategy = FedCMD(Net(), client_spec(lr=0.05), num_clients=4, fraction_train=0.5, kp=2)
     assert strategy.groups == ["conv1", "conv2", "fc1", "fc2", "fc3"]
     assert strategy.schema().keys(["fc3"]) == ["groups.fc3.weight", "groups.fc3.bias"]
     spec = strategy.client_spec
@@ -128,3 +128,42 @@ def test_the_servers_model_is_drawn_from_the_seed_and_the_users_module_is_left_a
     assert all(np.array_equal(a[k], b[k]) for k in a)  # the same seed: the same start, whatever Net() drew
     assert not np.array_equal(a["groups.fc3.weight"], c["groups.fc3.weight"])
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # the caller's module unchanged
+
+
+FLOWER_FEDAVG_ARGS = {"fraction_train": 0.5, "min_train_nodes": 2, "min_available_nodes": 4}
+
+
+@pytest.mark.parametrize("method", sorted(__import__("pflower.strategies", fromlist=["STRATEGIES"]).STRATEGIES))
+def test_every_method_takes_the_arguments_a_flower_user_passes_to_fedavg(method):
+    """FedAvg(fraction_train=, min_train_nodes=, min_available_nodes=) as in Flower's quickstart,
+    with the model and the client spec in front."""
+    from pflower.models import build_model
+    from pflower.strategies import STRATEGIES
+
+    spec = client_spec()
+    if method == "fedmd":
+        spec["data"] = {"transfer_fraction": 0.1}  # FedMD's labelled transfer set (dataset.transfer_fraction)
+    # a method whose warm-up is a share of the run (FedAP, pFedSim) is told the run's rounds
+    rounds = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}
+    model = build_model("lenet5", (1, 28, 28), 10, seed=0)
+    strategy = STRATEGIES[method](model, spec, num_clients=4, **FLOWER_FEDAVG_ARGS, **rounds)
+    assert (strategy.fraction, strategy.min_clients, strategy.min_available) == (0.5, 2, 4)
+    assert strategy.sample_size() == 2
+
+
+@pytest.mark.parametrize(
+    "keyword, message",
+    [
+        ({"fraction": 0.5}, r"fraction= is Flower's fraction_train= in pflower's strategies: pass fraction_train="),
+        ({"min_clients": 2}, r"min_clients= is Flower's min_train_nodes="),
+        ({"min_available": 2}, r"min_available= is Flower's min_available_nodes="),
+        ({"fraction_evaluate": 0.5}, r"fraction_evaluate= is not taken: pflower's methods evaluate every client"),
+        ({"train_metrics_aggr_fn": len}, r"train_metrics_aggr_fn= is not taken: pflower aggregates"),
+    ],
+)
+def test_old_names_and_flower_keywords_pflower_does_not_take_are_one_line(keyword, message):
+    from pflower.strategies.base.client_spec import SetupError
+
+    with pytest.raises(SetupError, match=message) as err:
+        FedPer(Net(), client_spec(), num_clients=4, **keyword)
+    assert err.value.user_error

@@ -27,7 +27,7 @@ def main(grid: Grid, context: Context) -> None:
         Net(),
         client_spec(lr=context.run_config["lr"], local_epochs=context.run_config["local-epochs"]),
         num_clients=num_clients,
-        fraction=fraction_train,
+        fraction_train=fraction_train,
         kp=context.run_config["phase-one-rounds"],
     )
 

@@ -198,18 +198,18 @@ class Architectures:
 
 
 def check_linear_head(method: str, schemas: Mapping[str, ModelSchema]) -> None:
-    """Refuse a model whose last layer group is not one linear classifier (a weight [classes,
-    features] and a bias) for a method that reads that group as its classifier."""
+    """Refuse a model whose last layer group does not end in a linear layer (its last weight
+    [classes, features]) for a method that reads that group as its classifier: a Conv2d there
+    gives no logits to classify with."""
     from .client_spec import SetupError
 
     for arch, schema in schemas.items():
-        last = schema.groups[-1]
-        keys = schema.group_keys[last]
-        dims = sorted(len(schema.template[k][0]) for k in keys)
-        if dims not in ([2], [1, 2]):
-            shapes = {k: list(schema.template[k][0]) for k in keys}
+        last = schema.group_keys[schema.groups[-1]]
+        weights = [k for k in last if len(schema.template[k][0]) >= 2]
+        if not weights or len(schema.template[weights[-1]][0]) != 2:
+            shapes = {k: list(schema.template[k][0]) for k in last}
             raise SetupError(
-                f"method {method!r} reads the model's last layer group as its classifier, one nn.Linear "
-                f"(weight [classes, features] and bias); {arch!r}'s last group {last!r} holds {shapes}: end the "
-                "model with an nn.Linear of its own group (adapt(model, groups=...) names the groups)"
+                f"method {method!r} reads the model's last layer group as its classifier, which must end in an "
+                f"nn.Linear (weight [classes, features]); {arch!r}'s last group {schema.groups[-1]!r} holds {shapes}: "
+                "end the model with an nn.Linear (adapt(model, groups=...) names the groups)"
             )

@@ -38,8 +38,8 @@ class MethodHooks:
     client_keeps = "personal"  # "personal" | "model" (wire.KEEP_MODES)
     shared_buffers = False  # float BN buffers travel with their group and are averaged (off: they never leave)
     heterogeneous = False  # the method supports clients of different architectures
-    # the method reads the model's last layer group as its classifier, one nn.Linear (weight
-    # [classes, features], bias): refused at construction otherwise
+    # the method reads the model's last layer group as its classifier, which must end in an
+    # nn.Linear (weight [classes, features]): refused at construction otherwise
     linear_head = False
     checkpoint_exclude: tuple[str, ...] = ()  # method attributes not checkpointed (rebuilt from the config)
     # the final evaluation also scores every client's model on the labelled global test set (the

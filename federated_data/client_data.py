@@ -19,7 +19,7 @@ from .local import load_local_data
 from .partition import PartitionError, partition, train_test_split
 from .partition_file import read_partition_file
 from .sources import Splits, recording
-from .tensors import ClientData, normalize, to_unit
+from .tensors import ClientData, is_image_batch, normalize, to_unit
 
 PUBLIC_MODES = ("none", "test", "holdout")
 
@@ -147,6 +147,8 @@ def _pool(spec_key: DataSpec) -> _Pool:
         images, labels = images[order[n_pub:]], labels[order[n_pub:]]
     if info.mean is not None and info.std is not None:
         mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
+    elif not is_image_batch(images):  # feature vectors: no pixel statistics (normalize leaves them as they are)
+        mean, std = np.zeros(0, np.float32), np.ones(0, np.float32)
     else:
         as_float = to_unit(images)
         mean = as_float.mean(axis=(0, 2, 3)).astype(np.float32)

@@ -1,9 +1,10 @@
 """Your data: dataset objects and image folders as the arrays every pflower data path uses.
 
 - :func:`arrays_of`: a map-style dataset (torchvision, a Hugging Face dataset with ``image`` and
-  ``label`` columns, any object with ``__len__`` and ``__getitem__`` returning ``(image, label)``)
-  or an ``(images, labels)`` pair, as ``uint8``/``float32`` images ``[N, C, H, W]`` and ``int64``
-  labels. An image may be a tensor, an array (``HxW``, ``CxHxW`` or ``HxWxC``) or a PIL image.
+  ``label`` columns, any object with ``__len__`` and ``__getitem__`` returning ``(sample, label)``)
+  or an ``(samples, labels)`` pair, as ``uint8``/``float32`` images ``[N, C, H, W]`` or ``float32``
+  feature vectors ``[N, F]`` (tabular or sensor data), and ``int64`` labels. An image may be a
+  tensor, an array (``HxW``, ``CxHxW`` or ``HxWxC``) or a PIL image; a vector a 1-D tensor or array.
 - :func:`user_splits`: what a user's data function returns (one dataset, ``(train, test)`` or
   ``{"train": ..., "test": ...}``) as named splits (``dataset=custom``, the client builder).
 - :func:`read_image_folder`: torchvision's ImageFolder layout (``root/<class>/<image>``), resized
@@ -34,11 +35,16 @@ def _is_pil(image: Any) -> bool:
 
 
 def _image_array(image: Any, where: str) -> np.ndarray:
-    """One image as [C, H, W] (uint8 or float32)."""
-    if hasattr(image, "detach"):  # a torch tensor: C x H x W (torch's layout), or H x W
+    """One sample: an image as [C, H, W] (uint8 or float32), a feature vector as [F] (float32)."""
+    if hasattr(image, "detach"):  # a torch tensor: C x H x W (torch's layout), or H x W, or a vector
         image = image.detach().cpu().numpy()
         if image.ndim == 3:
             return image if image.dtype == np.uint8 else image.astype(np.float32, copy=False)
+    if not _is_pil(image) and np.ndim(image) == 1:  # a feature vector: tabular or sensor data
+        vector = np.asarray(image)
+        if not (np.issubdtype(vector.dtype, np.floating) or np.issubdtype(vector.dtype, np.integer)):
+            raise DataHookError(f"{where}: a vector of dtype {vector.dtype}; use numbers")
+        return vector.astype(np.float32, copy=False)
     if _is_pil(image):
         image = np.asarray(image)
         if image.ndim == 3:
@@ -49,7 +55,9 @@ def _image_array(image: Any, where: str) -> np.ndarray:
     elif image.ndim == 3 and image.shape[-1] in (1, 3, 4) and image.shape[0] not in (1, 3, 4):
         image = image.transpose(2, 0, 1)  # HxWxC -> CxHxW
     if image.ndim != 3:
-        raise DataHookError(f"{where}: an image of shape {image.shape}; images must be HxW, CxHxW or HxWxC")
+        raise DataHookError(
+            f"{where}: a sample of shape {image.shape}; a sample must be a vector [F] or an image HxW, CxHxW or HxWxC"
+        )
     if image.dtype == np.uint8:
         return image
     if not np.issubdtype(image.dtype, np.floating):
@@ -65,11 +73,12 @@ def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
             images = images[:, None]  # N x H x W
         elif images.ndim == 4 and images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4):
             images = images.transpose(0, 3, 1, 2)  # N x H x W x C
-        if images.ndim != 4 or labels.shape != (len(images),):
+        if images.ndim not in (2, 4) or labels.shape != (len(images),):
             raise DataHookError(
-                f"{where}: images {images.shape} and labels {labels.shape}; pass images [N, C, H, W] and labels [N]"
+                f"{where}: samples {images.shape} and labels {labels.shape}; pass images [N, C, H, W] or "
+                "feature vectors [N, F], and labels [N]"
             )
-        if images.dtype != np.uint8:
+        if images.dtype != np.uint8 or images.ndim == 2:  # vectors are features, never 0..255 pixels
             images = images.astype(np.float32, copy=False)
         return np.ascontiguousarray(images), labels.astype(np.int64)
     if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
@@ -93,8 +102,8 @@ def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
         labels.append(int(item[1]))
     shapes = {x.shape for x in images}
     if len(shapes) != 1:
-        raise DataHookError(f"{where}: images of different shapes {sorted(shapes)[:3]}; resize them to one shape")
-    dtype = np.uint8 if all(x.dtype == np.uint8 for x in images) else np.float32
+        raise DataHookError(f"{where}: samples of different shapes {sorted(shapes)[:3]}; give them one shape")
+    dtype = np.uint8 if all(x.dtype == np.uint8 and x.ndim == 3 for x in images) else np.float32
     return np.stack(images).astype(dtype, copy=False), np.asarray(labels, np.int64)
 
 

@@ -33,7 +33,7 @@ class DatasetInfo:
     """What a model needs to know about a dataset, without loading it."""
 
     name: str
-    in_shape: tuple[int, int, int]
+    in_shape: tuple[int, ...]  # (C, H, W) for images, (F,) for feature vectors
     num_classes: int
     reader: Reader
     mean: tuple[float, ...] | None = None  # None: computed from the data

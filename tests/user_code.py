@@ -70,3 +70,25 @@ def client_digits32(client_id: int, num_clients: int | None) -> tuple[Digits32, 
     mine = np.arange(400)[client_id :: num_clients or 4]
     cut = int(len(mine) * 0.8)
     return Digits32(mine[:cut]), Digits32(mine[cut:])
+
+
+class MLP(nn.Module):
+    """A user's MLP for feature vectors: the shape tabular and sensor data come in."""
+
+    def __init__(self, in_shape: tuple[int, ...] = (64,), num_classes: int = 10) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(int(in_shape[0]), 64)
+        self.fc2 = nn.Linear(64, 32)
+        self.classifier = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def load_digit_vectors(size: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as 64-value feature vectors scaled to [0, 1] and their labels: an
+    (samples, labels) pair of a table, no image anywhere."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x[:size] / 16.0).astype(np.float64), y[:size]

@@ -33,15 +33,31 @@ def test_an_images_labels_pair_in_nhwc_or_nhw_is_turned_into_nchw():
     assert x.shape == (7, 1, 8, 8)
 
 
+def test_feature_vectors_are_samples_too_and_keep_their_values():
+    """Tabular or sensor data: a pair [N, F] or a dataset of 1-D tensors/arrays is float32 [N, F];
+    whole-number features are not pixels (no 0..255 scaling), and no pixel normalisation applies."""
+    from pflower.federated_data.tensors import normalize
+
+    x, y = arrays_of((np.arange(12, dtype=np.int64).reshape(4, 3), np.array([0, 1, 0, 1])))
+    assert x.shape == (4, 3) and x.dtype == np.float32 and x[3].tolist() == [9.0, 10.0, 11.0]
+    x2, _ = arrays_of(TensorDataset(torch.arange(12.0).reshape(4, 3), torch.tensor([0, 1, 0, 1])))
+    assert np.array_equal(x, x2)
+    x3, _ = arrays_of([(np.array([200, 255], np.uint8), 1)])  # uint8 features stay their values
+    assert x3.dtype == np.float32 and x3.tolist() == [[200.0, 255.0]]
+    assert torch.equal(normalize(x, np.zeros(0, np.float32), np.ones(0, np.float32)), torch.from_numpy(x))
+
+
 @pytest.mark.parametrize(
     "data, message",
     [
         (42, "pass a map-style dataset"),
         ([], "is empty"),
-        ([(np.zeros((3, 3)), 0), (np.zeros((4, 4)), 1)], "images of different shapes"),
+        ([(np.zeros((3, 3)), 0), (np.zeros((4, 4)), 1)], "samples of different shapes"),
+        ([(np.zeros((2, 3, 4, 5)), 0)], "a sample must be a vector [F] or an image HxW, CxHxW or HxWxC"),
+        ([(np.array(["a", "b"]), 0)], "a vector of dtype <U1; use numbers"),
         ([np.zeros((3, 3))], "items must be (image, label)"),
         ([{"pixels": 1, "label": 0}], "pflower reads 'image' and 'label'"),
-        ((np.zeros((3, 4, 4)), np.zeros(2)), "pass images [N, C, H, W] and labels [N]"),
+        ((np.zeros((3, 4, 4)), np.zeros(2)), "pass images [N, C, H, W] or feature vectors [N, F], and labels [N]"),
     ],
 )
 def test_data_pflower_cannot_read_is_refused_with_what_it_must_be(data, message):

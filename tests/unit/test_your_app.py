@@ -167,3 +167,15 @@ def test_old_names_and_flower_keywords_pflower_does_not_take_are_one_line(keywor
     with pytest.raises(SetupError, match=message) as err:
         FedPer(Net(), client_spec(), num_clients=4, **keyword)
     assert err.value.user_error
+
+
+def test_the_client_builder_takes_feature_vectors_and_an_mlp():
+    """build_clientapp's hooks with tabular data: (train, test) pairs of [N, 64] vectors, the user's MLP."""
+    from user_code import MLP, load_digit_vectors
+
+    x, y = load_digit_vectors(100)
+    hooks = ClientHooks(model=MLP, data=lambda context: ((x[:80], y[:80]), (x[80:], y[80:])))
+    data = hooks.data_of(context(0), 0)
+    assert data.x_train.shape == (80, 64) and torch.allclose(data.x_train, torch.from_numpy(x[:80]).float())
+    model = hooks.model_of(TaskSpec(run="r", seed=1, model={}, data={}, train={}), tuple(data.x_train.shape[1:]))
+    assert model(data.x_test).shape == (20, 10) and model.group_names == ["fc1", "fc2", "classifier"]

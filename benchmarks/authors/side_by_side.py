@@ -15,6 +15,13 @@ the whole test set every ``--eval_every`` iterations and saves the means in
 ``authors/<variant>/seed<S>/evaluate_acc.txt`` (beside ``command.txt``, the command that ran it,
 which fixes the iterations they belong to); pflower's number is the run's final evaluation of every
 client (``final_acc``), and its curve the 10-round means of ``test_before``.
+
+``--metric clusters`` is FedCPMD's layout: the authors' ``fedsper2.py`` writes one
+``<clients>_<layer>_<dataset>_acc_metrics.csv`` per cluster (test_before of the cluster's sampled
+clients per round, its phase-1 rounds first); pflower logs ``cluster_acc`` per round. Both codes'
+clusters are scored alike (:func:`cluster_statistics`): each cluster's mean of its last ``--last``
+rounds, then the mean over clusters weighted by their clients ("over clients") and unweighted (the
+FedCPMD paper's mean-cluster accuracy).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import argparse
 import csv
 import json
 import re
+import shlex
 import statistics
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -73,6 +82,113 @@ def authors_felo_curve(seed_dir: Path) -> dict[int, float]:
     if len(values) != len(rounds):
         raise SystemExit(f"{seed_dir}: {len(values)} evaluations, but its command.txt gives {len(rounds)}")
     return {r: 100.0 * v for r, v in zip(rounds, values)}
+
+
+#: the one group of a run that forms no clusters
+NO_CLUSTERS = "no clustering"
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """One clustered run: each cluster's personal layer, its number of clients and its accuracy
+    curve (%, one value per round it was scored)."""
+
+    sizes: dict[str, int]
+    curves: dict[str, list[float]]
+
+
+def authors_clusters(seed_dir: Path, dataset: str) -> Clusters:
+    """The clusters of one ``fedsper2.py`` run from its ``<clients>_<layer>_<dataset>_acc_metrics.csv`` files."""
+    sizes: dict[str, int] = {}
+    curves: dict[str, list[float]] = {}
+    for path in sorted(seed_dir.glob(f"*_{dataset}_acc_metrics.csv")):
+        m = re.fullmatch(rf"(\d+)_(.+)_{re.escape(dataset)}_acc_metrics\.csv", path.name)
+        if m:
+            sizes[m.group(2)] = int(m.group(1))
+            curves[m.group(2)] = authors_curve(path)
+    whole = seed_dir / f"{dataset}_acc_metrics.csv"
+    if not sizes and whole.exists():  # a run that forms no clusters (fedsper.py): its clients as one group
+        return Clusters({NO_CLUSTERS: 1}, {NO_CLUSTERS: authors_curve(whole)})
+    if not sizes:
+        raise SystemExit(
+            f"{seed_dir}: no <clients>_<layer>_{dataset}_acc_metrics.csv (fedsper2.py writes one a cluster)"
+        )
+    return Clusters(sizes, curves)
+
+
+def pflower_clusters(run_dir: Path) -> Clusters:
+    """The clusters of one pflower FedCPMD run from the ``cluster_acc`` its rounds log."""
+    rows = [r for r in read_metrics(run_dir) if "cluster_acc" in r and "cluster_layers" in r]
+    if not rows:
+        raise SystemExit(f"{run_dir}: no round logs cluster_acc (not a FedCPMD run, or phase 2 never started)")
+    last = max(rows, key=lambda r: r["round"])
+    sizes = dict(zip(last["cluster_layers"], last["cluster_sizes"]))
+    curves: dict[str, list[float]] = {layer: [] for layer in sizes}
+    for row in sorted(rows, key=lambda r: r["round"]):
+        for layer, acc in zip(row["cluster_layers"], row["cluster_acc"]):
+            if layer in curves and acc is not None:
+                curves[layer].append(100.0 * acc)
+    return Clusters(sizes, curves)
+
+
+def cluster_statistics(run: Clusters, last: int) -> tuple[float, float]:
+    """(over clients, over clusters): each cluster's mean of its last ``last`` scores, then their
+    mean weighted by the clusters' clients, and unweighted (the FedCPMD paper's statistic)."""
+    means = {layer: last_mean(curve, last) for layer, curve in run.curves.items() if curve}
+    total = sum(run.sizes[layer] for layer in means)
+    weighted = sum(run.sizes[layer] * m for layer, m in means.items()) / total
+    return weighted, statistics.fmean(means.values())
+
+
+def cluster_table(root: Path, dataset: str, paper: float | None, last: int, notes: dict[str, str], flags: str) -> str:
+    """The ``--metric clusters`` table: every clustered run under ``root``, both statistics per seed."""
+    runs: dict[tuple[str, str], dict[int, Clusters]] = {}
+    for seed_dir in sorted(root.glob("authors/*/seed*")):
+        if list(seed_dir.glob(f"*{dataset}_acc_metrics.csv")):
+            runs.setdefault(("authors", seed_dir.parent.name), {})[int(seed_dir.name.removeprefix("seed"))] = (
+                authors_clusters(seed_dir, dataset)
+            )
+    for summary in sorted(root.glob("pflower*/seed*/**/summary.json")):
+        seed_dir = next(p for p in summary.parents if p.name.startswith("seed"))
+        config = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        variant = f"{config['method']['name']} ({config['method'].get('distance', '?')})"
+        runs.setdefault(("pflower", variant), {})[int(seed_dir.name.removeprefix("seed"))] = pflower_clusters(
+            summary.parent
+        )
+    lines = [
+        f"Metric: each cluster's mean test_before accuracy (%) of its last {last} rounds; then the mean over clusters "
+        "weighted by their clients (over clients) and unweighted (over clusters: the FedCPMD paper's mean-cluster "
+        "accuracy), per seed. Clusters: personal layer and clients.",
+        _generated(root, flags),
+        "",
+        "| code | method | seeds | clusters | over clients | mean | over clusters | mean | paper |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (code, variant), by_seed in sorted(runs.items()):
+        seeds = sorted(by_seed)
+        stats = [cluster_statistics(by_seed[s], last) for s in seeds]
+        clusters = "; ".join(
+            ", ".join(
+                layer if layer == NO_CLUSTERS else f"{layer} {n}"
+                for layer, n in sorted(by_seed[s].sizes.items(), key=lambda kv: -kv[1])
+            )
+            for s in seeds
+        )
+        cells = [code, variant, ", ".join(map(str, seeds)), clusters]
+        cells += [", ".join(f"{a:.2f}" for a, _ in stats), f"{statistics.fmean(a for a, _ in stats):.2f}"]
+        cells += [", ".join(f"{b:.2f}" for _, b in stats), f"{statistics.fmean(b for _, b in stats):.2f}"]
+        cells.append("" if paper is None else f"{paper:g}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += _notes(notes)
+    curves = {
+        (code, f"{variant} {layer}"): {
+            s: dict(enumerate(run.curves[layer], 1)) for s, run in by_seed.items() if layer in run.curves
+        }
+        for (code, variant), by_seed in runs.items()
+        for layer in {layer for run in by_seed.values() for layer in run.curves}
+    }
+    _write_curves(root, "test_before", curves)
+    return "\n".join(lines) + "\n"
 
 
 def last_mean(curve: list[float], last: int) -> float:
@@ -233,7 +349,9 @@ def write_section(page: Path, name: str, text: str, marker: str = "side-by-side"
     page.write_text(pattern.sub(lambda _: f"{start}\n{text}{end}", page.read_text()))
 
 
-def main(argv: list[str] | None = None) -> None:
+def render(argv: list[str] | None = None) -> tuple[str, Path, str | None]:
+    """The table a command line asks for: (text, run folder, page section); the table functions also
+    write the folder's curves.csv."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--paper", default="fedcmd", help="conf/paper_results/<paper>.yaml")
@@ -244,28 +362,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--section", help="also write the table into docs/authors-code.md's block of this name")
     parser.add_argument(
         "--metric",
-        choices=("last", "final"),
+        choices=("last", "final", "clusters"),
         default="last",
-        help="last: the last rounds' mean test_before (FedCMD, FedCPMD); final: the clients' final models (Felo/Velo)",
+        help="last: the last rounds' mean test_before (FedCMD); final: the clients' final models (Felo/Velo); "
+        "clusters: per cluster, then over clients and over clusters (FedCPMD's fedsper2.py)",
     )
+    parser.add_argument("--paper-key", help="the paper's row for the table's paper column (default: --paper's method)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
     notes_file = root / "variants.yaml"
     notes = yaml.safe_load(notes_file.read_text()) if notes_file.exists() else {}
     flags = "".join(
-        f" --{name.replace('_', '-')} {getattr(args, name)}"
-        for name in ("paper", "dataset", "alpha", "last", "metric")
+        f" --{name.replace('_', '-')} {shlex.quote(str(getattr(args, name)))}"
+        for name in ("paper", "dataset", "alpha", "last", "metric", "paper_key")
         if getattr(args, name) != parser.get_default(name)
     )
-    if args.metric == "final":  # no paper number: the Felo/Velo paper has no Fashion-MNIST results
+    if args.metric == "clusters":
+        results = yaml.safe_load((ROOT / "conf" / "paper_results" / f"{args.paper}.yaml").read_text())
+        numbers = paper_numbers(results, args.dataset, args.alpha)
+        text = cluster_table(root, args.dataset, numbers.get(args.paper_key or args.paper), args.last, notes, flags)
+    elif args.metric == "final":  # no paper number: the Felo/Velo paper has no Fashion-MNIST results
         text = final_table(root, notes, flags)
     else:
         results = yaml.safe_load((ROOT / "conf" / "paper_results" / f"{args.paper}.yaml").read_text())
         paper = paper_numbers(results, args.dataset, args.alpha)
         text = table(root, paper, args.last, notes, tuple(o for o in args.label_options.split(",") if o), flags)
+    return text, root, args.section
+
+
+def main(argv: list[str] | None = None) -> None:
+    text, root, section = render(argv)
     (root / "table.md").write_text(text)
-    if args.section:
-        write_section(ROOT / "docs" / "authors-code.md", args.section, text)
+    if section:
+        write_section(ROOT / "docs" / "authors-code.md", section, text)
     print(text)
 
 

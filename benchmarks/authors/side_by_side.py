@@ -104,6 +104,8 @@ def authors_clusters(seed_dir: Path, dataset: str) -> Clusters:
     for path in sorted(seed_dir.glob(f"*_{dataset}_acc_metrics.csv")):
         m = re.fullmatch(rf"(\d+)_(.+)_{re.escape(dataset)}_acc_metrics\.csv", path.name)
         if m:
+            if m.group(2) in sizes:  # two runs' files in one folder: which is this seed's is unknowable
+                raise SystemExit(f"{seed_dir}: two files for the cluster {m.group(2)!r}: keep one run's files a folder")
             sizes[m.group(2)] = int(m.group(1))
             curves[m.group(2)] = authors_curve(path)
     whole = seed_dir / f"{dataset}_acc_metrics.csv"

@@ -128,6 +128,9 @@ def test_clusters_are_scored_alike_in_both_codes(tmp_path):
     assert "| authors | fedsper_ablation | 1 | no clustering | 75.00 | 75.00 | 75.00 | 75.00 | 97.803 |" in text
     with pytest.raises(SystemExit, match="no <clients>_<layer>_fmnist_acc_metrics.csv"):
         sbs.authors_clusters(tmp_path, "fmnist")
+    (seed_dir / "9_fc1_fmnist_acc_metrics.csv").write_text("test_before,test_after\n1,1\n")  # another run's file
+    with pytest.raises(SystemExit, match="two files for the cluster 'fc1'"):
+        sbs.authors_clusters(seed_dir, "fmnist")
 
 
 def test_every_table_on_the_authors_code_page_is_what_its_committed_runs_give(monkeypatch):

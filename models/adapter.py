@@ -62,11 +62,11 @@ def check_logits(net: nn.Module) -> None:
     if not isinstance(net, AdaptedNet):
         return
     last_member = net.group_members[net.group_names[-1]][-1].split(".")[0]
-    names = [name for name, _ in net.wrapped.named_children()]
+    children = list(net.wrapped.named_children())
+    names = [name for name, _ in children]
     if last_member not in names:
         return
-    after = [(n, m) for n, m in list(net.wrapped.named_children())[names.index(last_member) + 1 :]]
-    for name, child in after:
+    for name, child in children[names.index(last_member) + 1 :]:
         if isinstance(child, OUTPUT_TRANSFORMS):
             raise ModelAdaptError(
                 f"{type(net.wrapped).__name__}.{name} ({type(child).__name__}) comes after the last layer group "

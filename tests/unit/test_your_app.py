@@ -13,7 +13,7 @@ from pflower.client_app.hooks import ClientHooks
 from pflower.federated_data.datasets import DataHookError
 from pflower.protocol.wire import TaskSpec
 from pflower.simulation.inprocess import InProcessGrid
-from pflower.strategies import FedCMD, FedPer, client_spec
+from pflower.strategies import STRATEGIES, FedCMD, FedPer, client_spec
 
 
 def context(partition: int, partitions: int = 4) -> Context:
@@ -133,12 +133,11 @@ def test_the_servers_model_is_drawn_from_the_seed_and_the_users_module_is_left_a
 FLOWER_FEDAVG_ARGS = {"fraction_train": 0.5, "min_train_nodes": 2, "min_available_nodes": 4}
 
 
-@pytest.mark.parametrize("method", sorted(__import__("pflower.strategies", fromlist=["STRATEGIES"]).STRATEGIES))
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
 def test_every_method_takes_the_arguments_a_flower_user_passes_to_fedavg(method):
     """FedAvg(fraction_train=, min_train_nodes=, min_available_nodes=) as in Flower's quickstart,
     with the model and the client spec in front."""
     from pflower.models import build_model
-    from pflower.strategies import STRATEGIES
 
     spec = client_spec()
     if method == "fedmd":

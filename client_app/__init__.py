@@ -1,7 +1,8 @@
 """pflower's client side: local data, the method's client role, persistent personal state.
 
 Public: :func:`build_clientapp` (your model and data as a ClientApp running any method's client
-role). The ClientApp of ``flwr run .`` is ``pflower.client_app.app:app``. Everything else here is
+role) and :func:`client_mod` (a Flower mod: your own ClientApp, its ``train`` unchanged, as a
+pflower client). The ClientApp of ``flwr run .`` is ``pflower.client_app.app:app``. Everything else here is
 internal.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_clientapp"]
+__all__ = ["build_clientapp", "client_mod"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from .builder import build_clientapp
 
         return build_clientapp
+    if name == "client_mod":
+        from .mod import client_mod
+
+        return client_mod
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -341,6 +341,10 @@ def record_before(task: TrainTask, result: Evaluation) -> None:
 
 
 def handle_train(message: Message, context: Context, hooks: ClientHooks | None = None) -> Message:
+    """A train message: discovery where its spec's task is ``query`` (the server asks that way
+    first, see ``ClientDirectory.query``), else a round of local training."""
+    if parse_spec(message).task == "query":
+        return handle_hello(message, context, hooks)
     task = start_train(message, context, hooks)
     job = task.job
     t1 = time.perf_counter()

@@ -66,7 +66,8 @@ def _image_array(image: Any, where: str) -> np.ndarray:
 
 
 def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
-    """(images [N, C, H, W], labels int64 [N]) of a dataset object or an ``(images, labels)`` pair."""
+    """(images [N, C, H, W], labels int64 [N]) of a dataset object (a DataLoader: its dataset) or
+    an ``(images, labels)`` pair."""
     if isinstance(data, tuple) and len(data) == 2 and all(hasattr(d, "shape") for d in data):
         images, labels = (np.asarray(d.detach().cpu() if hasattr(d, "detach") else d) for d in data)
         if images.ndim == 3:
@@ -81,6 +82,10 @@ def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
         if images.dtype != np.uint8 or images.ndim == 2:  # vectors are features, never 0..255 pixels
             images = images.astype(np.float32, copy=False)
         return np.ascontiguousarray(images), labels.astype(np.int64)
+    from torch.utils.data import DataLoader
+
+    if isinstance(data, DataLoader):  # Flower's quickstart returns loaders: their dataset, item by item
+        data = data.dataset
     if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
         raise DataHookError(
             f"{where} is a {type(data).__name__}: pass a map-style dataset (len() and [i] -> (image, label)) "

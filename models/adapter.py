@@ -248,6 +248,21 @@ class AdaptedNet(LayeredNet):
             )
 
 
+def own_names(net: nn.Module) -> dict[str, str]:
+    """pflower's state-dict key -> the same tensor's key in the module the user wrote (an adapted
+    module: ``groups.fc3.weight`` -> ``fc3.weight``); every key maps to itself for a pflower model.
+    What a Flower user's own code (``Net().load_state_dict``, ``ArrayRecord(net.state_dict())``)
+    reads and writes, found by tensor identity, so any grouping maps back."""
+    state = net.state_dict(keep_vars=True)
+    wrapped = net.__dict__.get("wrapped")
+    if wrapped is None:
+        return {key: key for key in state}
+    theirs: dict[int, str] = {}
+    for key, tensor in wrapped.state_dict(keep_vars=True).items():
+        theirs.setdefault(id(tensor), key)  # a tied tensor: its first name
+    return {key: theirs.get(id(tensor), key) for key, tensor in state.items()}
+
+
 def adapt(
     module: nn.Module,
     groups: Mapping[str, Sequence[str] | str] | None = None,

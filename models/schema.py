@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from .adapter import own_names
 from .layered import LayeredNet, group_of
 
 Template = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -100,6 +101,9 @@ class ModelSchema:
     bn_channels: tuple[int, ...] = field(default=())  # features of every BatchNorm layer, forward order
     layers: tuple[tuple[str, ...], ...] = field(default=())  # weight layers (parameter_layers), forward order
     layer_dims: tuple[tuple[int, int], ...] = field(default=())  # (d, n) of each layer's weight matrix
+    # every state-dict key -> its name in the user's own module (models.adapter.own_names): what
+    # Flower's initial_arrays, Result.arrays and evaluate_fn carry
+    own_names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: LayeredNet, arch: str, spec: Mapping[str, Any]) -> ModelSchema:
@@ -116,7 +120,9 @@ class ModelSchema:
         bn = (tuple(batchnorm_keys(model)), tuple(m.num_features for m in batchnorm_layers(model)))
         layers = parameter_layers(model)
         weight_layers = (tuple(tuple(keys) for keys in layers), tuple(layer_dims(model, layers)))
-        return cls(arch, dict(spec), groups, group_keys, group_buffers, template, order, *bn, *weight_layers)
+        return cls(
+            arch, dict(spec), groups, group_keys, group_buffers, template, order, *bn, *weight_layers, own_names(model)
+        )
 
     def keys(self, groups: Iterable[str] | None = None, buffers: bool = False) -> list[str]:
         """Trainable keys of ``groups`` (all if None), and their float buffers too when ``buffers``,

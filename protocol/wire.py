@@ -19,6 +19,7 @@ ROUND_KEY = "server-round"
 CLIENT_KEY = "client-id"  # also a reply metric: who answers
 # ... and, for a ClientApp of the user's own (docs/api.md), the spec's essentials as plain keys
 PLAIN_LR, PLAIN_EPOCHS, PLAIN_BATCH_SIZE = "lr", "local-epochs", "batch-size"
+PLAIN_TASK = "task"  # discovery: "query" (it arrives as a train message: docs/api.md, the message contract)
 PLAIN_UPLOAD_KEYS = "upload-keys"  # train messages: the state-dict keys the reply's ArrayRecord must hold
 ARRAYS_RECORD = "arrays"
 METRICS_RECORD = "metrics"

@@ -27,6 +27,10 @@ Tamper = Callable[[Message], Message]
 class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp handlers in this process (one Context per node)."""
 
+    # pflower's handlers answer discovery as a query message (a Flower ClientApp is asked with a
+    # train message first: ClientDirectory.query)
+    discovery_type = "query"
+
     def __init__(
         self,
         num_nodes: int,

@@ -208,6 +208,11 @@ class Role:
         :meth:`fit_alone` runs, and the batched engine trains such a client on its own)."""
         return None
 
+    def trains(self, model: nn.Module, ctx: RoleContext) -> bool:
+        """Whether this round trains the model at all (FedCPMD's vote-only probe does not): a
+        ClientApp's own train function (``client_mod``) is called only for a round that does."""
+        return True
+
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         """The model this client would use now (``test_before``); by default the received one."""
         return model

@@ -30,6 +30,10 @@ class FedCPMDRole(FedCMDRole):
             return None
         return super().plan(model, data, train_args, ctx)
 
+    def trains(self, model: nn.Module, ctx: RoleContext) -> bool:
+        """Phase 0 is a vote-only probe: no training."""
+        return self.args.phase != 0
+
     def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
         if self.args.phase == 0:
             scorer = self.scorer(model, data)

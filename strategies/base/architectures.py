@@ -81,9 +81,38 @@ class Architectures:
         }
 
     def set_initial(self, arrays: Mapping[str, Any]) -> None:
-        """Flower's ``initial_arrays`` (an ArrayRecord) as the default architecture's starting values."""
-        for key, array in arrays.items():
-            self.arrays[self.default][key] = array.numpy()
+        """Flower's ``initial_arrays`` (an ArrayRecord) as the default architecture's starting
+        values, under the model's own names (``ArrayRecord(Net().state_dict())``) or pflower's
+        (``groups.<group>.<key>``). A tensor the model does not hold, or of another shape, is
+        refused naming it; one that never travels (an integer buffer) is left out."""
+        from .client_spec import SetupError
+
+        schema = self.schemas[self.default]
+        ours = {own: key for key, own in schema.own_names.items()} | {key: key for key in schema.own_names}
+        travels = schema.keys(buffers=self.shared_buffers)
+        for name, array in arrays.items():
+            key = ours.get(name)
+            if key is None:
+                raise SetupError(
+                    f"initial_arrays holds {name!r}, which the model does not have (its keys: "
+                    f"{sorted(schema.own_names.values())[:6]}...): pass ArrayRecord(model.state_dict()) of the "
+                    "model given to the strategy"
+                )
+            if key not in travels:
+                continue
+            value = array.numpy()
+            shape = schema.template[key][0]
+            if tuple(value.shape) != shape:
+                raise SetupError(
+                    f"initial_arrays[{name!r}] has shape {list(value.shape)}; the model's is {list(shape)}"
+                )
+            self.arrays[self.default][key] = value.astype(schema.template[key][1], copy=True)
+
+    def own_names(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        """``arrays`` of the default architecture under the model's own state-dict names (what a
+        Flower user's ``Net().load_state_dict`` reads: Flower's ``Result.arrays``, ``evaluate_fn``)."""
+        names = self.schemas[self.default].own_names
+        return {names.get(key, key): value for key, value in arrays.items()}
 
     def schema(self, client_id: int | None = None) -> ModelSchema:
         """The model schema of ``client_id`` (the default architecture's if None)."""

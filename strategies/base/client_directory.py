@@ -107,24 +107,41 @@ class ClientDirectory:
             "raise discover_timeout (seconds, default 300) if they start later"
         )
 
-    def query(self, grid: Grid, node_ids: Sequence[int], hello: TaskSpec) -> list[str]:
-        """Ask ``node_ids`` who they are; enter each valid answer; returns the refusals, one line each."""
-        config = ConfigRecord({wire.SPEC_KEY: hello.to_json()})
+    def ask(self, grid: Grid, node_ids: Sequence[int], hello: TaskSpec, message_type: str) -> list[tuple[int, Message]]:
+        """Send the discovery spec to ``node_ids`` as ``message_type``; (asked node, reply) pairs."""
+        config = ConfigRecord({wire.SPEC_KEY: hello.to_json(), wire.PLAIN_TASK: hello.task})
         messages = [
             Message(
                 RecordDict({wire.CONFIG_RECORD: config}),
-                message_type=MessageType.QUERY,
+                message_type=message_type,
                 dst_node_id=n,
                 ttl=self.discover_timeout + TTL_MARGIN_S,
             )
             for n in node_ids
         ]
-        errors = []
         replies = send_and_receive(grid, messages, self.discover_timeout)
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set by the push
-        for reply in replies:
-            # the SuperLink's own error replies come from node 0: name the node that was asked
-            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        # the SuperLink's own error replies come from node 0: name the node that was asked
+        return [(asked.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
+
+    def query(self, grid: Grid, node_ids: Sequence[int], hello: TaskSpec) -> list[str]:
+        """Ask ``node_ids`` who they are; enter each valid answer; returns the refusals, one line each.
+
+        The discovery spec (its task says ``query``) goes out as a train message: Flower runs a
+        mod only in front of a function the ClientApp registers, and every ClientApp registers
+        ``train`` (a Flower app of the user's own with :func:`pflower.client_app.client_mod`
+        has no query function, and Flower logs a traceback for a message type nobody handles).
+        A node that answers it with an error is asked again with a query message: a ClientApp
+        written to the earlier contract answers that one. ``grid.discovery_type`` may name the
+        first type (pflower's in-process engines, whose handlers take a query message)."""
+        first = getattr(grid, "discovery_type", MessageType.TRAIN)
+        answered = self.ask(grid, node_ids, hello, first)
+        again = [node for node, reply in answered if reply.has_error()] if first != MessageType.QUERY else []
+        if again:
+            answered = [(n, r) for n, r in answered if n not in again]
+            answered += self.ask(grid, again, hello, MessageType.QUERY)
+        errors = []
+        for node, reply in answered:
             if reply.has_error():
                 errors.append(f"node {node}: {reply.error.reason}")
                 log(WARNING, "node %d could not join: %s", node, reply.error.reason)

@@ -9,6 +9,7 @@ model and data parts are left out: the clients that run pflower's client builder
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
@@ -124,3 +125,13 @@ def client_spec(
         },
         **({"lr_schedule": {**lr_schedule, "rounds": rounds}} if lr_schedule else {}),
     }
+
+
+#: Flower's train_config keys (what its quickstart sends) -> the client spec's training fields
+TRAIN_CONFIG_KEYS = {"lr": "lr", "local-epochs": "epochs", "batch-size": "batch_size"}
+
+
+def agrees_with_spec(record: Mapping[str, Any], train: Mapping[str, Any]) -> bool:
+    """Whether Flower's ``train_config`` only repeats the client spec's training settings (every
+    key one of ``lr``, ``local-epochs``, ``batch-size``, with the client spec's value)."""
+    return all(key in TRAIN_CONFIG_KEYS and train.get(TRAIN_CONFIG_KEYS[key]) == value for key, value in record.items())

@@ -46,7 +46,7 @@ from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures, check_linear_head
 from .client_directory import ClientDirectory, ClientInfo
-from .client_spec import SetupError, check_client_spec, check_flower_keywords
+from .client_spec import SetupError, agrees_with_spec, check_client_spec, check_flower_keywords
 from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
 from .hooks import MethodHooks
 from .replies import collect_replies as collect_batch
@@ -431,8 +431,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         return self.architectures.per_arch([u.client_id for u in updates], [u.metrics for u in updates], summarize)
 
     def global_record(self) -> ArrayRecord:
-        """The default architecture's global arrays (what Flower's ``Result.arrays`` holds)."""
-        return ArrayRecord(array_dict={k: Array(v) for k, v in self.arch_arrays[self.default_arch].items()})
+        """The default architecture's global arrays (what Flower's ``Result.arrays`` holds), under
+        the model's own state-dict names (``fc3.weight`` for a user's ``Net``), as Flower gives them."""
+        arrays = self.architectures.own_names(self.arch_arrays[self.default_arch])
+        return ArrayRecord(array_dict={k: Array(v) for k, v in arrays.items()})
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -517,7 +519,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         next round starts).
         """
         for name, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
-            if record:  # Flower's strategies send it to every client; pflower's spec already says it all
+            # Flower's strategies send it to every client; pflower's spec already says it all, so
+            # only a train_config that repeats client_spec (Flower's quickstart passes its lr) is taken
+            if record and (name == "evaluate_config" or not agrees_with_spec(record, self.client_spec["train"])):
                 raise ValueError(
                     f"{name}={dict(record)!r}: pflower's strategies configure the clients' training from "
                     "client_spec (pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)) and "

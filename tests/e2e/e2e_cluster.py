@@ -419,4 +419,6 @@ def client_rounds(text: str) -> dict[int, dict[str, float]]:
 
 
 def train_messages_received(text: str) -> int:
-    return text.count("Receiving: train message")
+    """The training rounds a SuperNode has been sent so far: its train messages, less the first,
+    which is the discovery (ClientDirectory.query asks as a train message)."""
+    return max(0, text.count("Receiving: train message") - 1)

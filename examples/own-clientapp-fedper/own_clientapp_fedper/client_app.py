@@ -1,11 +1,11 @@
 """own-clientapp-fedper: a ClientApp of its own (plain Flower and PyTorch) that pflower's FedPer can drive.
 
-What it must do is pflower's message contract (docs/api.md): answer the discovery query with its
-client id and data sizes; in a train message, load the arrays it gets, train with the message's
-`lr` / `local-epochs` / `batch-size`, keep what it does not send back (FedPer: the head) and reply
-with exactly the `upload-keys`; in an evaluate message, report its test counts. The one pflower
-import is `adapt`, which gives Net the state-dict keys pflower's strategies use
-(`groups.<child>.<tensor>`: conv1 ... fc3 are the layer groups).
+What it must do is pflower's message contract (docs/api.md): answer discovery (a train message
+whose config says `task: query`) with its client id and data sizes; in a train message, load the
+arrays it gets, train with the message's `lr` / `local-epochs` / `batch-size`, keep what it does
+not send back (FedPer: the head) and reply with exactly the `upload-keys`; in an evaluate message,
+report its test counts. The one pflower import is `adapt`, which gives Net the state-dict keys
+pflower's strategies use (`groups.<child>.<tensor>`: conv1 ... fc3 are the layer groups).
 """
 
 import torch
@@ -44,8 +44,7 @@ def test_counts(model: torch.nn.Module, test) -> tuple[int, float]:
     return correct, loss
 
 
-@app.query()
-def query(msg: Message, context: Context) -> Message:
+def hello(msg: Message, context: Context) -> Message:
     """pflower's discovery: who this client is and how much data it holds."""
     train, test = my_data(context)
     metrics = {"client-id": context.node_config["partition-id"], "num-train": len(train), "num-test": len(test)}
@@ -55,6 +54,8 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
+    if config.get("task") == "query":  # discovery arrives as a train message
+        return hello(msg, context)
     model = my_model(context)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict(), strict=False)
     train_set, test_set = my_data(context)

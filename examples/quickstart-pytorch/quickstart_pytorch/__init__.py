@@ -1,0 +1,1 @@
+"""quickstart-pytorch: a Flower / PyTorch app (offline copy of the quickstart's shape)."""

@@ -23,24 +23,46 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 numerics.disable_mkldnn()
 
-# files whose tests start Ray (Flower's simulation engine): never two Ray clusters at once
-ONE_AT_A_TIME = {"tests/integration/": "simulation"}
+# files whose tests start Ray (Flower's simulation engine, `flwr run`'s local simulation, a Ray
+# cluster): never two Ray clusters at once. The other integration files run in-process or fork
+# their own workers, and are units of their own.
+ONE_AT_A_TIME = {
+    f"tests/integration/{name}.py": "ray"
+    for name in ("test_simulation", "test_ray_cluster", "test_examples", "test_resume_sim")
+}
 
 
 def work_unit(nodeid: str) -> str:
     """The xdist work unit of a test: its file (module fixtures such as a deployment cluster are
-    built once), or its folder's shared unit (ONE_AT_A_TIME)."""
+    built once; each deployment cluster has a file of its own), or the shared Ray unit
+    (ONE_AT_A_TIME)."""
     path = nodeid.split("::", 1)[0]
-    return next((unit for folder, unit in ONE_AT_A_TIME.items() if path.startswith(folder)), path)
+    return ONE_AT_A_TIME.get(path, path)
+
+
+# the longest work units first (seconds of one worker on a 2-core machine, docs/testing.md), so that
+# no long unit starts last while the other worker idles; every other unit follows in collection order
+LONGEST_FIRST = (
+    "ray",
+    "tests/e2e/test_deployment_methods.py",
+    "tests/e2e/test_compose.py",
+    "tests/e2e/test_deployment.py",
+    "tests/e2e/test_deployment_netns.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``pytest -m quick``: every test that is neither ``slow`` (end-to-end processes) nor ``heavy``
-    (a unit test over 1 s of one core): the quick tier (docs/testing.md says what it covers)."""
+    (a unit test over 1 s of one core): the quick tier (docs/testing.md says what it covers).
+    The items are ordered longest work unit first (:data:`LONGEST_FIRST`; the same order on every
+    worker, as xdist requires)."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in ("slow", "heavy")):
             item.add_marker(pytest.mark.quick)
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)), order[id(item)]))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -50,8 +72,8 @@ def pytest_xdist_make_scheduler(config, log):
     ids where xdist 3.8's group marks no longer reach them (every test would be its own unit)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    # units in collection order (tests/e2e, tests/integration, then tests/unit), not the most
-    # tests first: the long deployment and Ray units start at once and the short unit files fill in
+    # units in collection order (longest first, pytest_collection_modifyitems), not the most tests
+    # first: the long deployment and Ray units start at once and the short unit files fill in
     config.option.loadscopereorder = False
 
     class ByWorkUnit(LoadScopeScheduling):

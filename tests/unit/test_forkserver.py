@@ -1,7 +1,7 @@
 """pflower-superexec (client_app/forkserver.py): ClientApps forked from a warm process.
 
 The whole path (a SuperNode in process isolation, this SuperExec, four methods) runs in
-tests/e2e/test_deployment.py (the ``methods`` deployment); here: the parts, without Flower's
+tests/e2e/test_deployment_methods.py; here: the parts, without Flower's
 processes.
 """
 

@@ -1,5 +1,10 @@
 """The arguments of each client role, as dataclasses both sides share.
 
+A field that carries a method's option (FedProx's ``mu``) has no default: the option's one
+declaration is the method's options dataclass, and the strategy sends its value in every message.
+A field with a default is the role's own (``phase``) or a neutral value for the methods that
+share the role without having the option (``SGDArgs.finetune_epochs`` 0 for FedPer).
+
 A strategy's ``role_config`` returns one of these; its constructor builds the values once, so a
 bad option fails before round 1 with the option's name. The message carries them as a JSON
 object, and the client role reads them back with :meth:`RoleArgs.from_dict`, which rejects
@@ -10,7 +15,7 @@ here too.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -62,11 +67,15 @@ def check_phase(
         raise RoleArgsError(f"{owner} phase {phase} votes for a layer: it needs candidate layers")
 
 
+def has_default(f: Field) -> bool:
+    return f.default is not MISSING or f.default_factory is not MISSING
+
+
 # every role's arguments, by role name: a RoleArgs subclass with its own ``role`` joins it
 ROLE_ARGS: dict[str, type[RoleArgs]] = {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoleArgs:
     """Base of every role's arguments. ``role`` names the client role they are for; a subclass
     that sets its own registers itself."""
@@ -90,10 +99,16 @@ class RoleArgs:
                 f"role {cls.role!r} got unknown argument(s) {unknown} (valid: {known}); the SuperNode "
                 "runs another pflower version than the ServerApp"
             )
+        missing = [f.name for f in fields(cls) if f.name not in values and not has_default(f)]
+        if missing:
+            raise RoleArgsError(
+                f"role {cls.role!r} got no {missing} (a method's options travel with every message); the "
+                "ServerApp runs another pflower version than the SuperNode, or a hand-made message left them out"
+            )
         return cls(**values)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SGDArgs(RoleArgs):
     """Plain SGD (FedAvg, FedPer, Local...). ``finetune_epochs > 0``: a copy is fine-tuned before
     every evaluation (FedAvg-FT)."""
@@ -105,103 +120,103 @@ class SGDArgs(RoleArgs):
         check_min(self.role, "finetune_epochs", self.finetune_epochs, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProximalArgs(SGDArgs):
     """FedProx: F(w) + mu/2 ||w - w_received||^2."""
 
     role: ClassVar[str] = "proximal"
-    mu: float = 1.0
+    mu: float  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_min(self.role, "mu", self.mu, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedAMPArgs(ProximalArgs):
     """FedAMP: the proximal pull toward the cloud model u_i (``mu`` = FedAMP's lam)."""
 
     role: ClassVar[str] = "fedamp"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedRepArgs(RoleArgs):
     """FedRep: E - body_epochs head epochs, then body_epochs body epochs. ``head``: its groups
     (empty: the message's personal groups)."""
 
     role: ClassVar[str] = "fedrep"
     head: list[str] = field(default_factory=list)
-    body_epochs: int = 1
+    body_epochs: int  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "body_epochs", self.body_epochs, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedBabuArgs(RoleArgs):
     """FedBABU: only the body trains; a copy is fine-tuned before each evaluation."""
 
     role: ClassVar[str] = "fedbabu"
     head: list[str] = field(default_factory=list)
-    finetune_epochs: int = 5
-    finetune_part: str = "all"
+    finetune_epochs: int  # an option: the strategy sends it
+    finetune_part: str  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "finetune_epochs", self.finetune_epochs, 0)
         check_choice("FedBabu", "finetune_part", self.finetune_part, FINETUNE_PARTS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DittoArgs(RoleArgs):
     """Ditto: a personal model v trained on F(v) + lam/2 ||v - w_global||^2 (``personal_epochs``:
     None = the run's local epochs)."""
 
     role: ClassVar[str] = "ditto"
-    lam: float = 0.1
-    personal_epochs: int | None = None
+    lam: float  # an option: the strategy sends it
+    personal_epochs: int | None  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "lam", self.lam, 0)
         check_min(self.role, "personal_epochs", self.personal_epochs, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedDynArgs(RoleArgs):
     """FedDyn: CE - <g_i, w> + alpha/2 ||w - w_global||^2."""
 
     role: ClassVar[str] = "feddyn"
-    alpha: float = 0.01
+    alpha: float  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "alpha", self.alpha, 0, strict=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedFomoArgs(RoleArgs):
     """FedFomo: the first ``val_ratio`` of the training split scores the downloaded models."""
 
     role: ClassVar[str] = "fedfomo"
-    val_ratio: float = 0.2
+    val_ratio: float  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_ratio < 1.0:
             raise RoleArgsError(f"FedFomo val_ratio must be in [0, 1), got {self.val_ratio}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MOONArgs(RoleArgs):
     """MOON: CE + mu * contrastive term at temperature tau."""
 
     role: ClassVar[str] = "moon"
-    mu: float = 1.0
-    tau: float = 0.5
+    mu: float  # an option: the strategy sends it
+    tau: float  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "mu", self.mu, 0)
         check_min(self.role, "tau", self.tau, 0, strict=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedAPArgs(SGDArgs):
     """FedAP: ``bn_stats`` asks for the BN input statistics; ``epochs`` overrides the local epochs."""
 
@@ -214,18 +229,18 @@ class FedAPArgs(SGDArgs):
         check_min(self.role, "epochs", self.epochs, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedCMDArgs(RoleArgs):
     """FedCMD: phase 1 scores candidate layers and votes (FedCMD paper, algorithm); phase 2 is SGD."""
 
     role: ClassVar[str] = "fedcmd"
     phase: int = 2
-    candidates: list[str] = field(default_factory=list)
-    score_mode: str = "paper"
-    w2_mode: str = "gaussian"
-    selection_timing: str = "during_training"
-    granularity: str = "batch"
-    tie_prior: str | None = None  # the candidate an exact tie at a batch's minimum goes to (None: the earlier)
+    candidates: list[str]  # an option: the strategy sends it
+    score_mode: str  # an option: the strategy sends it
+    w2_mode: str  # an option: the strategy sends it
+    selection_timing: str  # an option: the strategy sends it
+    granularity: str  # an option: the strategy sends it
+    tie_prior: str | None  # an option: the strategy sends it
     personal_layer: str | None = None
     has_phi_init: bool = False
 
@@ -239,7 +254,7 @@ class FedCMDArgs(RoleArgs):
         check_choice("FedCMD", "granularity", self.granularity, GRANULARITIES)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedCPMDArgs(RoleArgs):
     """FedCPMD (FedCPMD paper, algorithm): ``phase`` 1 trains and votes for a candidate layer, 2 trains,
     0 is a vote-only probe (a no-grad scoring pass over the training split, no update). The
@@ -249,14 +264,14 @@ class FedCPMDArgs(RoleArgs):
 
     role: ClassVar[str] = "fedcpmd"
     phase: int = 2
-    candidates: list[str] = field(default_factory=list)
-    distance: str = "js"
-    selector: str = "eq7"
-    label_fit: str = "scaled"
-    sigma_floor: float = 1e-3
-    tie_prior: str | None = "fc2"
-    granularity: str = "batch"
-    selection_timing: str = "during_training"
+    candidates: list[str]  # an option: the strategy sends it
+    distance: str  # an option: the strategy sends it
+    selector: str  # an option: the strategy sends it
+    label_fit: str  # an option: the strategy sends it
+    sigma_floor: float  # an option: the strategy sends it
+    tie_prior: str | None  # an option: the strategy sends it
+    granularity: str  # an option: the strategy sends it
+    selection_timing: str  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_phase("FedCPMD", self.phase, (0, 1, 2), (0, 1), self.candidates)
@@ -271,7 +286,7 @@ class FedCPMDArgs(RoleArgs):
 KAPC_MASKED_REGS = ("start", "none")  # what a layer the server did not send is pulled toward
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KAPCArgs(RoleArgs):
     """KAPC (KAPC paper, algorithm): train the own model on CE + lam * sum_l ||w^l - target^l||^2, the
     target being the server's s_i^l where ``mask[l]`` is 1 (all layers when empty). A layer not sent
@@ -280,12 +295,12 @@ class KAPCArgs(RoleArgs):
     rule (ALG4), at least ``omega_min`` layers; ``first``: the client's first participation."""
 
     role: ClassVar[str] = "kapc"
-    lam: float = 1.0
+    lam: float  # an option: the strategy sends it
     mask: list[int] = field(default_factory=list)
-    bls: bool = False
-    omega_min: int = 1
+    bls: bool  # an option: the strategy sends it
+    omega_min: int  # an option: the strategy sends it
     first: bool = False
-    masked_reg: str = "start"
+    masked_reg: str  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min("KAPC", "lam", self.lam, 0)
@@ -295,7 +310,7 @@ class KAPCArgs(RoleArgs):
             raise RoleArgsError(f"KAPC mask must hold 0/1 per layer, got {self.mask}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FeloArgs(RoleArgs):
     """Felo / Velo / FedHe (Felo/Velo paper, Algorithm 1, client side): CE + alpha * (mse_weight * feature MSE + KL of
     the
@@ -308,11 +323,11 @@ class FeloArgs(RoleArgs):
     and their labels ``knowledge/y`` [N] (-1 pads the rows of a round that saw fewer)."""
 
     role: ClassVar[str] = "felo"
-    alpha: float = 0.5
+    alpha: float  # an option: the strategy sends it
     mse_weight: float = 1.0
-    temperature: float = 1.0
+    temperature: float  # an option: the strategy sends it
     feature_dim: int = 0
-    feature_samples: int = 0
+    feature_samples: int  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "alpha", self.alpha, 0)
@@ -322,7 +337,7 @@ class FeloArgs(RoleArgs):
         check_min(self.role, "feature_samples", self.feature_samples, 0)  # 0: class means
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HeteroFLArgs(RoleArgs):
     """HeteroFL (HeteroFL paper, client side): SGD on the client's width-scaled sub-model.
     ``label_split``: the masked cross-entropy of the paper's non-IID training (the logits of the
@@ -332,11 +347,11 @@ class HeteroFLArgs(RoleArgs):
     training but computed from the local training split before every evaluation."""
 
     role: ClassVar[str] = "heterofl"
-    label_split: bool = True
-    static_bn: bool = True
+    label_split: bool  # an option: the strategy sends it
+    static_bn: bool  # an option: the strategy sends it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedGKTArgs(RoleArgs):
     """FedGKT (FedGKT paper, client side): the client trains its whole model with CE + alpha x the
     distillation loss against the server's logits of its training samples (extra array
@@ -347,10 +362,10 @@ class FedGKTArgs(RoleArgs):
     (an MLP of ``hidden`` widths on features of width ``feature_dim``)."""
 
     role: ClassVar[str] = "fedgkt"
-    alpha: float = 1.0
-    temperature: float = 3.0
+    alpha: float  # an option: the strategy sends it
+    temperature: float  # an option: the strategy sends it
     feature_dim: int = 0
-    hidden: list[int] = field(default_factory=list)
+    hidden: list[int]  # an option: the strategy sends it
 
     def __post_init__(self) -> None:
         check_min(self.role, "alpha", self.alpha, 0)
@@ -363,7 +378,7 @@ class FedGKTArgs(RoleArgs):
 FEDMD_DIGEST_LOSSES = ("l1", "kl")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedMDArgs(RoleArgs):
     """FedMD (FedMD paper, client side) on the labelled transfer split every party holds
     (``dataset.transfer_fraction``). At its first round a client trains ``transfer_epochs`` on
@@ -376,10 +391,10 @@ class FedMDArgs(RoleArgs):
     alone, so every party draws the same without sending them."""
 
     role: ClassVar[str] = "fedmd"
-    transfer_epochs: int = 5
-    digest_epochs: int = 1
-    digest_loss: str = "l1"
-    subset: int = 1000
+    transfer_epochs: int  # an option: the strategy sends it
+    digest_epochs: int  # an option: the strategy sends it
+    digest_loss: str  # an option: the strategy sends it
+    subset: int  # an option: the strategy sends it
     seed: int = 0
 
     def __post_init__(self) -> None:

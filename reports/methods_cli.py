@@ -85,7 +85,7 @@ def options_table(name: str) -> str:
     from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[name]
-    lines = [f"{name}: client role {cls.role}, defaults in conf/method/{name}.yaml, docs/{page_of(name)}", ""]
+    lines = [f"{name}: client role {cls.role}, declared in {cls.options_type.__name__}, docs/{page_of(name)}", ""]
     rows = cls.options_type.describe()
     if not rows:
         return "\n".join([*lines, "no options"])

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from pflower.server_app.config import conf_dir
+from pflower.server_app.config import conf_dir, method_defaults
 from pflower.server_app.provenance import short_commit
 
 COLUMNS = (
@@ -339,22 +339,11 @@ def mixed_label(model: Mapping[str, Any]) -> str:
     return f"mixed({','.join(map(str, archs))})"
 
 
-def method_defaults(method: str) -> dict[str, Any]:
-    """conf/method/<method>.yaml with the files its ``defaults`` list inherits (kapc_bls: kapc's options)."""
-    data = yaml.safe_load((conf_dir() / "method" / f"{method}.yaml").read_text()) or {}
-    merged: dict[str, Any] = {}
-    for entry in data.get("defaults") or []:
-        if isinstance(entry, str) and entry != "_self_" and (conf_dir() / "method" / f"{entry}.yaml").exists():
-            merged.update(method_defaults(entry))
-    merged.update({k: v for k, v in data.items() if k != "defaults"})
-    return merged
-
-
 def changed_method_options(run: str | Path, method: str) -> dict[str, Any]:
-    """The run's ``method.<key>`` values that differ from conf/method/<method>.yaml (a control
+    """The run's ``method.<key>`` values that differ from the method's defaults (a control
     such as ``force_layer=fc2`` or ``finetune_epochs=0``), read from its config.yaml."""
-    config, defaults = Path(run) / "config.yaml", conf_dir() / "method" / f"{method}.yaml"
-    if not config.exists() or not defaults.exists():
+    config = Path(run) / "config.yaml"
+    if not config.exists() or not (conf_dir() / "method" / f"{method}.yaml").exists():
         return {}
     try:
         used = (yaml.safe_load(config.read_text()) or {}).get("method") or {}

@@ -41,8 +41,43 @@ def conf_dir() -> Path:
     return path
 
 
+OPTIONS_GROUP = "method_options"
+
+
+def register_method_options() -> None:
+    """Each method's options dataclass as hydra's config ``method_options/<name>``.
+
+    ``conf/method/<name>.yaml`` starts from it (``defaults: [/method_options/<name>@_here_]``) and
+    adds only its ``name`` and the values that are the run's (``total_rounds: ${rounds}``), so a
+    default is declared once, in the dataclass, and ``method.<option>=`` still finds its key. Called
+    before every composition: a method registered since (a user's) joins too.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from pflower.strategies import STRATEGIES
+
+    store = ConfigStore.instance()
+    for name, cls in STRATEGIES.items():
+        store.store(group=OPTIONS_GROUP, name=name, node={"name": name, **cls.options_type.defaults()})
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """What ``method=<method>`` sets before any override: its options' defaults with its
+    conf/method file's own keys on top (``name``; ``total_rounds: ${rounds}`` left unresolved)."""
+    import yaml
+
+    from pflower.strategies import STRATEGIES
+
+    path = conf_dir() / "method" / f"{method}.yaml"
+    own = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    cls = STRATEGIES.get(method)
+    declared = cls.options_type.defaults() if cls is not None else {}
+    return {"name": method, **declared, **{k: v for k, v in own.items() if k != "defaults"}}
+
+
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose conf/config.yaml with hydra overrides (``key=value``, ``method=fedavg``...)."""
+    register_method_options()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
@@ -192,7 +227,9 @@ def config_keys(chosen: Mapping[str, str] | None = None) -> list[str]:
         if chosen and group in chosen:
             files = [p for p in files if p.stem == chosen[group]]
         for path in files:
-            keys += [k for k in walk(yaml.safe_load(path.read_text()) or {}, group + ".") if k not in keys]
+            # a method's options are its dataclass's (its file names only what is the run's)
+            own = method_defaults(path.stem) if group == "method" else yaml.safe_load(path.read_text()) or {}
+            keys += [k for k in walk(own, group + ".") if k not in keys]
     return keys
 
 
@@ -287,16 +324,19 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         hint = f"did you mean {close[0]}? " if close else ""
         return (
             f"unknown key {full!r}: {hint}(the keys: docs/configuration.md and conf/config.yaml; "
-            "a method's options: conf/method/<name>.yaml)"
+            "a method's options: `pflower methods <name>`)"
         )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
 
 
 def _file_keys(path: Path) -> list[str]:
-    """The top-level keys a config group file sets (its options), ``name`` and ``defaults`` aside."""
+    """The top-level keys a config group file sets (its options), ``name`` and ``defaults`` aside;
+    a method file's are its options dataclass's."""
     import yaml
 
+    if path.parent.name == "method" and path.exists():
+        return [k for k in method_defaults(path.stem) if k != "name"]
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError):

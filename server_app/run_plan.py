@@ -113,7 +113,7 @@ class RunPlan:
     assign: Any  # who runs which architecture (a mixed federation's rule)
     mixed: bool
     method: str
-    options: dict[str, Any]  # the method's options (conf/method/<name>.yaml, overridden)
+    options: dict[str, Any]  # the method's options (its options dataclass's defaults, overridden)
 
     @classmethod
     def of(cls, cfg: DictConfig | RunPlan) -> RunPlan:

@@ -12,7 +12,14 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from pflower.server_app.config import ConfigError, conf_dir, leave_out_other_methods_options, resume_config, validate
+from pflower.server_app.config import (
+    ConfigError,
+    conf_dir,
+    leave_out_other_methods_options,
+    register_method_options,
+    resume_config,
+    validate,
+)
 from pflower.server_app.progress import Sweep, job_label, parse_sweep
 
 from .simulate import simulate
@@ -134,6 +141,7 @@ def sim_main(argv: list[str]) -> int:
     from pflower.server_app.failures import USER_ERRORS
 
     sweeps: list[Sweep] = []
+    register_method_options()  # the methods' option defaults, which conf/method/*.yaml start from
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg: DictConfig) -> None:

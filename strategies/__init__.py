@@ -54,7 +54,7 @@ STRATEGIES: dict[str, type[PersonalizedStrategy]] = dict(sorted(METHODS.items())
 
 
 def method_options(name: str) -> list[str]:
-    """The method-specific options a strategy accepts (its conf/method/ keys)."""
+    """The method-specific options a strategy accepts (the keys under ``method.``)."""
     return STRATEGIES[name].options_type.names()
 
 

@@ -244,10 +244,14 @@ class FedCMD(PersonalizedStrategy):
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
+        options = {"candidates": list(self.state.candidates), **self.scoring}  # every message carries them
         if self.phase(server_round) == 1:
-            return FedCMDArgs(phase=1, candidates=list(self.state.candidates), **self.scoring)
+            return FedCMDArgs(phase=1, **options)
         return FedCMDArgs(
-            phase=2, personal_layer=self.personal_layer(), has_phi_init=client_id not in self.state.phi_seen
+            phase=2,
+            personal_layer=self.personal_layer(),
+            has_phi_init=client_id not in self.state.phi_seen,
+            **options,
         )
 
     @override

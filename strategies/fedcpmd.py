@@ -254,7 +254,7 @@ class FedCPMD(PersonalizedStrategy):
             return FedCPMDArgs(phase=0, candidates=self.candidates, **self.scoring)
         if self.phase(server_round) == 1:
             return FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)
-        return FedCPMDArgs(phase=2, **{k: v for k, v in self.scoring.items()})
+        return FedCPMDArgs(phase=2, candidates=self.candidates, **self.scoring)  # every message carries them
 
     def sample(self, server_round: int) -> list[int]:
         """Phase 1: the run's uniform draw. Phase 2: each cluster draws its own clients."""

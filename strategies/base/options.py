@@ -3,10 +3,12 @@
 Each method declares its options as one frozen dataclass beside its strategy (a subclass of
 :class:`MethodOptions`), every field made with :func:`option`: its default, type (the annotation),
 allowed values or range, and a line of documentation. Everything else reads that declaration:
-the strategy (``self.options``, built and checked before round 1), ``conf/method/<name>.yaml``
-(a test holds it to the same keys and defaults), config validation (``pflower sim`` refuses a
-bad value before any run starts, naming the option) and ``pflower methods NAME`` (the options
-as a table).
+the strategy (``self.options``, built and checked before round 1), hydra's ``method=<name>``
+(``conf/method/<name>.yaml`` starts from the defaults registered by
+:func:`pflower.server_app.config.register_method_options` and names no option again), config
+validation (``pflower sim`` refuses a bad value before any run starts, naming the option),
+``pflower methods NAME`` and the docs' tables, and the client role's arguments (a field that
+carries an option has no default of its own: the strategy always sends it).
 """
 
 from __future__ import annotations

@@ -47,3 +47,19 @@ def train_messages(grid: InProcessGrid, server_round: int):
         for m in grid.sent
         if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) == server_round
     ]
+
+
+def role_args_of(method: str, **given) -> dict:
+    """A role's arguments as ``method``'s strategy sends them at its default options, with ``given``
+    on top: the options a role's message must carry (they have no defaults on the client side)."""
+    import dataclasses
+
+    from pflower.protocol.roles import ROLE_ARGS
+    from pflower.strategies import STRATEGIES
+
+    cls = STRATEGIES[method]
+    carried = {f.name for f in dataclasses.fields(ROLE_ARGS[cls.role])}
+    options = {k: v for k, v in cls.options_type.defaults().items() if k in carried}
+    if options.get("candidates", []) is None:  # null: the strategy resolves them from the model
+        del options["candidates"]
+    return {**options, **given}

@@ -47,7 +47,7 @@ class FedThrow(PersonalizedStrategy):
     def role_config(self, client_id, server_round):
         return ProximalArgs(mu=self.options.mu)
 '''
-YAML = "name: fedthrow\nmu: 0.5   # proximal weight\n"  # step 2
+YAML = "defaults:\n  - /method_options/fedthrow@_here_\n  - _self_\n\nname: fedthrow\n"  # step 2
 OWN_TEST = """from pflower.strategies import STRATEGIES
 
 

@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 import torch
-from method_helpers import BODY, HEAD, ctx, params, replied_keys, same
+from method_helpers import BODY, HEAD, ctx, params, replied_keys, role_args_of, same
 from test_strategy_base import make, run
 
 from pflower.client_app.roles import build_role
@@ -30,7 +30,7 @@ def test_ditto_keeps_a_personal_model_and_evaluates_it(client):
     after = role.trained_model(model, role_ctx)  # test_after: v
     assert same(params(after, BODY + HEAD), {k: personal[k] for k in params(after, BODY + HEAD)})
     # next round: a new global arrives; test_before evaluates the persisted v, not it
-    next_role, next_ctx = build_role("ditto", {"lam": 0.1}), ctx(extra=role_ctx.extra_state)
+    next_role, next_ctx = build_role("ditto", role_args_of("ditto", lam=0.1)), ctx(extra=role_ctx.extra_state)
     evaluated = next_role.eval_model(received, data, args, next_ctx)
     assert all(torch.equal(v, personal[k]) for k, v in evaluated.state_dict().items())
 

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from method_helpers import role_args_of
 
 from pflower.server_app.config import ConfigError
 from pflower.server_app.runner import build
@@ -264,10 +265,13 @@ def test_tie_prior_sends_exact_ties_to_its_candidate_and_must_be_a_candidate(com
     assert args.tie_prior == "fc2"
     model = build_model("lenet5", (1, 28, 28), 10, fc_layers=3)
     assert FedCMDRole(args).scorer(model, None).prior == 1  # fc1, fc2, classifier: fc2 is index 1
-    assert FedCMDRole(FedCMDArgs(phase=1, candidates=args.candidates)).scorer(model, None).prior is None
+    assert (
+        FedCMDRole(FedCMDArgs(**role_args_of("fedcmd", phase=1, candidates=args.candidates))).scorer(model, None).prior
+        is None
+    )
     assert batch_vote([0.5, 0.5, 0.5], prior=1) == 1 and batch_vote([0.5, 0.5, 0.5]) == 0
     assert batch_vote([0.4, 0.5, 0.5], prior=1) == 0  # a prior only breaks ties at the minimum
     with pytest.raises(ValueError, match=r"tie_prior='conv1' is not a candidate"):
         make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.tie_prior=conv1")
     with pytest.raises(ValueError, match=r"tie_prior='fc9' is not a candidate"):
-        FedCMDArgs(phase=1, candidates=["fc1", "fc2"], tie_prior="fc9")
+        FedCMDArgs(**role_args_of("fedcmd", phase=1, candidates=["fc1", "fc2"], tie_prior="fc9"))

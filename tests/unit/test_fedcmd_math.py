@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from method_helpers import role_args_of
 from scipy.stats import norm
 
 from pflower.client_app.roles import fedcmd as role
@@ -240,9 +241,9 @@ def test_strategy_and_role_check_options_with_the_one_protocol_definition():
     from pflower.protocol.roles import FedCMDArgs, RoleArgsError
 
     with pytest.raises(RoleArgsError, match="w2_mode"):
-        FedCMDArgs(phase=1, candidates=["fc1"], w2_mode="exact")
+        FedCMDArgs(**role_args_of("fedcmd", phase=1, candidates=["fc1"], w2_mode="exact"))
     with pytest.raises(RoleArgsError, match="w2_mode"):  # the role parses the message with the same class
-        role.FedCMDRole({"phase": 1, "candidates": ["fc1"], "w2_mode": "exact"})
+        role.FedCMDRole(role_args_of("fedcmd", phase=1, candidates=["fc1"], w2_mode="exact"))
 
 
 # ----------------------------------------------------------------------------- Eq. 7-8
@@ -305,12 +306,9 @@ def test_role_votes_during_or_after_training(timing, granularity):
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     g = torch.Generator().manual_seed(7)
     data = type("D", (), {"x_train": torch.rand(40, 1, 28, 28, generator=g), "y_train": torch.full((40,), 2)})()
-    args = {
-        "phase": 1,
-        "candidates": ["fc1", "fc2", "classifier"],
-        "selection_timing": timing,
-        "granularity": granularity,
-    }
+    args = role_args_of(
+        "fedcmd", phase=1, candidates=["fc1", "fc2", "classifier"], selection_timing=timing, granularity=granularity
+    )
     ctx = RoleContext(torch.device("cpu"), g, 1, [])
     m = build_role("fedcmd", args).fit(model, data, TrainArgs(epochs=2, batch_size=16), ctx)
     assert all(math.isfinite(v) for v in m.values())  # one-class data: labels are constant
@@ -319,7 +317,9 @@ def test_role_votes_during_or_after_training(timing, granularity):
         assert sum(m[f"votes_{c}"] for c in ("fc1", "fc2", "classifier")) == 1
     else:
         assert m["scored_batches"] == 6  # 2 epochs x batches of 16, 16, 8
-    plain = build_role("fedcmd", {"phase": 2}).fit(model, data, TrainArgs(epochs=1, batch_size=16), ctx)
+    plain = build_role("fedcmd", role_args_of("fedcmd", phase=2, candidates=["fc1"])).fit(
+        model, data, TrainArgs(epochs=1, batch_size=16), ctx
+    )
     assert set(plain) == {"train_loss"}
 
 

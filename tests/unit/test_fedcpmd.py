@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from method_helpers import role_args_of
 from scipy import integrate
 from scipy.stats import norm
 from test_strategy_base import make, run
@@ -115,19 +116,19 @@ def test_the_role_votes_during_training_and_a_probe_does_not_train(client):
     model, data, args = client
     ctx_ = __import__("method_helpers").ctx
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    probe = FedCPMDRole({"phase": 0, "candidates": ["fc1", "fc2", "classifier"]})
+    probe = FedCPMDRole(role_args_of("fedcpmd", phase=0, candidates=["fc1", "fc2", "classifier"]))
     metrics = probe.fit(model, data, args, ctx_())
     assert metrics["probe"] == 1.0 and metrics["vote"] in (0.0, 1.0, 2.0) and metrics["scored_batches"] > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update, not even BN stats
-    voted = FedCPMDRole({"phase": 1, "candidates": ["fc1", "fc2", "classifier"], "distance": "bhattacharyya"}).fit(
-        model, data, args, ctx_()
-    )
+    voted = FedCPMDRole(
+        role_args_of("fedcpmd", phase=1, candidates=["fc1", "fc2", "classifier"], distance="bhattacharyya")
+    ).fit(model, data, args, ctx_())
     assert (
         voted["vote"] in (0.0, 1.0, 2.0)
         and sum(voted[f"votes_{c}"] for c in ("fc1", "fc2", "classifier")) == voted["scored_batches"]
     )
     with pytest.raises(RoleArgsError, match="distance"):
-        FedCPMDArgs(phase=1, candidates=["fc1"], distance="kl")
+        FedCPMDArgs(**role_args_of("fedcpmd", phase=1, candidates=["fc1"], distance="kl"))
 
 
 # ----------------------------------------------------------------------------- votes and clusters

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from method_helpers import ctx
+from method_helpers import ctx, role_args_of
 from test_strategy_base import make, run
 
 from pflower.client_app.roles.fedmd import TRANSFERRED, FedMDRole, digest_loss
@@ -70,7 +70,7 @@ def test_the_role_transfers_once_digests_the_consensus_and_scores_this_rounds_su
     g = torch.Generator().manual_seed(0)
     tx, ty = torch.randn(30, 1, 28, 28, generator=g), torch.tensor([0, 1, 2] * 10)
     data = ClientData(0, tx[:12], ty[:12], tx[:4], ty[:4], 3)
-    role = FedMDRole({"transfer_epochs": 1, "digest_epochs": 1, "subset": 6, "seed": 9})
+    role = FedMDRole(role_args_of("fedmd", transfer_epochs=1, digest_epochs=1, subset=6, seed=9))
     c = ctx()
     c.transfer = (tx, ty)
     args = TrainArgs(lr=0.01, epochs=1, batch_size=4)

@@ -1,7 +1,7 @@
 """A method's options are declared once, as its options dataclass (strategies.base.options): its
-conf/method/<name>.yaml (what users see and override) and its client role's arguments
-(protocol.roles, what the message carries) must agree with it, key for key and default for
-default; methods and roles register by subclassing."""
+conf/method/<name>.yaml starts from it and declares no option again; its client role's arguments
+(protocol.roles, what the message carries) must agree with it; methods and roles register by
+subclassing."""
 
 from __future__ import annotations
 
@@ -10,70 +10,47 @@ import types
 import typing
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
-from pflower.protocol.roles import ROLE_ARGS
-from pflower.server_app.config import ConfigError, compose_config, conf_dir
+from pflower.protocol.roles import ROLE_ARGS, has_default
+from pflower.server_app.config import OPTIONS_GROUP, ConfigError, compose_config, conf_dir, method_defaults
 from pflower.strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
 from pflower.strategies.base.options import option
 
 
-def interpolated(method: str) -> set[str]:
-    """Keys whose yaml value is an interpolation (``total_rounds: ${rounds}``), in the method's file
-    or a file it extends (``defaults: [kapc]``): their value is the run's, not a default."""
-    raw = OmegaConf.load(conf_dir() / "method" / f"{method}.yaml")
-    keys = {k for k in raw if k != "defaults" and OmegaConf.is_interpolation(raw, k)}
-    for parent in raw.get("defaults", []) or []:
-        if isinstance(parent, str) and parent != "_self_":
-            keys |= interpolated(parent)
-    return keys
-
-
-def yaml_options(method: str) -> dict[str, object]:
-    composed = compose_config([f"method={method}"]).method
-    return {k: v for k, v in OmegaConf.to_container(composed, resolve=False).items() if k != "name"}
-
-
-def own_options(cls: type[PersonalizedStrategy]) -> set[str]:
-    """The options a method's class declares itself (not those a parent method's dataclass brings:
-    FedHe takes Felo's feature options but sends no features)."""
-    parents = {
-        f.name
-        for base in cls.options_type.__mro__[1:]
-        if dataclasses.is_dataclass(base)
-        for f in dataclasses.fields(base)
-    }
-    shared = any(c.options_type is cls.options_type for c in cls.__mro__[1:] if issubclass(c, PersonalizedStrategy))
-    return set() if shared else set(cls.options_type.names()) - parents
-
-
-def disagreements(method: str, yaml: dict[str, object]) -> list[str]:
-    """What the yaml and the options dataclass disagree on (empty: they agree)."""
-    cls = STRATEGIES[method]
-    declared = cls.options_type.defaults()
-    problems = [f"yaml key {k!r} is not an option" for k in sorted(set(yaml) - set(declared))]
-    problems += [f"option {k!r} missing from the yaml" for k in sorted(own_options(cls) - set(yaml))]
-    skip = interpolated(method)
-    problems += [
-        f"{k}: yaml {v!r} != options {declared[k]!r}"
-        for k, v in yaml.items()
-        if k in declared and k not in skip and v != declared[k]
-    ]
-    return problems
+def second_declarations(text: str) -> list[str]:
+    """The keys of a conf/method file that declare again what its options dataclass declares:
+    any key but ``defaults``, ``name`` and a value that is the run's (``total_rounds: ${rounds}``)."""
+    raw = OmegaConf.create(yaml.safe_load(text) or {})
+    return [k for k in raw if k not in ("defaults", "name") and not OmegaConf.is_interpolation(raw, k)]
 
 
 @pytest.mark.parametrize("method", sorted(STRATEGIES))
-def test_the_yaml_and_the_options_dataclass_declare_the_same_options_and_defaults(method):
-    assert disagreements(method, yaml_options(method)) == []
+def test_a_method_file_starts_from_its_options_dataclass_and_declares_no_option_again(method):
+    text = (conf_dir() / "method" / f"{method}.yaml").read_text()
+    assert f"/{OPTIONS_GROUP}/{method}@_here_" in text
+    assert second_declarations(text) == []
 
 
-def test_a_drifted_yaml_default_is_caught():
-    """The check itself: KAPC's yaml saying lam 0.5 while its options say 1.0 is named."""
-    yaml = {**yaml_options("kapc"), "lam": 0.5}
-    assert disagreements("kapc", yaml) == ["lam: yaml 0.5 != options 1.0"]
-    assert disagreements("kapc", {k: v for k, v in yaml_options("kapc").items() if k != "beta"}) == [
-        "option 'beta' missing from the yaml"
-    ]
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
+def test_method_equals_name_composes_to_the_dataclass_defaults(method):
+    composed = OmegaConf.to_container(compose_config([f"method={method}", "rounds=7"]).method)
+    declared = STRATEGIES[method].options_type.defaults()
+    run_values = {k for k, v in method_defaults(method).items() if isinstance(v, str) and "${" in v}
+    assert composed.pop("name") == method and set(composed) == set(declared)
+    assert {k: v for k, v in composed.items() if k not in run_values} == {
+        k: v for k, v in declared.items() if k not in run_values
+    }
+    assert all(composed[k] == 7 for k in run_values)  # total_rounds: ${rounds}
+
+
+def test_a_second_declaration_is_caught_and_an_override_still_finds_its_key():
+    """The check itself: KAPC's file saying ``lam: 0.5`` again is named; ``method.lam=`` works
+    although the file names no option."""
+    text = (conf_dir() / "method" / "kapc.yaml").read_text()
+    assert second_declarations(text + "lam: 0.5\ntotal_rounds: ${rounds}\n") == ["lam"]
+    assert compose_config(["method=kapc", "method.lam=0.5"]).method.lam == 0.5
 
 
 def field_types(hint) -> set:
@@ -121,6 +98,38 @@ def sent_role_args(method: str, **options) -> dict[str, object]:
 def test_the_options_and_the_role_arguments_agree(method):
     role_args = ROLE_ARGS[STRATEGIES[method].role]
     assert role_disagreements(method, sent_role_args(method), role_args) == []
+
+
+def role_second_declarations(role_args: dict[str, type]) -> list[str]:
+    """Role-argument fields that declare an option's default again: a field with a default of its
+    own, named like an option that every method using the role has (where some method has no such
+    option the default is the role's neutral value: ``SGDArgs.finetune_epochs`` 0 for FedPer)."""
+    found = []
+    for role, args in role_args.items():
+        users = [c for c in STRATEGIES.values() if c.role == role]
+        for f in dataclasses.fields(args):
+            if users and has_default(f) and all(f.name in c.options_type.names() for c in users):
+                found.append(f"{args.__name__}.{f.name}")
+    return found
+
+
+def test_a_role_argument_that_carries_an_option_declares_no_default_of_its_own():
+    assert role_second_declarations(ROLE_ARGS) == []
+    MOON = ROLE_ARGS["moon"]
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class DefaultedMOON(MOON):  # the check itself: tau's default written again is named
+        tau: float = 0.5
+
+    assert role_second_declarations({"moon": DefaultedMOON}) == ["DefaultedMOON.tau"]
+
+
+def test_a_message_without_an_option_is_refused_naming_it():
+    from pflower.protocol.roles import RoleArgsError, role_args
+
+    with pytest.raises(RoleArgsError, match=r"role 'moon' got no \['tau'\]"):
+        role_args("moon", {"mu": 1.0})
+    assert role_args("sgd", {}).finetune_epochs == 0  # a neutral default stays
 
 
 def test_a_role_argument_that_drifts_from_its_option_is_caught():

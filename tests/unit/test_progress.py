@@ -131,9 +131,10 @@ def test_sweep_job_reads_hydras_job_number(monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import read_write
 
-    from pflower.server_app.config import conf_dir
+    from pflower.server_app.config import conf_dir, register_method_options
     from pflower.simulation import cli
 
+    register_method_options()
     argv = ["-m", "method=fedavg,fedper,local", "rounds=2"]
     with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
         cfg = compose("config", overrides=["method=fedper", "rounds=2"], return_hydra_config=True)

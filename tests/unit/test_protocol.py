@@ -40,7 +40,7 @@ def test_role_arguments_are_checked_where_they_are_built_and_where_they_are_read
     with pytest.raises(RoleArgsError, match="mu"):
         ProximalArgs(mu=-1)
     with pytest.raises(RoleArgsError, match="finetune_part"):
-        FedBabuArgs(finetune_part="tail")
+        FedBabuArgs(finetune_epochs=5, finetune_part="tail")
     with pytest.raises(RoleArgsError, match="unknown argument"):
         role_args("proximal", {"mu": 1.0, "nu": 2.0})
     with pytest.raises(RoleArgsError, match="unknown client role"):

@@ -70,3 +70,15 @@ def test_batched_profile_prints_training_and_evaluation_tables(capsys):
     text = capsys.readouterr().out
     assert "| batched (vmap) |" in text and "| together (vmap) |" in text
     assert "the time per client-step" in text and "the time per client." in text
+
+
+@pytest.mark.heavy  # fresh processes, each importing torch
+def test_the_startup_benchmark_times_every_step_before_round_1(capsys):
+    from benchmarks import startup
+
+    assert startup.main(["--repeats", "1", "method=fedavg", "rounds=2"]) == 0
+    out = capsys.readouterr().out
+    for step in ("interpreter", "torch alone", "config (hydra compose", "data (read", "engine start", "discovery"):
+        assert step in out, step
+    began = float(out.split("**round 1 began** (from launch) | **")[1].split("**")[0])
+    assert 0 < began < 120 and "| torch |" in out and "| sklearn | not imported |" in out

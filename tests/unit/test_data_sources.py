@@ -445,3 +445,24 @@ def test_hf_hub_id_offline_and_not_cached_says_how_to_get_it(tmp_path: Path, mon
     with pytest.raises(DatasetNotFoundError, match="zalando-datasets/fashion_mnist") as err:
         info.reader(str(tmp_path / "cache"), **info.options)
     assert "HF cache" in str(err.value)
+
+
+@pytest.mark.heavy  # over 1 s: imports scikit-learn to compare
+def test_digits_are_read_without_importing_scikit_learn_and_equal_load_digits() -> None:
+    """The default run's data: scikit-learn's own file, read without its 1.5-2.8 s import, the same
+    pixels and labels as ``load_digits`` (so every digits number stays as it was)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from pflower.federated_data.sources import read_digits; read_digits(); "
+        "print('sklearn' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+    from sklearn.datasets import load_digits
+
+    from pflower.federated_data.sources import digits_table
+
+    bunch, table = load_digits(), digits_table()
+    assert np.array_equal(table[:, :-1].reshape(-1, 8, 8), bunch.images)
+    assert np.array_equal(table[:, -1].astype(int), bunch.target)

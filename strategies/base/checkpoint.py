@@ -25,7 +25,7 @@ import os
 import tempfile
 import zipfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,36 +79,66 @@ class CheckpointError(RuntimeError):
 
 # ---------------------------------------------------------------------- encoding
 def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> Any:
-    """JSON-safe form of ``value``; its arrays are added to ``arrays`` (name -> array)."""
+    """JSON-safe form of ``value``; its arrays are added to ``arrays`` (name -> array). The first
+    of :data:`_ENCODERS` that takes the value's kind encodes it (their order matters: a NumPy
+    scalar before a float, a ``to_dict`` object before a mapping)."""
     if value is None or isinstance(value, (bool, str)):
         return value
+    for encoder in _ENCODERS:
+        out = encoder(value, arrays, path)
+        if out is not _NOT_MINE:
+            return out
+    raise CheckpointError(
+        f"cannot checkpoint {path} of type {type(value).__module__}.{type(value).__qualname__}: make it a plain "
+        "value, array, tensor, dataclass or torch module; or list the attribute in the strategy's "
+        "`checkpoint_exclude` (if it can be rebuilt from the config); or override extra_state()/load_extra_state()"
+    )
+
+
+_NOT_MINE = object()  # an encoder's answer for a value of another kind
+
+
+def _encode_number(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
     if isinstance(value, np.generic):  # before int/float: np.float64 is a float
         if value.dtype == object:
             raise CheckpointError(f"cannot checkpoint {path}: NumPy object scalar")
         return {"__scalar__": value.dtype.str, "value": value.item()}
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, np.random.Generator):  # its bit generator's state (a plain dict) restores the stream
-        bits = value.bit_generator
-        return {
-            "__generator__": type(bits).__name__,
-            "state": encode(bits.state, arrays, f"{path}.bit_generator.state"),
-        }
-    if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
-            raise CheckpointError(f"cannot checkpoint {path}: NumPy array of dtype object")
-        name = f"a{len(arrays)}"
-        arrays[name] = np.ascontiguousarray(value)
-        return {"__array__": name}
+    return value if isinstance(value, (int, float)) else _NOT_MINE
+
+
+def _encode_generator(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    """A NumPy generator: its bit generator's state (a plain dict) restores the stream."""
+    if not isinstance(value, np.random.Generator):
+        return _NOT_MINE
+    bits = value.bit_generator
+    return {"__generator__": type(bits).__name__, "state": encode(bits.state, arrays, f"{path}.bit_generator.state")}
+
+
+def _encode_array(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    if not isinstance(value, np.ndarray):
+        return _NOT_MINE
+    if value.dtype.hasobject:
+        raise CheckpointError(f"cannot checkpoint {path}: NumPy array of dtype object")
+    name = f"a{len(arrays)}"
+    arrays[name] = np.ascontiguousarray(value)
+    return {"__array__": name}
+
+
+def _encode_tensor(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
     torch = _torch()
-    if torch is not None and isinstance(value, torch.Tensor):
-        t = value.detach().cpu()
-        dtype = str(t.dtype)
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        name = f"a{len(arrays)}"
-        arrays[name] = np.ascontiguousarray(t.numpy())
-        return {"__tensor__": name, "dtype": dtype}
+    if torch is None or not isinstance(value, torch.Tensor):
+        return _NOT_MINE
+    t = value.detach().cpu()
+    dtype = str(t.dtype)
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    name = f"a{len(arrays)}"
+    arrays[name] = np.ascontiguousarray(t.numpy())
+    return {"__tensor__": name, "dtype": dtype}
+
+
+def _encode_sequence(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    """Lists, tuples (not named ones) and sets (sorted where their items sort)."""
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return {"__tuple__": [encode(v, arrays, f"{path}[{i}]") for i, v in enumerate(value)]}
     if isinstance(value, list):
@@ -120,17 +150,24 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
         except TypeError:
             pass
         return {"__set__": [encode(v, arrays, f"{path}{{}}") for v in items], "frozen": isinstance(value, frozenset)}
+    return _NOT_MINE
+
+
+def _encode_mapping(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    """An object saved by its ``to_dict`` (a disk-backed ClientStore: not copied item by item),
+    else a mapping: a JSON object when its keys are plain strings, else (key, value) pairs."""
     if callable(getattr(value, "to_dict", None)) and callable(getattr(type(value), "from_dict", None)):
-        # before Mapping: a mapping that says how it is saved (a disk-backed ClientStore) is not copied item by item
         return {"__object__": _class_path(type(value)), "to_dict": encode(value.to_dict(), arrays, path)}
-    if isinstance(value, Mapping):
-        if all(isinstance(k, str) and not k.startswith("__") for k in value):
-            return {k: encode(v, arrays, f"{path}.{k}") for k, v in value.items()}
-        return {
-            "__dict__": [
-                [encode(k, arrays, f"{path} key {k!r}"), encode(v, arrays, f"{path}[{k!r}]")] for k, v in value.items()
-            ]
-        }
+    if not isinstance(value, Mapping):
+        return _NOT_MINE
+    if all(isinstance(k, str) and not k.startswith("__") for k in value):
+        return {k: encode(v, arrays, f"{path}.{k}") for k, v in value.items()}
+    pairs = [[encode(k, arrays, f"{path} key {k!r}"), encode(v, arrays, f"{path}[{k!r}]")] for k, v in value.items()]
+    return {"__dict__": pairs}
+
+
+def _encode_object(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    """A torch module or optimizer (its ``state_dict``), or a dataclass (field by field)."""
     if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
         return {
             "__stateful__": _class_path(type(value)),
@@ -139,16 +176,24 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: encode(getattr(value, f.name), arrays, f"{path}.{f.name}") for f in dataclasses.fields(value)}
         return {"__object__": _class_path(type(value)), "fields": fields}
-    raise CheckpointError(
-        f"cannot checkpoint {path} of type {type(value).__module__}.{type(value).__qualname__}: make it a plain "
-        "value, array, tensor, dataclass or torch module; or list the attribute in the strategy's "
-        "`checkpoint_exclude` (if it can be rebuilt from the config); or override extra_state()/load_extra_state()"
-    )
+    return _NOT_MINE
+
+
+_ENCODERS = (
+    _encode_number,
+    _encode_generator,
+    _encode_array,
+    _encode_tensor,
+    _encode_sequence,
+    _encode_mapping,
+    _encode_object,
+)
 
 
 def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path: str = "state") -> Any:
     """Inverse of :func:`encode`. ``live`` is the current value at this place (or None): objects
-    with ``load_state_dict`` are loaded into it, and its types guide the rebuild."""
+    with ``load_state_dict`` are loaded into it, and its types guide the rebuild. Each tagged form
+    has its own small decoder (:data:`_DECODERS`)."""
     if isinstance(value, list):
         hints = live if isinstance(live, list) and len(live) == len(value) else [None] * len(value)
         return [decode(v, arrays, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, hints))]
@@ -157,56 +202,76 @@ def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path:
     tag = next((t for t in _TAGS if t in value), None)
     if tag is None:
         hints = live if isinstance(live, Mapping) else {}
-        out = {k: decode(v, arrays, hints.get(k), f"{path}.{k}") for k, v in value.items()}
-        return _like(out, live)
-    if tag == "__array__":
-        return np.array(_member(arrays, value[tag], path), copy=True)
-    if tag == "__tensor__":
-        import torch
+        return _like({k: decode(v, arrays, hints.get(k), f"{path}.{k}") for k, v in value.items()}, live)
+    return _DECODERS[tag](value, arrays, live, path)
 
-        t = torch.from_numpy(np.array(_member(arrays, value[tag], path), copy=True))
-        dtype = getattr(torch, str(value.get("dtype", "")).removeprefix("torch."), None)
-        if isinstance(dtype, torch.dtype) and t.dtype != dtype:
-            t = t.to(dtype)
-        return t.to(live.device) if isinstance(live, torch.Tensor) else t
-    if tag == "__generator__":
-        bits = getattr(np.random, str(value[tag]), None)
-        if not (isinstance(bits, type) and issubclass(bits, np.random.BitGenerator)):
-            raise CheckpointError(f"{path}: unknown NumPy bit generator {value[tag]!r}")
-        generator = (
-            live
-            if isinstance(live, np.random.Generator) and type(live.bit_generator) is bits
-            else np.random.Generator(bits())
+
+def _decode_array(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> np.ndarray:
+    return np.array(_member(arrays, value["__array__"], path), copy=True)
+
+
+def _decode_tensor(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> Any:
+    import torch
+
+    t = torch.from_numpy(np.array(_member(arrays, value["__tensor__"], path), copy=True))
+    dtype = getattr(torch, str(value.get("dtype", "")).removeprefix("torch."), None)
+    if isinstance(dtype, torch.dtype) and t.dtype != dtype:
+        t = t.to(dtype)
+    return t.to(live.device) if isinstance(live, torch.Tensor) else t
+
+
+def _decode_generator(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> np.random.Generator:
+    """A NumPy generator continues its stream: the live one (same bit generator) or a new one."""
+    bits = getattr(np.random, str(value["__generator__"]), None)
+    if not (isinstance(bits, type) and issubclass(bits, np.random.BitGenerator)):
+        raise CheckpointError(f"{path}: unknown NumPy bit generator {value['__generator__']!r}")
+    same_kind = isinstance(live, np.random.Generator) and type(live.bit_generator) is bits
+    generator = live if same_kind else np.random.Generator(bits())
+    generator.bit_generator.state = decode(value["state"], arrays, None, path)
+    return generator
+
+
+def _decode_scalar(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> np.generic:
+    return np.dtype(value["__scalar__"]).type(value["value"])
+
+
+def _decode_tuple(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> tuple:
+    items = value["__tuple__"]
+    hints = live if isinstance(live, tuple) and len(live) == len(items) else [None] * len(items)
+    return tuple(decode(v, arrays, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(items, hints)))
+
+
+def _decode_set(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> set | frozenset:
+    items = [decode(v, arrays, None, path) for v in value["__set__"]]
+    return frozenset(items) if value.get("frozen") else set(items)
+
+
+def _decode_dict(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> dict:
+    """A mapping with keys JSON cannot hold (ints, tuples): its (key, value) pairs."""
+    hints = live if isinstance(live, Mapping) else {}
+    out = {}
+    for k, v in value["__dict__"]:
+        key = decode(k, arrays, None, path)
+        out[key] = decode(v, arrays, hints.get(key), f"{path}[{key!r}]")
+    return _like(out, live)
+
+
+def _decode_stateful(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> Any:
+    """A torch module or optimizer: its state is loaded into the freshly built one."""
+    if not callable(getattr(live, "load_state_dict", None)):
+        raise CheckpointError(
+            f"{path} was a {value['__stateful__']} when the checkpoint was written, but the freshly built strategy "
+            f"holds {type(live).__name__} there: create the object in __init__ (its state is loaded into "
+            "it), or override extra_state()/load_extra_state() to rebuild it"
         )
-        generator.bit_generator.state = decode(value["state"], arrays, None, path)
-        return generator
-    if tag == "__scalar__":
-        return np.dtype(value[tag]).type(value["value"])
-    if tag == "__tuple__":
-        hints = live if isinstance(live, tuple) and len(live) == len(value[tag]) else [None] * len(value[tag])
-        return tuple(decode(v, arrays, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value[tag], hints)))
-    if tag == "__set__":
-        items = [decode(v, arrays, None, path) for v in value[tag]]
-        return frozenset(items) if value.get("frozen") else set(items)
-    if tag == "__dict__":
-        hints = live if isinstance(live, Mapping) else {}
-        out = {}
-        for k, v in value[tag]:
-            key = decode(k, arrays, None, path)
-            out[key] = decode(v, arrays, hints.get(key), f"{path}[{key!r}]")
-        return _like(out, live)
-    if tag == "__stateful__":
-        if not callable(getattr(live, "load_state_dict", None)):
-            raise CheckpointError(
-                f"{path} was a {value[tag]} when the checkpoint was written, but the freshly built strategy "
-                f"holds {type(live).__name__} there: create the object in __init__ (its state is loaded into "
-                "it), or override extra_state()/load_extra_state() to rebuild it"
-            )
-        live_state = live.state_dict()
-        live.load_state_dict(decode(value["state"], arrays, live_state, f"{path}.state_dict()"))
-        return live
-    # __object__: a dataclass or a class with to_dict/from_dict
-    cls = type(live) if live is not None and _class_path(type(live)) == value[tag] else _import_class(value[tag], path)
+    live.load_state_dict(decode(value["state"], arrays, live.state_dict(), f"{path}.state_dict()"))
+    return live
+
+
+def _decode_object(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> Any:
+    """A dataclass (field by field) or a class with ``to_dict``/``from_dict``."""
+    same_class = live is not None and _class_path(type(live)) == value["__object__"]
+    cls = type(live) if same_class else _import_class(value["__object__"], path)
     if "to_dict" in value:
         return cls.from_dict(decode(value["to_dict"], arrays, live.to_dict() if live is not None else None, path))
     hints = {f.name: getattr(live, f.name, None) for f in dataclasses.fields(cls)} if live is not None else {}
@@ -217,6 +282,20 @@ def decode(value: Any, arrays: Mapping[str, np.ndarray], live: Any = None, path:
         if k not in init:
             object.__setattr__(obj, k, v)
     return obj
+
+
+# tag -> its decoder (value, arrays, live, path); one per tag of _TAGS
+_DECODERS: dict[str, Callable[[dict, Mapping[str, np.ndarray], Any, str], Any]] = {
+    "__array__": _decode_array,
+    "__tensor__": _decode_tensor,
+    "__scalar__": _decode_scalar,
+    "__tuple__": _decode_tuple,
+    "__set__": _decode_set,
+    "__dict__": _decode_dict,
+    "__object__": _decode_object,
+    "__stateful__": _decode_stateful,
+    "__generator__": _decode_generator,
+}
 
 
 def _like(out: dict, live: Any) -> dict:

@@ -30,6 +30,7 @@ __all__ = [
     "TaskIdentity",
     "basic_sweeper",
     "clientapp_runtime",
+    "flwr_cli",
     "node_unavailable_reason",
     "parse_run_config",
     "supernode_loop",
@@ -143,3 +144,12 @@ def ray_bootstrap_address(address: str) -> str:
     from ray._private.services import canonicalize_bootstrap_address
 
     return canonicalize_bootstrap_address(address)
+
+
+def flwr_cli() -> SimpleNamespace:
+    """Flower's command line (``flwr``) and the module-level ``collect_files`` its FAB build calls
+    (``flwr.cli.build``; server_app.flwr_cli walks the app without entering ignored folders)."""
+    import flwr.cli.build as build
+    from flwr.cli.app import app
+
+    return SimpleNamespace(app=app, build=build, collect_files=build.collect_files)

@@ -267,6 +267,8 @@ def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str
 
 
 STARTED = re.compile(r"Successfully started run (\d+)")
+# `flwr`, with a FAB build that does not walk the checkout's ignored folders (its .venv: 5.8 s; flwr_cli.py)
+FLWR = [sys.executable, "-m", "pflower.server_app.flwr_cli"]
 
 
 def unusable_state(database: Path) -> str | None:
@@ -415,7 +417,7 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         argv.append("--stream")
     run_id = None
     with subprocess.Popen(
-        ["flwr", "run", ".", *argv],
+        [*FLWR, "run", ".", *argv],
         cwd=checkout,
         env=env,
         stdout=subprocess.PIPE,

@@ -167,7 +167,8 @@ class Demo:
     def flwr_run(self, run_config: str) -> subprocess.Popen:
         log = open(self.tmp / "flwr-run.log", "w")
         return subprocess.Popen(
-            [str(BIN / "flwr"), "run", ".", self.project, "--stream", "--run-config", run_config],
+            [str(BIN / "python"), "-m", "pflower.server_app.flwr_cli", "run", ".", self.project, "--stream"]
+            + ["--run-config", run_config],
             cwd=ROOT,
             env=self.env,
             stdout=log,

@@ -88,6 +88,15 @@ def test_the_superexec_parts_warm_clientapps_plug_into():
     assert callable(se.flower_superexec)
 
 
+def test_flowers_fab_build_calls_the_walk_server_app_flwr_cli_replaces():
+    """flwr_cli swaps ``flwr.cli.build.collect_files``: the FAB build must still look it up there."""
+    import inspect
+
+    cli = compat.flwr_cli()
+    assert callable(cli.app) and params(cli.collect_files) == {"root"}
+    assert "collect_files(" in inspect.getsource(cli.build.build_fab_from_disk)
+
+
 def test_hydras_sweeper_and_rays_bootstrap_address():
     assert {"overrides", "max_batch_size"} <= params(compat.basic_sweeper().split_arguments)
     assert len(params(compat.ray_bootstrap_address)) == 1

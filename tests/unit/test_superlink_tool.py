@@ -182,6 +182,7 @@ def fake_flwr(tmp_path, status: str, started: bool = True):
 def test_pflower_run_exits_with_the_run_s_status(tmp_path, monkeypatch, capsys, status, code):
     """`flwr run --stream` exits 0 for a failed run; `pflower run` asks `flwr ls` and exits with the run's
     status, through a SuperLink home of this checkout's own."""
+    monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
     monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, status)}:{superlink.os.environ['PATH']}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     checkout = code_tree(tmp_path / "checkout")
@@ -196,6 +197,7 @@ def test_pflower_run_exits_with_the_run_s_status(tmp_path, monkeypatch, capsys, 
 
 
 def test_pflower_run_without_a_started_run_fails(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
     monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'x', started=False)}:{superlink.os.environ['PATH']}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert superlink.run_main([], checkout=code_tree(tmp_path / "checkout")) == 1
@@ -231,6 +233,7 @@ def test_pflower_run_keeps_a_half_migrated_superlink_state_aside(tmp_path, monke
     aside, says so in one line, and starts on a fresh one; a healthy state is left as it is."""
     import sqlite3
 
+    monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
     monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'finished:completed')}:{superlink.os.environ['PATH']}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     checkout = code_tree(tmp_path / "checkout")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import markdown_table, median, publish, run_header
+from benchmarks.common import REPO, markdown_table, median, publish, run_header
 
 SIM_ARGS = ["sim", "progress=false"]
 
@@ -169,10 +170,63 @@ def top_imports(extra: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+ROUND_LINE = re.compile(r"\[round\s+1/\d+\].*\| (\d+(?:\.\d+)?)s(?: \||$)")
+RUN_MARKS = (  # (a line of `pflower run`'s stream, the moment it marks)
+    ("Successfully started run", "run accepted (flwr CLI, FAB, local SuperLink)"),
+    ("pflower run directory", "ServerApp up (its run directory made)"),
+)
+
+
+def one_pflower_run(config: str, cold: bool) -> dict[str, float]:
+    """``pflower run`` from this checkout to its round 1, seconds from launch to each mark of its
+    stream; ``cold``: this checkout's local SuperLink stopped first (the first run of a session)."""
+    if cold:
+        subprocess.run([sys.executable, "-m", "pflower.cli", "superlink", "stop"], cwd=REPO, capture_output=True)
+    t = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflower.cli", "run", "--run-config", config],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    marks: dict[str, float] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        now = time.time() - t
+        for text, mark in RUN_MARKS:
+            if text in line:
+                marks.setdefault(mark, now)
+        found = ROUND_LINE.search(line)
+        if found and "round 1 ended" not in marks:
+            marks["round 1 ended"] = now
+            marks["round 1 began"] = now - float(found.group(1))
+    if proc.wait() != 0 or "round 1 ended" not in marks:
+        raise SystemExit(f"pflower run failed (status {proc.returncode}); marks so far: {marks}")
+    return marks
+
+
+def pflower_run_table(repeats: int, config: str) -> str:
+    """Cold and warm ``pflower run`` (README's second way to run), medians of ``repeats`` each."""
+    runs = {kind: [one_pflower_run(config, cold=kind == "cold") for _ in range(repeats)] for kind in ("cold", "warm")}
+    steps = [mark for _, mark in RUN_MARKS] + ["round 1 began", "round 1 ended"]
+    rows = [
+        {"moment (seconds from launch)": step, **{kind: f"{median(r[step] for r in runs[kind]):.1f}" for kind in runs}}
+        for step in steps
+    ]
+    return markdown_table(rows, ["moment (seconds from launch)", "cold", "warm"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the Markdown here (default: print it)")
+    parser.add_argument(
+        "--pflower-run",
+        metavar="RUN_CONFIG",
+        default=None,
+        help="also time `pflower run --run-config RUN_CONFIG` to its round 1, cold and warm",
+    )
     parser.add_argument("overrides", nargs="*", help="extra pflower sim overrides (default: the README's run)")
     args = parser.parse_args(argv)
     started = time.time()
@@ -205,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         "",
         markdown_table(top_imports(args.overrides), ["package", "seconds"]),
     ]
+    if args.pflower_run:
+        lines += [
+            "",
+            f'`pflower run --run-config "{args.pflower_run}"` (a local SuperLink, Flower\'s simulation runtime):',
+            "cold: this checkout's SuperLink stopped before each run; warm: left running from the run before.",
+            f"Medians of {args.repeats} runs each.",
+            "",
+            pflower_run_table(args.repeats, args.pflower_run),
+        ]
     publish("\n".join(lines), args.out)
     return 0
 

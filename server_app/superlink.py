@@ -237,7 +237,8 @@ def _free_port() -> int:
 
 def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment `pflower run` runs `flwr run` in: this checkout's FLWR_HOME and ports (kept in
-    ``<home>/ports.json`` and reused while its SuperLink runs; two free ports otherwise)."""
+    ``<home>/ports.json`` and reused while its SuperLink runs; two free ports otherwise), and this
+    Python environment's bin on PATH."""
     env = dict(os.environ if base is None else base)
     home = checkout_home(checkout)
     home.mkdir(parents=True, exist_ok=True)
@@ -263,6 +264,11 @@ def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str
         }
     )
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    # Flower starts `flower-superlink` by name: found in this environment's bin even when it is not
+    # activated (`.venv/bin/pflower run`); appended, so a PATH the user set still comes first
+    here = str(Path(sys.executable).parent)
+    if here not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), here) if p)
     return env
 
 

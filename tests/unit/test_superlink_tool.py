@@ -7,6 +7,7 @@ one is stopped the same way in tests/integration/test_simulation.py::test_flwr_r
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -252,3 +253,13 @@ def test_pflower_run_keeps_a_half_migrated_superlink_state_aside(tmp_path, monke
     assert len(err) == 1 and "left _alembic_tmp_run behind" in err[0] and "kept aside as" in err[0]
     state.write_bytes(b"not a database at all")
     assert "not a readable SQLite database" in superlink.unusable_state(state)
+
+
+def test_pflower_run_finds_flowers_commands_in_its_environment_when_it_is_not_activated(tmp_path, monkeypatch):
+    """`.venv/bin/pflower run` without `activate`: Flower starts `flower-superlink` by name, so the
+    environment's bin joins PATH (after what the user's PATH holds)."""
+    bin_dir = str(Path(superlink.sys.executable).parent)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = superlink.checkout_env(tmp_path, {"PATH": "/usr/bin"})
+    assert env["PATH"].split(superlink.os.pathsep) == ["/usr/bin", bin_dir]
+    assert superlink.checkout_env(tmp_path, {"PATH": bin_dir})["PATH"] == bin_dir  # not twice

@@ -40,12 +40,18 @@ def sweep_combinations(argv: list[str]) -> list[list[str]]:
     overrides = [
         a
         for a in argv
-        if "=" in a and not a.startswith("-") and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")
+        if ("=" in a or a.startswith("~"))  # `~key` deletes a key (what a model-mismatch error advises)
+        and not a.startswith("-")
+        and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")
     ]
+
+    def values(o: str) -> list[str]:
+        key, eq, value = o.partition("=")
+        return [f"{key}={v}" for v in split_sweep(value)] if eq else [o]
+
     if "-m" not in argv and "--multirun" not in argv:
-        return [[f"{o.split('=', 1)[0]}={split_sweep(o.split('=', 1)[1])[0]}" for o in overrides]]
-    choices = [[f"{o.split('=', 1)[0]}={v}" for v in split_sweep(o.split("=", 1)[1])] for o in overrides]
-    return [list(c) for c in itertools.product(*choices)]
+        return [[values(o)[0] for o in overrides]]
+    return [list(c) for c in itertools.product(*(values(o) for o in overrides))]
 
 
 def precheck(argv: list[str]) -> DictConfig | None:
@@ -102,7 +108,10 @@ def plain_single_run(argv: list[str]) -> bool:
     handing the command line to hydra to compose again."""
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or arg.startswith("-") or key.lstrip("+~").startswith("hydra") or len(split_sweep(value)) > 1:
+        deletion = not eq and arg.startswith("~")
+        if (not eq and not deletion) or arg.startswith("-") or key.lstrip("+~").startswith("hydra"):
+            return False
+        if len(split_sweep(value)) > 1:
             return False
     return True
 

@@ -226,3 +226,23 @@ def test_an_option_typo_in_a_users_own_serverapp_is_one_line_in_flowers_log():
     (record,) = [r for r in records if "kpp" in r.getMessage()]
     assert record.getMessage().startswith("pflower: method 'fedcmd' has no option(s) ['kpp'] (did you mean kp?)")
     assert record.exc_info is None
+
+
+def test_a_key_deletion_reaches_the_run_as_the_model_error_advises(tmp_path, capsys):
+    """`~model.fc_layers` (what the error for an experiment's LeNet-5 option on a ResNet says to
+    write) was dropped by the command line's first composition, which then failed on the very key."""
+    from pflower.simulation.cli import plain_single_run, sweep_combinations
+
+    argv = ["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=1,2"]
+    assert sweep_combinations(argv) == [["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=1"]]
+    assert sweep_combinations(["-m", *argv])[1] == [
+        "experiment=fedcmd_fmnist",
+        "model=resnet18",
+        "~model.fc_layers",
+        "seed=2",
+    ]
+    assert plain_single_run(["model=resnet18", "~model.fc_layers"]) and not plain_single_run(["--help"])
+    from pflower.simulation.cli import precheck
+
+    cfg = precheck(["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "dataset=digits"])
+    assert cfg is not None and "fc_layers" not in cfg.model and cfg.model.name == "resnet18"

@@ -82,3 +82,23 @@ def test_the_startup_benchmark_times_every_step_before_round_1(capsys):
         assert step in out, step
     began = float(out.split("**round 1 began** (from launch) | **")[1].split("**")[0])
     assert 0 < began < 120 and "| torch |" in out and "| sklearn | not imported |" in out
+
+
+@pytest.mark.slow  # 4 pflower sim commands (ResNet-18 among them): about 25 s on 2 cores
+def test_the_gpu_run_works_on_cpu_as_a_smoke_run(capsys):
+    """benchmarks/gpu_run.py, the command prepared for a lent GPU: every case type runs here on the
+    CPU (the batched engine's two workloads and both 3-seed sweeps) and lands in its one table."""
+    from benchmarks import gpu_run
+
+    assert [c[:2] for c in gpu_run.cases(False, 10, 3)] == [
+        (w, e) for w in ("LeNet-5, FMNIST", "ResNet-18, FMNIST") for e in ("serial", "parallel", "batched")
+    ]
+    assert gpu_run.main(["--smoke", "--only", "batched"]) == 0
+    out = capsys.readouterr().out
+    for row in (
+        "| LeNet-5, digits | batched | 1 |",
+        "| ResNet-18, digits | batched | 1 |",
+        "| 3 seeds, one after the other (serial) | 1 |",
+        "| 3 seeds, --together (batched) | 1 |",
+    ):
+        assert row in out, row

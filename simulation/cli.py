@@ -137,6 +137,19 @@ def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
     return sweep
 
 
+def forced_method_options(argv: list[str]) -> list[str]:
+    """A sweep over methods with a ``method.<option>=`` beside it (``-m method=kapc,kapc_bls
+    method.lam=0.5``): hydra composes its primary config with the default method first, which has
+    no such option, and stops with "Key 'lam' is not in struct". Handed to hydra as
+    ``++method.<option>=`` (set or add), every run gets the value; :func:`precheck` has composed
+    each combination with the plain override already, so a typo or an option one of the methods
+    lacks was refused before this."""
+    swept = any(a.partition("=")[0].lstrip("+") == "method" and len(split_sweep(a.partition("=")[2])) > 1 for a in argv)
+    if not swept:
+        return argv
+    return [f"++{a}" if a.startswith("method.") and "=" in a else a for a in argv]
+
+
 def sim_main(argv: list[str]) -> int:
     import hydra
 
@@ -201,6 +214,7 @@ def sim_main(argv: list[str]) -> int:
             print(f"pflower: {exc}", file=sys.stderr)
             return 2
         return 0
+    argv = forced_method_options(argv)
     # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
     # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
     sys.argv = [

@@ -246,3 +246,25 @@ def test_a_key_deletion_reaches_the_run_as_the_model_error_advises(tmp_path, cap
 
     cfg = precheck(["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "dataset=digits"])
     assert cfg is not None and "fc_layers" not in cfg.model and cfg.model.name == "resnet18"
+
+
+def test_a_method_option_beside_a_sweep_over_methods_is_forced_for_hydra():
+    from pflower.simulation.cli import forced_method_options
+
+    argv = ["-m", "method=kapc,kapc_bls", "method.lam=0.5", "rounds=1"]
+    assert forced_method_options(argv) == ["-m", "method=kapc,kapc_bls", "++method.lam=0.5", "rounds=1"]
+    assert forced_method_options(["-m", "method=kapc", "method.lam=0.5"]) == ["-m", "method=kapc", "method.lam=0.5"]
+
+
+@pytest.mark.heavy  # two runs through hydra's multirun
+def test_a_sweep_over_methods_takes_an_option_both_have(tmp_path):
+    """`-m method=kapc,kapc_bls method.lam=0.5` stopped in hydra's first composition (the default
+    method has no lam: "Key 'lam' is not in struct") before any run."""
+    import yaml
+
+    from pflower.cli import main
+
+    argv = ["sim", "-m", "method=kapc,kapc_bls", "method.lam=0.5", "rounds=1", "dataset=digits", "num_clients=4"]
+    assert main([*argv, "backend=serial", "progress=false", f"output_dir={tmp_path}"]) == 0
+    configs = [yaml.safe_load(p.read_text())["method"] for p in sorted(tmp_path.glob("*/*/config.yaml"))]
+    assert sorted((c["name"], c["lam"], c["bls"]) for c in configs) == [("kapc", 0.5, False), ("kapc_bls", 0.5, True)]

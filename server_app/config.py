@@ -780,6 +780,16 @@ def client_spec(
     tensors (simulation only: the path is the server's). ``data`` and ``models``: the data spec
     fields and model entries when already resolved (a :class:`server_app.run_plan.RunPlan`).
     """
+    from pflower.strategies.base.client_spec import for_run
+
+    return for_run(client_spec_fields(cfg, data=data, models=models), run_token, client_state_dir, server_store_dir)
+
+
+def client_spec_fields(
+    cfg: DictConfig, *, data: dict[str, Any] | None = None, models: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The part of the client spec the config decides (all but the run's token and folders:
+    :func:`strategies.base.client_spec.for_run` adds those); resolved once, in the run's plan."""
     from pflower.strategies.base.client_spec import client_spec as spec_of
 
     checkpoint_every = int(cfg.get("checkpoint_every", 1))
@@ -795,8 +805,7 @@ def client_spec(
             local_steps=None if cfg.get("local_steps") is None else int(cfg.local_steps),
             seed=int(cfg.seed),
             device=str(cfg.device),
-            run=run_token,
-            client_state_dir=client_state_dir,
+            run="",  # the run's token: for_run
             # saves each client keeps: a server crash replays at most checkpoint_every rounds
             state_versions=checkpoint_every + 1 if checkpoint_every > 0 else 1,
             deterministic=bool(cfg.get("deterministic", False)),
@@ -805,7 +814,7 @@ def client_spec(
         # server-side only (the strategy takes them out): the per-round learning rate, and for a
         # heterogeneous federation the architectures and who runs which
         "lr_schedule": {**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)},
-        "server_store": {"mode": str(cfg.get("server_store", "auto")), "dir": server_store_dir},
+        "server_store": {"mode": str(cfg.get("server_store", "auto"))},
         **(model_entries(cfg) if models is None else models),
     }
 

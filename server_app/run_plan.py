@@ -16,8 +16,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pflower.federated_data import DataSpec
+from pflower.strategies.base.client_spec import for_run
 
-from .config import MIXED, client_spec, data_spec_dict, method_args, model_archs, model_entries, model_spec
+from .config import MIXED, client_spec_fields, data_spec_dict, method_args, model_archs, model_entries, model_spec
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class RunPlan:
     mixed: bool
     method: str
     options: dict[str, Any]  # the method's options (its options dataclass's defaults, overridden)
+    client_fields: dict[str, Any]  # the client spec but the run's token and folders (config.client_spec_fields)
 
     @classmethod
     def of(cls, cfg: DictConfig | RunPlan) -> RunPlan:
@@ -122,6 +124,7 @@ class RunPlan:
             return cfg
         fields = data_spec_dict(cfg)
         archs, assign = model_archs(cfg)
+        models = model_entries(cfg, (archs, assign))
         return cls(
             cfg=cfg,
             run=RunSettings.of(cfg),
@@ -133,19 +136,10 @@ class RunPlan:
             mixed=model_spec(cfg).get("name") == MIXED,
             method=str(cfg.method.name),
             options=method_args(cfg),
+            client_fields=client_spec_fields(cfg, data=fields, models=models),
         )
-
-    def model_entries(self) -> dict[str, Any]:
-        """The client spec's model keys (:func:`server_app.config.model_entries`, from the resolved architectures)."""
-        return model_entries(self.cfg, (self.archs, self.assign))
 
     def client_spec(self, run_token: str, client_state_dir: str | None, server_store_dir: str | None) -> dict[str, Any]:
-        """Everything a client is sent (:func:`server_app.config.client_spec`) from the resolved pieces."""
-        return client_spec(
-            self.cfg,
-            run_token,
-            client_state_dir,
-            server_store_dir,
-            data=self.data_fields,
-            models=self.model_entries(),
-        )
+        """Everything a client is sent: the fields resolved with the plan and the run's token and
+        folders (no second reading of the config)."""
+        return for_run(self.client_fields, run_token, client_state_dir, server_store_dir)

@@ -8,6 +8,7 @@ model and data parts are left out: the clients that run pflower's client builder
 
 from __future__ import annotations
 
+import copy
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -129,6 +130,18 @@ def client_spec(
 
 #: Flower's train_config keys (what its quickstart sends) -> the client spec's training fields
 TRAIN_CONFIG_KEYS = {"lr": "lr", "local-epochs": "epochs", "batch-size": "batch_size"}
+
+
+def for_run(
+    fields: Mapping[str, Any], run: str, client_state_dir: str | None, server_store_dir: str | None
+) -> dict[str, Any]:
+    """A client spec from the fields a config resolves to (:func:`server_app.config.client_spec_fields`)
+    and what only a started run knows: its token, the folder simulated clients keep their state in,
+    the server store's folder."""
+    out = copy.deepcopy(dict(fields))  # a plan's fields serve every spec made from it, unchanged
+    out.update(run=run, client_state_dir=client_state_dir)
+    out["server_store"] = {**dict(fields.get("server_store") or {}), "dir": server_store_dir}
+    return out
 
 
 def agrees_with_spec(record: Mapping[str, Any], train: Mapping[str, Any]) -> bool:

@@ -76,11 +76,8 @@ def traced_sim(out_dir: str, extra: list[str], result_file: str) -> None:
             owner = getattr(owner, part)
         wrapped = _timed(record, step, getattr(owner, name))
         setattr(owner, name, wrapped)
-        if module_name.startswith("pflower.server_app.config"):  # `from .config import validate` elsewhere
-            for user in ("pflower.simulation.cli",):
-                mod = importlib.import_module(user)
-                if getattr(mod, name, None) is not None:
-                    setattr(mod, name, wrapped)
+        if target == "pflower.server_app.config:validate":  # simulation.cli holds its own reference
+            importlib.import_module("pflower.simulation.cli").validate = wrapped
     from pflower.strategies.base.strategy import PersonalizedStrategy
 
     # the modules the run imports, loaded here (to wrap them) rather than on first use
@@ -93,14 +90,13 @@ def traced_sim(out_dir: str, extra: list[str], result_file: str) -> None:
         return configure(self, server_round, *args, **kwargs)
 
     def first_aggregate(self, server_round, *args, **kwargs):
-        out = aggregate(self, server_round, *args, **kwargs)
+        aggregate(self, server_round, *args, **kwargs)
         marks["round 1 ended"] = time.time() - start
         result = {"interpreter + imports (pflower's modules, torch, flwr, hydra)": import_seconds}
         result.update({step: sum(values) for step, values in record.items()})
         result.update(marks)
         Path(result_file).write_text(json.dumps(result))
         os._exit(0)  # the engine's workers are forked children: they end with this process
-        return out
 
     PersonalizedStrategy.configure_train = first_configure
     PersonalizedStrategy.aggregate_train = first_aggregate
@@ -108,30 +104,25 @@ def traced_sim(out_dir: str, extra: list[str], result_file: str) -> None:
     raise SystemExit(f"pflower sim exited {code} before round 1 ended")
 
 
-def fresh(code: str, env: dict[str, str] | None = None) -> float:
+def fresh(code: str) -> float:
     """Seconds of ``python -c code`` from launch to exit."""
     t = time.time()
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return time.time() - t
 
 
 def one_sim(extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        env = {**os.environ, "STARTUP_T0": repr(time.time()), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
-        if not env["OMP_NUM_THREADS"]:
-            del env["OMP_NUM_THREADS"]
         code = (
             "from benchmarks.startup import traced_sim; "
             f"traced_sim({str(Path(tmp) / 'runs')!r}, {extra!r}, {str(out)!r})"
         )
-        t = time.time()
-        env["STARTUP_T0"] = repr(t)
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=Path.cwd())
+        env = {**os.environ, "STARTUP_T0": repr(time.time())}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"the traced pflower sim failed:\n{proc.stderr[-3000:]}")
-        result = json.loads(out.read_text())
-        return result
+        return json.loads(out.read_text())
 
 
 THIRD_PARTY = (

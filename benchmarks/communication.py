@@ -172,7 +172,7 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
 
     args = {k: v for k, v in METHOD_ARGS.get(method, {}).items() if k in method_options(method)}
     # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
-    public = ["dataset.public=holdout"] if STRATEGIES[method].needs_public_data else []
+    public = ["dataset.public=holdout"] if STRATEGIES[method].traits.needs_public_data else []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_config(
             [
@@ -194,14 +194,14 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
     return {
         "method": method,
         "batches": grid.batches,
-        "history": [dict(r) for r in strategy.history],
-        "clients_per_round": strategy.sample_size(),
+        "history": [dict(r) for r in strategy.run.history],
+        "clients_per_round": strategy.run.sample_size(),
         "num_clients": int(cfg.num_clients),
         "seconds": seconds,
         "method_args": args,
-        "group_keys": {g: list(strategy.group_keys[g]) for g in strategy.groups},
-        "model_params": int(sum(v.size for v in strategy.global_arrays.values())),
-        "model_bytes": int(sum(v.nbytes for v in strategy.global_arrays.values())),
+        "group_keys": {g: list(strategy.model.schema().group_keys[g]) for g in strategy.model.groups},
+        "model_params": int(sum(v.size for v in strategy.model.global_arrays.values())),
+        "model_bytes": int(sum(v.nbytes for v in strategy.model.global_arrays.values())),
         "model": f"{cfg.model.name} (fc_layers {cfg.model.get('fc_layers', '-')})",
         "dataset": str(cfg.dataset.name),
     }

@@ -106,7 +106,7 @@ def pfedla_steady(strategy: Any, updates: list[Any], rnd: int) -> None:
 
 def pfedsim_personal(strategy: Any, updates: list[Any], rnd: int) -> None:
     """pFedSim after the warm-up: every body stored, every classifier held, a dense similarity matrix."""
-    body = strategy.keys(strategy.body)
+    body = strategy.model.keys(strategy.body)
     strategy.bodies = {u.client_id: {k: u.arrays[k] for k in body} for u in updates}
     strategy.head_seen = {u.client_id for u in updates}
     rng = np.random.default_rng(1)
@@ -120,7 +120,7 @@ def fedcmd_phase2(strategy: Any, updates: list[Any], rnd: int) -> None:
     every client holding its phi and a personalized post(l*) from an earlier round."""
     strategy.force_layer = strategy.state.candidates[0]
     strategy.personal_layer()
-    post = strategy.keys(strategy.post_groups())
+    post = strategy.model.keys(strategy.post_groups())
     strategy.state.post_store = {u.client_id: {k: u.arrays[k].copy() for k in post} for u in updates}
     strategy.state.phi_seen = {u.client_id for u in updates}
 
@@ -190,7 +190,7 @@ def fill_fedcpmd_phase2(
         members, [strategy._cluster_start(m, l) for m, l in zip(members, strategy.cluster_layers)]
     )
     for c in ids:
-        body = strategy.keys(strategy.cluster_groups(strategy.layer_of[c]))
+        body = strategy.model.keys(strategy.cluster_groups(strategy.layer_of[c]))
         copy = not getattr(strategy.bodies, "on_disk", False)  # in memory every client holds its own arrays
         strategy.bodies[c] = {k: np.array(arrays[c][k], copy=True) if copy else arrays[c][k] for k in body}
 
@@ -301,7 +301,7 @@ def build(name: str, model: Any, n: int) -> Any:
     )
     # every client as if discovered (node 1000 + i, 50 training and 20 test samples): a method whose
     # uploads are sized by the client's data (FedGKT's features) declares them from this
-    strategy.clients.update({i: ClientInfo(1000 + i, 50, 20) for i in range(n)})
+    strategy.directory.clients.update({i: ClientInfo(1000 + i, 50, 20) for i in range(n)})
     return strategy
 
 
@@ -313,22 +313,23 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
     """
     from pflower.strategies.base.validation import ClientUpdate
 
-    keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
-    sizes = [int(np.prod(strategy.template[k][0])) for k in keys]
+    up = strategy.uplink(0, rnd)
+    keys = strategy.travelling_keys(up.groups, 0, rnd)
+    sizes = [int(np.prod(strategy.model.template[k][0])) for k in keys]
     total = sum(sizes)
-    base = np.concatenate([strategy.global_arrays[k].reshape(-1) for k in keys] or [np.zeros(0)]).astype(
+    base = np.concatenate([strategy.model.global_arrays[k].reshape(-1) for k in keys] or [np.zeros(0)]).astype(
         np.float32
     )  # FedHe: no weights
     pool = np.random.default_rng(0).standard_normal(total + 7 * n + 1, dtype=np.float32)
     pool *= 0.01
-    extra_spec = strategy.extra_uplink(0, rnd)
+    extra_spec = up.extra
     updates = []
     for i in range(n):
         flat = np.empty(total, np.float32)
         np.add(base, pool[7 * i : 7 * i + total], out=flat)
         arrays, start = {}, 0
         for k, size in zip(keys, sizes):
-            arrays[k] = flat[start : start + size].reshape(strategy.template[k][0])
+            arrays[k] = flat[start : start + size].reshape(strategy.model.template[k][0])
             start += size
         extra = {k: np.ones(shape, dtype) for k, (shape, dtype) in extra_spec.items()}
         metrics = {"num-examples": float(50 + i % 50), "client-id": float(i), "test_size": 20.0, "train_loss": 1.0}
@@ -350,11 +351,10 @@ def input_bytes(name: str, model_name: str, n: int) -> int:
     except ValueError:
         return 0  # the case reports why it cannot run
     rnd = CASES[name].round
-    keys = strategy.travelling_keys(strategy.uplink_groups(0, rnd), 0, rnd)
-    extra = sum(
-        int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in strategy.extra_uplink(0, rnd).values()
-    )
-    return n * (sum(int(np.prod(strategy.template[k][0])) * 4 for k in keys) + extra)
+    up = strategy.uplink(0, rnd)
+    keys = strategy.travelling_keys(up.groups, 0, rnd)
+    extra = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in up.extra.values())
+    return n * (sum(int(np.prod(strategy.model.template[k][0])) * 4 for k in keys) + extra)
 
 
 # ----------------------------------------------------------------------------- memory probes
@@ -509,7 +509,7 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
     del model
     rnd = 62
     before = _status("VmRSS")
-    template = {k: v for k, v in strategy.global_arrays.items()}
+    template = {k: v for k, v in strategy.model.global_arrays.items()}
     t0 = time.perf_counter()
     fill_fedcpmd_phase2(strategy, list(range(clients)), rnd, {c: template for c in range(clients)})
     fill_s = time.perf_counter() - t0
@@ -533,7 +533,7 @@ def run_store(model_name: str, clients: int, participants: int, mode: str, direc
         "fill_s": fill_s,
         "round_s": a + d,
         "round_peak": peak,
-        "params": sum(int(np.prod(t[0])) for t in strategy.template.values()),
+        "params": sum(int(np.prod(t[0])) for t in strategy.model.template.values()),
     }
 
 

@@ -25,8 +25,9 @@ class Declared:
 def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
     """Every method of ``strategies/*.py`` read from the source, without importing it (importing the
     registry loads torch, most of the command's time). A class declares a method with its own
-    ``name``; ``role`` and ``options_type`` are inherited through the folder's classes as Python
-    would (MethodHooks' defaults at the root), and an options class's fields through its bases.
+    ``name``; ``traits`` (its ``role``) and ``options_type`` are inherited through the folder's classes
+    as Python would (MethodHooks' defaults at the root; ``replace(Parent.traits, ...)`` reads the
+    parent's), and an options class's fields through its bases.
     ``tests/unit/test_method_declarations.py`` checks this equals the imported registry."""
     classes: dict[str, tuple[list[str], dict[str, ast.expr], list[str]]] = {}
     for path in sorted(folder.rglob("*.py")):  # the methods and the base (role defaults) below them
@@ -66,16 +67,28 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
         inherited = [f for b in bases for f in option_fields(b)]
         return inherited + [f for f in fields if f not in inherited]
 
+    def role_of(cls: str) -> str:
+        traits = lookup(cls, "traits")
+        if not isinstance(traits, ast.Call):
+            return "?"
+        given = next((k.value for k in traits.keywords if k.arg == "role"), None)
+        if isinstance(given, ast.Constant):
+            return str(given.value)
+        parent = traits.args[0] if traits.args else None  # replace(Parent.traits, ...)
+        if isinstance(parent, ast.Attribute) and isinstance(parent.value, ast.Name):
+            return role_of(parent.value.id)
+        default = classes.get("MethodTraits", ([], {}, []))[1].get("role")  # MethodTraits(...) without a role
+        return str(default.value) if isinstance(default, ast.Constant) else "?"
+
     out: dict[str, Declared] = {}
     for cls, (_, attrs, _) in classes.items():
         name = attrs.get("name")
         if cls == "MethodHooks" or not (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value):
             continue
-        role = lookup(cls, "role")
         options = lookup(cls, "options_type")
         out[name.value] = Declared(
             name.value,
-            role.value if isinstance(role, ast.Constant) else "?",
+            role_of(cls),
             tuple(option_fields(options.id)) if isinstance(options, ast.Name) else (),
         )
     return out
@@ -85,7 +98,10 @@ def options_table(name: str) -> str:
     from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[name]
-    lines = [f"{name}: client role {cls.role}, declared in {cls.options_type.__name__}, docs/{page_of(name)}", ""]
+    lines = [
+        f"{name}: client role {cls.traits.role}, declared in {cls.options_type.__name__}, docs/{page_of(name)}",
+        "",
+    ]
     rows = cls.options_type.describe()
     if not rows:
         return "\n".join([*lines, "no options"])
@@ -139,14 +155,14 @@ def options_markdown(name: str) -> str:
                 r["doc"].replace("|", "\\|"),  # "a | b" in a doc line is prose, not a column
             ]
             out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
-    if cls.diagnostic_panels:
+    if cls.traits.diagnostic_panels:
         shown = "; ".join(
             f"`{p.key}` ({p.label}"
             + (f", against `{p.threshold}`" if p.threshold else "")
             + (f" or the logged `{p.threshold_key}`" if p.threshold_key else "")
             + (f", events: `{p.events}`" if p.events else "")
             + ")"
-            for p in cls.diagnostic_panels
+            for p in cls.traits.diagnostic_panels
         )
         out += ["", f"Mechanism diagnostics (`metrics.jsonl`; `pflower report` draws them): {shown}."]
     return "\n".join(out)

@@ -367,7 +367,7 @@ def mechanisms() -> dict[str, tuple[Any, ...]]:
     :func:`plot_mechanism`, one figure per method and group."""
     from pflower.strategies import STRATEGIES
 
-    return {name: tuple(cls.diagnostic_panels) for name, cls in STRATEGIES.items() if cls.diagnostic_panels}
+    return {name: cls.traits.diagnostic_panels for name, cls in STRATEGIES.items() if cls.traits.diagnostic_panels}
 
 
 def mechanism_keys() -> frozenset[str]:

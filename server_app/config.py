@@ -687,8 +687,8 @@ def validate(cfg: DictConfig) -> None:
         LRSchedule.from_config({**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)})
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if len(archs) > 1 and cfg.method.name in STRATEGIES and not STRATEGIES[cfg.method.name].heterogeneous:
-        capable = sorted(n for n, c in STRATEGIES.items() if c.heterogeneous)
+    if len(archs) > 1 and cfg.method.name in STRATEGIES and not STRATEGIES[cfg.method.name].traits.heterogeneous:
+        capable = sorted(n for n, c in STRATEGIES.items() if c.traits.heterogeneous)
         raise ConfigError(
             f"method {cfg.method.name!r} runs one architecture on every client, but model.archs names {sorted(archs)}: "
             f"use one model, or a method for heterogeneous clients ({', '.join(capable)})"

@@ -87,12 +87,13 @@ def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None
         final_eval=run.final_eval,
     )
     strategy.resume_force = run.resume_force
-    if strategy.needs_public_data:
+    traits = strategy.traits
+    if traits.needs_public_data:
         strategy.attach_public(public_images(plan))
     elif plan.data.public != "none":
-        if not plan.data.info.node_local and strategy.evaluates_on_public:
-            strategy.attach_public_test(*load_public_data(plan.data))
-        if not plan.data.info.node_local and strategy.clients_evaluate_on_public:
+        if not plan.data.info.node_local and traits.evaluates_on_public:
+            strategy.attach_public(*load_public_data(plan.data))
+        if not plan.data.info.node_local and traits.clients_evaluate_on_public:
             strategy.final_global_test = True  # each client scores its own model on the global test set at the end
     return strategy
 
@@ -206,7 +207,7 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
             strategy.load_state_dict(checkpoint.decode(strategy.state_dict()))
         except ValueError as exc:
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
-        writer.rounds = restore_metrics(run_dir, strategy.history)
+        writer.rounds = restore_metrics(run_dir, strategy.run.history)
         atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(plan.cfg))  # the new rounds, if raised
         write_provenance(run_dir, grid, resumed_after_round=checkpoint.round, data=origin)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)

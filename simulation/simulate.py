@@ -54,7 +54,7 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
         # with client-resources num_cpus=1 does: the same numbers on every engine
         if engine.backend == "serial":
             grid = InProcessGrid(num_clients, record=False, client_threads=1)
-        elif engine.backend == "batched" and role_has_plans(prepared.strategy.role):
+        elif engine.backend == "batched" and role_has_plans(prepared.strategy.traits.role):
             # one process, a round's clients as grouped computations
             grid = BatchedGrid(num_clients, engine.batch_clients, threads=resolve_workers(engine.workers))
         else:
@@ -63,7 +63,7 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
                     INFO,
                     "batched engine: client role %s has no FitPlan, so its clients train one at a time; "
                     "the run goes to the parallel engine",
-                    prepared.strategy.role,
+                    prepared.strategy.traits.role,
                 )
             from pflower.client_app.runtime import computes_on_cuda
 

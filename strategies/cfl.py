@@ -49,6 +49,7 @@ from flwr.common import log
 from typing_extensions import override
 
 from .base.diagnostics import Panel
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -78,10 +79,13 @@ class CFL(PersonalizedStrategy):
 
     name = "cfl"
     options_type = CFLOptions
-    diagnostic_panels = (
-        Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
-        Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
-        Panel("num_clusters", "clusters"),
+    traits = MethodTraits(
+        diagnostic_panels=(
+            Panel("max_update_norm", "largest update norm", threshold="eps2", events="splits"),
+            Panel("mean_update_norm", "norm of the mean update", threshold="eps1"),
+            Panel("num_clusters", "clusters"),
+        ),
+        state=("clusters", "sim", "split_rounds"),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,23 +99,23 @@ class CFL(PersonalizedStrategy):
         )
         self.lr_normalized = o.lr_normalized
         self.split_rounds: list[int] = []
-        self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
-        self.sim = np.full((self.num_clients, self.num_clients), np.nan)  # update cosines, last shared round
+        self.clusters = Clusters.single(range(self.run.num_clients), self.model.global_arrays)
+        self.sim = np.full((self.run.num_clients, self.run.num_clients), np.nan)  # update cosines, last shared round
 
     @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         out = {}
         for cid in client_ids:
             model = self.clusters.model_of(cid)
-            out[cid] = {k: model[k] for k in self.travelling_keys(self.groups, cid, server_round)}
+            out[cid] = {k: model[k] for k in self.model.keys(client_id=cid)}
         return out
 
     @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        keys = list(self.global_arrays)
+        keys = list(self.model.global_arrays)
         clusters, models = [], []
         mean_norms, max_norms, cross, splits = [], [], [], 0
-        scale = 1.0 / self.lr_schedule.lr(1.0, server_round) if self.lr_normalized else 1.0
+        scale = 1.0 / self.run.lr_schedule.lr(1.0, server_round) if self.lr_normalized else 1.0
         by_cluster = self.clusters.group(updates)
         for c, members in enumerate(self.clusters.members):
             ups = by_cluster.get(c, [])

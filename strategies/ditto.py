@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import DittoArgs
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 
@@ -30,7 +31,9 @@ class Ditto(PersonalizedStrategy):
 
     name = "ditto"
     options_type = DittoOptions
-    role = "ditto"
+    traits = MethodTraits(
+        role="ditto",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

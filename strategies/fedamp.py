@@ -30,11 +30,12 @@ from typing_extensions import override
 
 from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import column_blocks, mixing_average
-from .shared.model_distance import inner_products, spread, squared_norms, store_from_state, store_state
+from .shared.model_distance import inner_products, spread, squared_norms
 
 KERNELS = ("distance", "cosine")
 
@@ -93,7 +94,10 @@ class FedAMP(PersonalizedStrategy):
 
     name = "fedamp"
     options_type = FedAMPOptions
-    role = "fedamp"
+    traits = MethodTraits(
+        role="fedamp",
+        state=("models",),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,11 +107,11 @@ class FedAMP(PersonalizedStrategy):
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
+        return list(self.model.groups)
 
     @override
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        return Uplink(self.model.groups)
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedAMPArgs:
@@ -115,8 +119,8 @@ class FedAMP(PersonalizedStrategy):
 
     def cloud_weights(self, client_id: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
         """(models, xi row): client ``client_id``'s own model first, then every other stored one."""
-        keys = list(self.global_arrays)
-        own = self.models.get(client_id, self.global_arrays)  # never trained: the initial model
+        keys = list(self.model.global_arrays)
+        own = self.models.get(client_id, self.model.global_arrays)  # never trained: the initial model
         others = [w for j, w in sorted(self.models.items()) if j != client_id]
         if not others:
             return [own], np.ones(1)
@@ -134,12 +138,12 @@ class FedAMP(PersonalizedStrategy):
         is the mixing: O(len(client_ids) x N x params) in BLAS, the same numbers as
         :meth:`cloud_weights` row by row.
         """
-        keys = list(self.global_arrays)
+        keys = list(self.model.global_arrays)
         stored = sorted(self.models)
         columns: list[Mapping[str, np.ndarray]] = [self.models[j] for j in stored]
         position = {j: c for c, j in enumerate(stored)}
         if any(c not in position for c in client_ids):  # never trained: the initial model
-            columns.append(self.global_arrays)
+            columns.append(self.model.global_arrays)
         own = np.array([position.get(c, len(stored)) for c in client_ids], dtype=np.int64)
         dots, sq = np.zeros((len(client_ids), len(columns))), np.zeros(len(columns))
         for *_, block in column_blocks(columns, keys, extra_rows=len(client_ids)):
@@ -163,7 +167,11 @@ class FedAMP(PersonalizedStrategy):
         return self.cloud_models([client_id])[client_id]
 
     @override
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
+        if task != "train":  # the final evaluation needs none
+            return {cid: {} for cid in client_ids}
         clouds = self.cloud_models(client_ids)
         return {c: {CLOUD_PREFIX + k: v for k, v in clouds[c].items()} for c in client_ids}
 
@@ -175,14 +183,6 @@ class FedAMP(PersonalizedStrategy):
         m = len(updates)
         if m > 1:  # how far apart this round's personalized models are: RMS pairwise distance, O(m x params)
             record["model_distance_rms"] = float(
-                np.sqrt(2.0 * spread([u.arrays for u in updates], list(self.global_arrays)) / (m - 1))
+                np.sqrt(2.0 * spread([u.arrays for u in updates], list(self.model.global_arrays)) / (m - 1))
             )
         return record
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {"models": store_state(self.models)}
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.models = store_from_state(state["models"])

@@ -28,7 +28,7 @@ Resolutions (stated, since the papers give only mu):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO
 from typing import Any
 
@@ -38,12 +38,12 @@ from typing_extensions import override
 
 from pflower.protocol.roles import FedAPArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import mixing_average
-from .shared.model_distance import store_from_state, store_state
 
 Stats = Mapping[str, np.ndarray]  # "bn_mean/<i>", "bn_var/<i>" for each BN layer i
 
@@ -112,13 +112,16 @@ class FedAP(PersonalizedStrategy):
 
     name = "fedap"
     options_type = FedAPOptions
-    role = "fedap"
+    traits = MethodTraits(
+        role="fedap",
+        state=("models", "stats"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.bn_keys = list(self.schema().bn_params)
-        self.bn_channels = list(self.schema().bn_channels)
+        self.bn_keys = list(self.model.schema().bn_params)
+        self.bn_channels = list(self.model.schema().bn_channels)
         if not self.bn_channels:
             raise ValueError("FedAP weighs clients by BatchNorm statistics: this model has no BatchNorm layer")
         self.momentum = o.momentum
@@ -145,11 +148,13 @@ class FedAP(PersonalizedStrategy):
         return FedAPArgs(bn_stats=self.needs_stats(client_id, server_round), epochs=epochs)
 
     @override
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        up = super().uplink(client_id, server_round)
         if not self.needs_stats(client_id, server_round):
-            return {}
+            return up
         f32 = np.dtype(np.float32)
-        return {f"bn_{s}/{i}": ((c,), f32) for i, c in enumerate(self.bn_channels) for s in ("mean", "var")}
+        stats = {f"bn_{s}/{i}": ((c,), f32) for i, c in enumerate(self.bn_channels) for s in ("mean", "var")}
+        return replace(up, extra=stats)
 
     def weight_rows(self, client_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """(columns, W): W[r, c] is client ``client_ids[r]``'s weight on client ``columns[c]``'s
@@ -182,9 +187,10 @@ class FedAP(PersonalizedStrategy):
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values
             return super().downlinks(client_ids, server_round)
-        keys = self.travelling_keys(self.groups, client_ids[0], server_round) if client_ids else []
+        personal = set(self.bn_keys)  # its BN layers: personal keys, never sent
+        keys = [k for k in self.model.keys(client_id=client_ids[0]) if k not in personal] if client_ids else []
         columns, w = self.weight_rows(client_ids)
-        models = [self.models.get(j, self.global_arrays) for j in columns]  # the warm-up model until trained
+        models = [self.models.get(j, self.model.global_arrays) for j in columns]  # the warm-up model until trained
         return dict(zip(client_ids, mixing_average(models, w, keys=keys)))
 
     @override
@@ -202,14 +208,3 @@ class FedAP(PersonalizedStrategy):
     @override
     def run_summary(self) -> dict[str, Any]:
         return {"warmup_rounds": self.warmup}
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {
-            "models": store_state(self.models),
-            "stats": store_state(self.stats),
-        }
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.models, self.stats = store_from_state(state["models"]), store_from_state(state["stats"])

@@ -9,6 +9,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import SGDArgs
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 
@@ -29,8 +30,7 @@ class FedAvg(PersonalizedStrategy):
 
     name = "fedavg"
     options_type = FedAvgOptions
-
-    heterogeneous = True  # each architecture is averaged apart (the base's aggregate)
+    traits = MethodTraits(heterogeneous=True)  # each architecture is averaged apart (the base's aggregate)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

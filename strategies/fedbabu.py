@@ -3,7 +3,7 @@ never sent; only the body is trained and FedAvg'd; clients fine-tune before eval
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from typing_extensions import override
@@ -32,9 +32,8 @@ class FedBabu(FedPer):
     :class:`FedBabuOptions`)."""
 
     name = "fedbabu"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = FedBabuOptions
-    role = "fedbabu"
+    traits = replace(FedPer.traits, role="fedbabu")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

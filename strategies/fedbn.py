@@ -24,7 +24,7 @@ class FedBN(PersonalizedStrategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.bn_keys = list(self.schema().bn_params)
+        self.bn_keys = list(self.model.schema().bn_params)
         if not self.bn_keys:
             log(WARNING, "FedBN: the model has no BatchNorm layer; FedBN is FedAvg here")
 

@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
 
+from .base.hooks import Absorb, MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
@@ -141,9 +142,13 @@ class FedCMD(PersonalizedStrategy):
     to the client role."""
 
     name = "fedcmd"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = FedCMDOptions
-    role = "fedcmd"
+    traits = MethodTraits(
+        # the last layer group is the method's classifier
+        linear_head=True,
+        role="fedcmd",
+        state=("state",),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -155,11 +160,11 @@ class FedCMD(PersonalizedStrategy):
                 f"after the last round): set method.kp below rounds (the paper: kp=20 of 200) or method.rho=0.1"
             )
         self.weighted_aggregation = o.weighted_aggregation
-        cands = list(o.candidates) if o.candidates else default_candidates(self.groups)
-        unknown = [c for c in cands if c not in self.groups]
+        cands = list(o.candidates) if o.candidates else default_candidates(self.model.groups)
+        unknown = [c for c in cands if c not in self.model.groups]
         if unknown or len(set(cands)) != len(cands):
-            raise ValueError(f"FedCMD candidates {cands} must be distinct groups of the model {self.groups}")
-        cands = [g for g in self.groups if g in cands]  # forward order: the last tie-break
+            raise ValueError(f"FedCMD candidates {cands} must be distinct groups of the model {self.model.groups}")
+        cands = [g for g in self.model.groups if g in cands]  # forward order: the last tie-break
         if o.force_layer is not None and o.force_layer not in cands:
             raise ValueError(f"FedCMD force_layer={o.force_layer!r} is not a candidate; candidates: {cands}")
         if o.tie_prior is not None and o.tie_prior not in cands:
@@ -191,11 +196,11 @@ class FedCMD(PersonalizedStrategy):
 
     def pre_groups(self) -> list[str]:
         """The groups before l*: FedAvg'd over the round's clients."""
-        return self.groups[: self.groups.index(self.personal_layer())]
+        return self.model.groups[: self.model.groups.index(self.personal_layer())]
 
     def post_groups(self) -> list[str]:
         """The groups after l*: averaged per client with Eq. 8's similarity weights."""
-        return self.groups[self.groups.index(self.personal_layer()) + 1 :]
+        return self.model.groups[self.model.groups.index(self.personal_layer()) + 1 :]
 
     def _fix_personal_layer(self) -> None:
         st = self.state
@@ -207,8 +212,8 @@ class FedCMD(PersonalizedStrategy):
             winners = [st.candidates.index(w) for w in st.winners_in_order()]
             layer = st.candidates[personal_layer_index(winners, st.total_client_votes(), len(st.candidates))]
         st.personal_layer = layer
-        st.phi_init = _copy({k: self.global_arrays[k] for k in self.keys([layer])})
-        st.post_init = _copy({k: self.global_arrays[k] for k in self.keys(self.post_groups())})
+        st.phi_init = _copy({k: self.model.global_arrays[k] for k in self.model.keys([layer])})
+        st.post_init = _copy({k: self.model.global_arrays[k] for k in self.model.keys(self.post_groups())})
         log(INFO, "FedCMD: personal layer l* = %s (round winners %s)", layer, st.winners_in_order())
 
     # ------------------------------------------------------------------ hooks
@@ -217,12 +222,12 @@ class FedCMD(PersonalizedStrategy):
         return [] if self.phase(server_round) == 1 else [self.personal_layer()]
 
     @override
-    def relay(self, server_round: int) -> bool:
-        return self.relay_phase2 and self.phase(server_round) == 2
-
-    def absorb_relay(self, server_round: int, update: ClientUpdate) -> None:
-        """The authors' code's phase 2: the next client starts from everything this one uploaded."""
-        self.arch_arrays[self.default_arch].update(update.arrays)
+    def relay(self, server_round: int) -> Absorb | None:
+        """With ``relay_phase2``, phase 2 as the authors' code runs it: the next client starts
+        from everything the previous one uploaded."""
+        if self.relay_phase2 and self.phase(server_round) == 2:
+            return lambda update: self.model.global_arrays.update(update.arrays)
+        return None
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         """Phase 1: everything. Phase 2: global pre(l*), the client's own post(l*), φ_init once
@@ -236,11 +241,12 @@ class FedCMD(PersonalizedStrategy):
                     down.update(self.state.phi_init)
         return out
 
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+    @override
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
         """Phase 2 with Eq. 7: all groups, since the server needs each client's φ for Eq. 8."""
         if self.phase(server_round) == 2 and self.weighted_aggregation and not self.relay_phase2:
-            return list(self.groups)
-        return super().uplink_groups(client_id, server_round)
+            return Uplink(self.model.groups)
+        return super().uplink(client_id, server_round)
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
@@ -312,11 +318,11 @@ class FedCMD(PersonalizedStrategy):
 
     def _weighted_posts(self, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Eq. 8 on the uploaded l* parameters, Eq. 7 for each participant's post(l*)."""
-        phi_keys = self.keys([self.personal_layer()])
+        phi_keys = self.model.keys([self.personal_layer()])
         phi = cosine_from_gram(gram_matrix([u.arrays for u in updates], phi_keys), EQ8_EPS, lo=0.0)  # Eq. 8, blockwise
         m = len(updates)
         out = {"phi_offdiag_mean": float((phi.sum() - np.trace(phi)) / (m * (m - 1)))} if m > 1 else {}
-        post_keys = self.keys(self.post_groups())
+        post_keys = self.model.keys(self.post_groups())
         if post_keys:  # l* = last group: post is empty and Phi has no effect (logged anyway)
             posts = personalized_posts([{k: u.arrays[k] for k in post_keys} for u in updates], phi)
             for u, post in zip(updates, posts):
@@ -324,19 +330,6 @@ class FedCMD(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ reporting
-    @override
-    def summary(self) -> None:
-        super().summary()
-        log(
-            INFO,
-            "\t└── FedCMD: Kp=%d, candidates %s, weighted aggregation %s%s%s, %s",
-            self.kp,
-            self.state.candidates,
-            self.weighted_aggregation,
-            ", phase 2 relayed client to client (the authors' code)" if self.relay_phase2 else "",
-            f", l* forced to {self.force_layer}" if self.force_layer else "",
-            self.scoring,
-        )
 
     def run_summary(self) -> dict[str, Any]:
         """For summary.json: the selected layer and the phase-1 round winners."""

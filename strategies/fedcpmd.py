@@ -36,15 +36,13 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.common import log
-from flwr.serverapp import Grid
 from typing_extensions import override
 
 from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
 
 from .base.evaluation import weighted_test_metrics
-from .base.messaging import send_and_receive
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
@@ -114,11 +112,26 @@ class FedCPMD(PersonalizedStrategy):
     """FedCPMD on the strategy base (options: :class:`FedCPMDOptions`; the algorithm: the module docstring)."""
 
     name = "fedcpmd"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = FedCPMDOptions
-    role = "fedcpmd"
-    client_keeps = "model"  # a layer shared in phase 1 and personal in phase 2 keeps the client's own value
-    checkpoint_exclude = ("_probing", "_probe_bytes")  # per-round scratch
+    traits = MethodTraits(
+        # the last layer group is the method's classifier
+        linear_head=True,
+        role="fedcpmd",
+        # a layer shared in phase 1 and personal in phase 2 keeps the client's own value
+        client_keeps="model",
+        state=(
+            "votes",
+            "last_cls",
+            "n_train",
+            "phase1_end",
+            "layer_of",
+            "clusters",
+            "cluster_layers",
+            "bodies",
+            "probed",
+            "extension_logged",
+        ),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -131,11 +144,11 @@ class FedCPMD(PersonalizedStrategy):
                 f"FedCPMD kp={self.kp} leaves no phase-2 round in a run of {o.total_rounds} rounds: "
                 f"set method.kp below rounds (the paper: kp=60 of 200), or method.rho"
             )
-        cands = list(o.candidates) if o.candidates else default_candidates(self.groups)
-        if any(c not in self.groups for c in cands) or len(set(cands)) != len(cands):
-            raise ValueError(f"FedCPMD candidates {cands} must be distinct groups of the model {self.groups}")
+        cands = list(o.candidates) if o.candidates else default_candidates(self.model.groups)
+        if any(c not in self.model.groups for c in cands) or len(set(cands)) != len(cands):
+            raise ValueError(f"FedCPMD candidates {cands} must be distinct groups of the model {self.model.groups}")
         self.k_extra = o.k_extra
-        self.candidates = [g for g in self.groups if g in cands]
+        self.candidates = [g for g in self.model.groups if g in cands]
         self.scoring = {
             "distance": o.distance,
             "selector": o.selector,
@@ -154,12 +167,13 @@ class FedCPMD(PersonalizedStrategy):
         self.layer_of: dict[int, str] = {}  # client -> its personal layer l*_i
         self.clusters: Clusters | None = None  # members by layer; models: the cluster bodies omega_m
         self.cluster_layers: list[str] = []
-        body_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self.template.values())
-        self.bodies = self.client_store("bodies", body_bytes)  # client -> its stored personalized body (Eq. 12)
+        body_bytes = sum(
+            int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self.model.template.values()
+        )
+        self.bodies = self.run.client_store("bodies", body_bytes)  # client -> its stored personalized body (Eq. 12)
         self.probed: list[int] = []
         self.extension_logged = False
         self._probing: set[int] = set()
-        self._probe_bytes = 0
 
     # ------------------------------------------------------------------ phases
     def phase(self, server_round: int) -> int:
@@ -168,7 +182,7 @@ class FedCPMD(PersonalizedStrategy):
 
     def unvoted(self) -> list[int]:
         """The clients without a vote yet: phase 1 runs on for them (up to k_extra rounds)."""
-        return sorted(set(range(self.num_clients)) - set(self.votes))
+        return sorted(set(range(self.run.num_clients)) - set(self.votes))
 
     def _continue_phase1(self, server_round: int) -> bool:
         """Phase 1 goes on in ``server_round``: within Kp, or while clients have not voted (<= Kp + k_extra)."""
@@ -215,23 +229,27 @@ class FedCPMD(PersonalizedStrategy):
     def _cluster_start(self, members: Sequence[int], layer: str) -> dict[str, np.ndarray]:
         """omega_m: the phase-1 global body, and the members' mean classifier where it is shared now."""
         shared = self.cluster_groups(layer)
-        model = {k: self.global_arrays[k].copy() for k in self.keys([g for g in shared if g != self.classifier])}
+        model = {
+            k: self.model.global_arrays[k].copy() for k in self.model.keys([g for g in shared if g != self.classifier])
+        }
         if self.classifier in shared:
             held = [c for c in members if c in self.last_cls]
             if held:
                 model.update(fedavg([self.last_cls[c] for c in held], [self.n_train[c] for c in held]))
             else:
-                model.update({k: self.global_arrays[k].copy() for k in self.keys([self.classifier])})
+                model.update({k: self.model.global_arrays[k].copy() for k in self.model.keys([self.classifier])})
         return model
 
     @property
     def classifier(self) -> str:
         """The classifier: the model's last layer group ("classifier" in the zoo)."""
-        return self.groups[-1]
+        return self.model.groups[-1]
 
     def cluster_groups(self, layer: str) -> list[str]:
         """The groups a cluster of ``layer`` shares (all but the layer; all under only_cluster)."""
-        return list(self.groups) if self.ablation == "only_cluster" else [g for g in self.groups if g != layer]
+        return (
+            list(self.model.groups) if self.ablation == "only_cluster" else [g for g in self.model.groups if g != layer]
+        )
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -241,12 +259,12 @@ class FedCPMD(PersonalizedStrategy):
         return [] if self.ablation == "only_cluster" else [self.layer_of[client_id]]
 
     @override
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
         if client_id in self._probing:
-            return []  # a vote-only probe sends nothing back but its vote
+            return Uplink([])  # a vote-only probe sends nothing back but its vote
         if self.phase(server_round) == 2 and self.ablation == "only_decoupling":
-            return super().uplink_groups(client_id, server_round)
-        return list(self.groups)  # phase 1: the classifier is stored; phase 2: phi for Eq. 13
+            return super().uplink(client_id, server_round)
+        return Uplink(self.model.groups)  # phase 1: the classifier is stored; phase 2: phi for Eq. 13
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedCPMDArgs:
@@ -262,7 +280,7 @@ class FedCPMD(PersonalizedStrategy):
             return super().sample(server_round)
         out: list[int] = []
         for members in self.clusters.members:
-            out += self.draw(members, cluster_sample_size(len(members), self.fraction, self.cluster_fit_count))
+            out += self.run.draw(members, cluster_sample_size(len(members), self.run.fraction, self.cluster_fit_count))
         return sorted(out)
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
@@ -276,39 +294,29 @@ class FedCPMD(PersonalizedStrategy):
             if cluster is None or cid in self._probing:
                 continue
             model = {**self.clusters.models[cluster], **self.bodies.get(cid, {})}
-            out[cid] = {
-                k: model[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)
-            }
+            out[cid] = {k: model[k] for k in out[cid]}  # the same keys, from the client's body
         return out
 
     # ------------------------------------------------------------------ the round
     @override
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        self.discover(grid, wait_for=0, timeout=0)
+    def prepare_round(self, server_round: int, task: str) -> None:
+        """Before a training round: the switch to phase 2 when phase 1 is over, then the probes of
+        the clients that connected since (their bytes count in the round's traffic)."""
+        if task != "train":
+            return
         if self.phase1_end is None and not self._continue_phase1(server_round):
             self._switch(server_round)
-        self._probe_bytes = 0
         if self.phase1_end is not None:
-            self._probe_new_clients(server_round, grid)
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self.ledger.bytes_down += self._probe_bytes  # the probes' messages belong to this round's traffic
-        return messages
+            self._probe_new_clients(server_round)
 
-    def _probe_new_clients(self, server_round: int, grid: Grid) -> None:
+    def _probe_new_clients(self, server_round: int) -> None:
         """A connected client without a layer runs a vote-only pass; it joins the cluster of its
         vote, or the largest cluster if no cluster has that layer."""
         new = sorted(c for c in self.clients if c not in self.layer_of)
         if not new:
             return
         self._probing = set(new)
-        self.ledger.reset()
-        down = super().downlinks(new, server_round)
-        messages = [self.build_message(c, server_round, "train", MessageType.TRAIN, down.pop(c), {}) for c in new]
-        replies = send_and_receive(grid, messages, self.round_timeout)
-        updates, _ = self.collect_replies(server_round, replies, "train")
-        self._probe_bytes = self.ledger.bytes_down
+        updates = self.clients.exchange(new, server_round, super().downlinks(new, server_round))
         self._probing = set()
         for u in updates:
             vote = self._vote_of(u)
@@ -364,14 +372,14 @@ class FedCPMD(PersonalizedStrategy):
         return self._aggregate_clusters(updates)
 
     def _aggregate_phase1(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        body = self.keys([g for g in self.groups if g != self.classifier])
+        body = self.model.keys([g for g in self.model.groups if g != self.classifier])
         trained = [u for u in updates if u.arrays]
         if trained:
-            self.global_arrays.update(
+            self.model.global_arrays.update(
                 fedavg([{k: u.arrays[k] for k in body} for u in trained], [u.num_examples for u in trained])
             )
         for u in trained:
-            self.last_cls[u.client_id] = {k: u.arrays[k] for k in self.keys([self.classifier])}
+            self.last_cls[u.client_id] = {k: u.arrays[k] for k in self.model.keys([self.classifier])}
             self.n_train[u.client_id] = u.num_examples
         record: dict[str, Any] = {"phase": 1}
         for u in updates:
@@ -391,17 +399,17 @@ class FedCPMD(PersonalizedStrategy):
         phi_bytes = 0
         for c, ups in sorted(clusters.group(updates).items()):
             layer = self.cluster_layers[c]
-            body_keys = self.keys(self.cluster_groups(layer))
+            body_keys = self.model.keys(self.cluster_groups(layer))
             clusters.models[c] = cluster_fedavg(ups, body_keys)  # Eq. 5: omega_m
             if self.ablation == "only_cluster":
                 continue
-            phi_keys = self.keys([layer])
+            phi_keys = self.model.keys([layer])
             phi_bytes += sum(u.arrays[k].nbytes for u in ups for k in phi_keys)
             phi = cosine_from_gram(gram_matrix([u.arrays for u in ups], phi_keys), EQ8_EPS, lo=0.0)  # Eq. 13
             mixed_groups = self.cluster_groups(layer)
             if self.fedcmd_split:  # the layers before l* are the cluster's FedAvg, only those after are mixed
-                mixed_groups = self.groups[self.groups.index(layer) + 1 :]
-            mixed_keys = self.keys(mixed_groups)
+                mixed_groups = self.model.groups[self.model.groups.index(layer) + 1 :]
+            mixed_keys = self.model.keys(mixed_groups)
             if mixed_keys:
                 posts = personalized_posts([{k: u.arrays[k] for k in mixed_keys} for u in ups], phi)  # Eq. 12
                 for u, post in zip(ups, posts):
@@ -425,24 +433,10 @@ class FedCPMD(PersonalizedStrategy):
         """only_decoupling: every tensor FedAvg'd over the participants for which it is not personal."""
         trained = [u for u in updates if u.arrays]
         if trained:
-            self.global_arrays.update(fedavg([u.arrays for u in trained], [u.num_examples for u in trained]))
+            self.model.global_arrays.update(fedavg([u.arrays for u in trained], [u.num_examples for u in trained]))
         return {"phase": 2, "log_keys": ["phase"]}
 
     # ------------------------------------------------------------------ reporting
-    @override
-    def summary(self) -> None:
-        super().summary()
-        log(
-            INFO,
-            "\t└── FedCPMD: Kp=%d (+%d if clients have not voted), candidates %s, %s, fit count %s%s%s",
-            self.kp,
-            self.k_extra,
-            self.candidates,
-            self.scoring,
-            self.cluster_fit_count,
-            ", fedcmd_split" if self.fedcmd_split else "",
-            f", ablation {self.ablation}" if self.ablation else "",
-        )
 
     def run_summary(self) -> dict[str, Any]:
         """The three reporting views' extras (FedCPMD paper, evaluation protocol): clusters, layers and the
@@ -458,7 +452,7 @@ class FedCPMD(PersonalizedStrategy):
             for c in range(len(self.clusters)):
                 curve = [
                     r["cluster_acc"][c]
-                    for r in self.history
+                    for r in self.run.history
                     if len(r.get("cluster_acc", [])) > c and r["cluster_acc"][c] is not None
                 ]
                 if curve:

@@ -17,11 +17,11 @@ from typing_extensions import override
 
 from pflower.protocol.roles import FedDynArgs
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import weighted_average
-from .shared.model_distance import copy_arrays
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -51,12 +51,15 @@ class FedDyn(PersonalizedStrategy):
 
     name = "feddyn"
     options_type = FedDynOptions
-    role = "feddyn"
+    traits = MethodTraits(
+        role="feddyn",
+        state=("h",),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.alpha = self.options.alpha
-        self.h = {k: np.zeros(v.shape) for k, v in self.global_arrays.items()}
+        self.h = {k: np.zeros(v.shape) for k, v in self.model.global_arrays.items()}
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedDynArgs:
@@ -66,15 +69,7 @@ class FedDyn(PersonalizedStrategy):
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         models = [u.arrays for u in updates if u.arrays]
         if models:
-            self.global_arrays, self.h = feddyn_server_update(
-                self.global_arrays, models, self.h, self.alpha, self.num_clients
+            self.model.global_arrays, self.h = feddyn_server_update(
+                self.model.global_arrays, models, self.h, self.alpha, self.run.num_clients
             )
         return {"h_norm": float(np.sqrt(sum(np.sum(v**2) for v in self.h.values())))}
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {"h": copy_arrays(self.h)}
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.h = copy_arrays(state["h"])

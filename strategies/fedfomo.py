@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -48,7 +49,10 @@ class FedFomo(PersonalizedStrategy):
 
     name = "fedfomo"
     options_type = FedFomoOptions
-    role = "fedfomo"
+    traits = MethodTraits(
+        role="fedfomo",
+        state=("models", "model_round", "affinity", "offered", "explore"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,17 +60,17 @@ class FedFomo(PersonalizedStrategy):
         self.m, self.val_ratio, self.pool, self.epsilon = o.m, o.val_ratio, o.pool, o.epsilon
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest uploaded model of each client
         self.model_round: dict[int, int] = {}  # the round it was uploaded in
-        self.affinity = np.zeros((self.num_clients, self.num_clients))
+        self.affinity = np.zeros((self.run.num_clients, self.run.num_clients))
         self.offered: dict[int, list[int]] = {}  # the models sent to each client this round
-        self.explore = np.random.default_rng([self.seed, 1])  # its own stream: sampling stays method-independent
+        self.explore = np.random.default_rng([self.run.seed, 1])  # its own stream: sampling stays method-independent
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
+        return list(self.model.groups)
 
     @override
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        return Uplink(self.model.groups)
 
     @override
     def role_config(self, client_id: int, server_round: int) -> FedFomoArgs:
@@ -87,8 +91,13 @@ class FedFomo(PersonalizedStrategy):
         ranked = np.lexsort((pool, -pool_rounds, -self.affinity[client_id, pool]))  # affinity, then recency, then id
         return sorted(pool[ranked[: self.m]].tolist())
 
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+    @override
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
         """The chosen peers' models, as extra arrays ``<peer id>/<key>``."""
+        if task != "train":  # the final evaluation needs none
+            return {cid: {} for cid in client_ids}
         out = {}
         for cid in client_ids:
             self.offered[cid] = self.choose(cid)

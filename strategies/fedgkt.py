@@ -15,7 +15,7 @@ that it is evaluated as FedGKT is: its feature extractor followed by the server'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from pflower.models.gkt import server_head
 from pflower.models.optim import PlainAdam
 from pflower.protocol.roles import GKT, FedGKTArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -54,22 +55,26 @@ class FedGKT(PersonalizedStrategy):
 
     name = "fedgkt"
     options_type = FedGKTOptions
-    role = "fedgkt"
-    heterogeneous = True
-    clients_evaluate_on_public = True  # extractor + server model on the global test set at the end
+    traits = MethodTraits(
+        role="fedgkt",
+        heterogeneous=True,
+        # extractor + server model on the global test set at the end
+        clients_evaluate_on_public=True,
+        state=("head", "head_optimizer", "knowledge"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
         if any(h < 1 for h in o.hidden):
             raise ValueError(f"fedgkt hidden must list positive widths, got {o.hidden}")
-        self.feature_dim = shared_feature_width(self.schemas, self.name)
-        schema = self.schema()
+        self.feature_dim = shared_feature_width(self.model.schemas, self.name)
+        schema = self.model.schema()
         self.num_classes = int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
         self.args = FedGKTArgs(
             alpha=o.alpha, temperature=o.temperature, feature_dim=self.feature_dim, hidden=list(o.hidden)
         )
-        self.head = server_head(self.feature_dim, self.num_classes, o.hidden, seed=int(self.seed) + 5407)
+        self.head = server_head(self.feature_dim, self.num_classes, o.hidden, seed=int(self.run.seed) + 5407)
         # torch.optim.Adam's update with a correctly rounded square root: the same bits on every CPU
         self.head_optimizer = PlainAdam(self.head.parameters(), lr=o.server_lr)
         # client id -> its latest features, logits and labels (training split)
@@ -81,7 +86,7 @@ class FedGKT(PersonalizedStrategy):
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.schema(client_id).groups)  # no weights travel: the client keeps its model
+        return list(self.model.schema(client_id).groups)  # no weights travel: the client keeps its model
 
     # ------------------------------------------------------------------ messages
     def head_arrays(self) -> dict[str, np.ndarray]:
@@ -89,8 +94,14 @@ class FedGKT(PersonalizedStrategy):
         return {SERVER + k: v.detach().cpu().numpy().copy() for k, v in self.head.state_dict().items()}
 
     @override
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """The server model; for training also the server's logits of each client's stored features.
+        The final evaluation runs every client's extractor through the server model (sent along)."""
         head = self.head_arrays()
+        if task != "train":
+            return {cid: dict(head) for cid in client_ids}
         out: dict[int, dict[str, np.ndarray]] = {}
         for cid in client_ids:
             out[cid] = dict(head)
@@ -99,22 +110,21 @@ class FedGKT(PersonalizedStrategy):
         return out
 
     @override
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        info = self.clients[client_id]
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        up = super().uplink(client_id, server_round)
+        info = self.clients.get(client_id)
+        if info is None:  # not discovered yet: nothing to size its features by (it cannot be sent a message either)
+            return up
         n, nt, d, c = info.num_train, info.num_test, self.feature_dim, self.num_classes
         f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
-        return {
+        knowledge = {
             GKT + "h": ((n, d), f32),
             GKT + "z": ((n, c), f32),
             GKT + "y": ((n,), i64),
             GKT + "ht": ((nt, d), f32),
             GKT + "yt": ((nt,), i64),
         }
-
-    def evaluate_extras(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """The final evaluation: every client's extractor with the server's model (sent along)."""
-        head = self.head_arrays()
-        return {cid: dict(head) for cid in client_ids}
+        return replace(up, extra=knowledge)
 
     # ------------------------------------------------------------------ the round
     @override
@@ -129,7 +139,7 @@ class FedGKT(PersonalizedStrategy):
             np.concatenate([s["h"] for s in stored]),
             np.concatenate([s["y"] for s in stored]),
             np.concatenate([s["z"] for s in stored]),
-            torch.Generator().manual_seed(int(self.seed) * 100_003 + server_round),
+            torch.Generator().manual_seed(int(self.run.seed) * 100_003 + server_round),
             epochs=o.server_epochs,
             batch_size=o.server_batch,
             alpha=o.alpha,
@@ -143,5 +153,5 @@ class FedGKT(PersonalizedStrategy):
 
     @override
     def run_summary(self) -> dict[str, Any]:
-        accs = [r["server_acc"] for r in self.history if "server_acc" in r]
+        accs = [r["server_acc"] for r in self.run.history if "server_acc" in r]
         return {"server_acc_last": accs[-1] if accs else None, "feature_dim": self.feature_dim}

@@ -15,7 +15,7 @@ previous round's clients (FedMD has every client in every round, scoring and the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import FEDMD, FEDMD_DIGEST_LOSSES, FedMDArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -51,14 +52,18 @@ class FedMD(PersonalizedStrategy):
 
     name = "fedmd"
     options_type = FedMDOptions
-    role = "fedmd"
-    heterogeneous = True
-    clients_evaluate_on_public = True  # every client's own model on the global test set at the end
+    traits = MethodTraits(
+        role="fedmd",
+        heterogeneous=True,
+        # every client's own model on the global test set at the end
+        clients_evaluate_on_public=True,
+        state=("consensus", "consensus_round"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        data = self.client_spec.get("data")  # absent when a user's own ClientApp brings the data
+        data = self.run.client_spec.get("data")  # absent when a user's own ClientApp brings the data
         if data is not None and float(data.get("transfer_fraction", 0.0)) <= 0:
             raise ValueError(
                 "fedmd needs a labelled set every party holds: set dataset.transfer_fraction (e.g. 0.1: 10 % of the "
@@ -69,9 +74,9 @@ class FedMD(PersonalizedStrategy):
             digest_epochs=o.digest_epochs,
             digest_loss=o.digest_loss,
             subset=o.subset,
-            seed=int(self.seed),
+            seed=int(self.run.seed),
         )
-        schema = self.schema()
+        schema = self.model.schema()
         self.num_classes = int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
         self.consensus: np.ndarray | None = None
         self.consensus_round = 0
@@ -82,18 +87,21 @@ class FedMD(PersonalizedStrategy):
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.schema(client_id).groups)  # no weights travel
+        return list(self.model.schema(client_id).groups)  # no weights travel
 
     @override
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        if self.consensus is None:
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
+        if self.consensus is None or task != "train":
             return {cid: {} for cid in client_ids}
         down = {FEDMD + "consensus": self.consensus, FEDMD + "round": np.array([self.consensus_round], np.int64)}
         return {cid: dict(down) for cid in client_ids}
 
     @override
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {FEDMD + "scores": ((self.options.subset, self.num_classes), np.dtype(np.float32))}
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        scores = {FEDMD + "scores": ((self.options.subset, self.num_classes), np.dtype(np.float32))}
+        return replace(super().uplink(client_id, server_round), extra=scores)
 
     @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import override
 
+from .base.hooks import MethodTraits
 from .base.strategy import PersonalizedStrategy
 
 
@@ -11,8 +12,8 @@ class FedPer(PersonalizedStrategy):
     """FedPer: the last layer group (the classifier) stays on each client; the body is FedAvg'd."""
 
     name = "fedper"
-    linear_head = True  # the last layer group is the method's classifier
+    traits = MethodTraits(linear_head=True)  # the last layer group is the method's classifier
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return [self.groups[-1]]
+        return [self.model.groups[-1]]

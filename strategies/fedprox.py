@@ -9,6 +9,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import ProximalArgs
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 
@@ -26,7 +27,9 @@ class FedProx(PersonalizedStrategy):
 
     name = "fedprox"
     options_type = FedProxOptions
-    role = "proximal"
+    traits = MethodTraits(
+        role="proximal",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from typing_extensions import override
@@ -27,9 +27,8 @@ class FedRep(FedPer):
     """FedPer whose local epochs train the head, then the body (options: :class:`FedRepOptions`)."""
 
     name = "fedrep"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = FedRepOptions
-    role = "fedrep"
+    traits = replace(FedPer.traits, role="fedrep")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -40,6 +40,7 @@ from flwr.common import log
 from typing_extensions import override
 
 from .base.diagnostics import Panel
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -107,22 +108,36 @@ class FedTSDP(PersonalizedStrategy):
 
     name = "fedtsdp"
     options_type = FedTSDPOptions
-    diagnostic_panels = (
-        Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
-        Panel("shared_units", "shared prefix (units)"),
-        Panel("num_clusters", "clusters", events="partition_changed"),
-        Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
-        Panel(
-            "weight_dist_median",
-            "median weight distance in stage-1 groups",
-            threshold="eps2",
-            threshold_key="eps2_radius",
+    traits = MethodTraits(
+        diagnostic_panels=(
+            Panel("hopkins", "Hopkins statistic H", threshold="h_th", events="triggered"),
+            Panel("shared_units", "shared prefix (units)"),
+            Panel("num_clusters", "clusters", events="partition_changed"),
+            Panel("js_median", "median JS of the pairs (re-clusterings)", threshold="eps1"),
+            Panel(
+                "weight_dist_median",
+                "median weight distance in stage-1 groups",
+                threshold="eps2",
+                threshold_key="eps2_radius",
+            ),
+        ),
+        # a unit that turns personal keeps the client's own trained value
+        client_keeps="model",
+        # BN statistics are units of the shared prefix and part of the upload
+        shared_buffers=True,
+        # the runner hands the public images to attach_public()
+        needs_public_data=True,
+        state=(
+            "units",
+            "trainable_units",
+            "shared_counter",
+            "clusters",
+            "trained",
+            "tsdp_rng",
+            "public_weights",
+            "events",
         ),
     )
-    client_keeps = "model"  # a unit that turns personal keeps the client's own trained value
-    shared_buffers = True  # BN statistics are units of the shared prefix and part of the upload
-    needs_public_data = True  # the runner hands the public images to attach_public()
-    checkpoint_exclude = ("public_images", "_probe")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -138,12 +153,12 @@ class FedTSDP(PersonalizedStrategy):
         self.eps2_mode = o.eps2_mode
         self.public_batch, self.amend, self.upsilon = o.public_batch, o.amend, o.upsilon
         self.amend_increment, self.m_tilde, self.hopkins_repeats = o.amend_increment, o.m_tilde, o.hopkins_repeats
-        self.units = self.schema().keys(buffers=True)  # state-dict order: input to output
-        self.trainable_units = self.schema().keys()
+        self.units = self.model.schema().keys(buffers=True)  # state-dict order: input to output
+        self.trainable_units = self.model.schema().keys()
         self.shared_counter = float(len(self.units))  # Ls: every unit shared at the start
-        self.clusters = Clusters.single(range(self.num_clients), self.global_arrays)
+        self.clusters = Clusters.single(range(self.run.num_clients), self.model.global_arrays)
         self.trained: list[int] = []  # clients that have trained at least once (sorted)
-        self.tsdp_rng = np.random.default_rng([int(self.seed), 7_368_787])  # public batches, Hopkins draws
+        self.tsdp_rng = np.random.default_rng([int(self.run.seed), 7_368_787])  # public batches, Hopkins draws
         self.public_weights: np.ndarray | None = None  # Wt over the public points
         self.events: list[dict[str, Any]] = []  # the trajectory's re-clusterings, for summary.json
         self.public_images: torch.Tensor | None = None
@@ -153,7 +168,8 @@ class FedTSDP(PersonalizedStrategy):
         self._probe = copy.deepcopy(model)  # the server runs each upload in it on the public batch
 
     # ------------------------------------------------------------------ public data
-    def attach_public(self, images: torch.Tensor) -> None:
+    @override
+    def attach_public(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> None:
         """The server's public unlabelled images (normalized like the clients' data)."""
         if len(images) < 1:
             raise ValueError("FedTSDP needs public data on the server: the public split is empty")
@@ -190,7 +206,9 @@ class FedTSDP(PersonalizedStrategy):
         self.trained = sorted(set(self.trained) | {u.client_id for u in ups})
         record: dict[str, Any] = {}
         if ups:
-            self.global_arrays = cluster_fedavg(ups)  # the all-client FedAvg: Flower's result, the reference model
+            self.model.global_arrays = cluster_fedavg(
+                ups
+            )  # the all-client FedAvg: Flower's result, the reference model
         triggered = False
         if len(ups) >= 3 and self.public_images is not None:
             batch = draw_batch(self.public_weights, self.public_batch, self.tsdp_rng)
@@ -225,7 +243,7 @@ class FedTSDP(PersonalizedStrategy):
         """Steps 10.1-10.5 and 12: two-stage clustering of the participants, amended sampling, decay."""
         ids = [u.client_id for u in ups]
         keys = self.trainable_units
-        count = sum(int(np.prod(self.template[k][0])) for k in keys)
+        count = sum(int(np.prod(self.model.template[k][0])) for k in keys)
         sums = np.array([sum(float(np.sum(u.arrays[k], dtype=np.float64)) for k in keys) for u in ups])
 
         within: list[np.ndarray] = []  # the stage-2 distances, logged so that eps2 can be calibrated

@@ -19,9 +19,10 @@ weight averaging at all: every client keeps its own model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from pflower.protocol.roles import FeloArgs
 
 from .base.diagnostics import Panel
 from .base.evaluation import global_test_numbers
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -106,15 +108,17 @@ class Felo(PersonalizedStrategy):
 
     name = "felo"
     options_type = FeloOptions
-    role = "felo"
-    heterogeneous = True
-    shared_buffers = True  # step 5: BN running statistics are averaged within the architecture too
-    mse_weight = 1.0
-    derived_role_args = ("feature_samples",)  # 0 (class means) unless feature_upload=samples
-    evaluates_on_public = (
-        True  # the runner hands the labelled public split (dataset.public=test) to attach_public_test()
+    traits = MethodTraits(
+        role="felo",
+        heterogeneous=True,
+        # step 5: BN running statistics are averaged within the architecture too
+        shared_buffers=True,
+        # 0 (class means) unless feature_upload=samples
+        derived_role_args=("feature_samples",),
+        evaluates_on_public=True,
+        state=("class_features", "class_logits", "known", "store"),
     )
-    checkpoint_exclude = ("store", "_probes", "public_test")
+    mse_weight = 1.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,17 +132,19 @@ class Felo(PersonalizedStrategy):
         self.feature_samples = o.feature_samples if self.samples else 0
         self.own_models = o.averaging == "none"
         if self.own_models:  # no group models: the clients score their own at the end, as FedHe's do
-            self.evaluates_on_public, self.clients_evaluate_on_public = False, True
+            self.traits = replace(self.traits, evaluates_on_public=False, clients_evaluate_on_public=True)
         model = args[0] if args else kwargs.get("model")
         models = {arch: adapt(m) for arch, m in (model.items() if isinstance(model, Mapping) else [(None, model)])}
-        models = {self.default_arch if arch is None else arch: m for arch, m in models.items()}
+        models = {self.model.default if arch is None else arch: m for arch, m in models.items()}
         self._probes = {
             arch: copy.deepcopy(m) for arch, m in models.items()
         }  # the server runs the group models in these
         self.public_test: tuple[torch.Tensor, torch.Tensor] | None = None
         self.global_eval_every, self.total_rounds = o.global_eval_every, o.total_rounds
-        self.feature_dim = shared_feature_width(self.schemas, self.name)
-        self.num_classes = int(self.schema().template[self.schema().group_keys[self.schema().groups[-1]][0]][0][0])
+        self.feature_dim = shared_feature_width(self.model.schemas, self.name)
+        self.num_classes = int(
+            self.model.schema().template[self.model.schema().group_keys[self.model.schema().groups[-1]][0]][0][0]
+        )
         self.warmup_rounds = math.ceil(o.warmup * o.total_rounds)
         self.args = FeloArgs(
             alpha=o.alpha,
@@ -154,7 +160,7 @@ class Felo(PersonalizedStrategy):
 
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
         """``averaging=none``: every group stays on its client (nothing is averaged)."""
-        return list(self.schema(client_id).groups) if self.own_models else []
+        return list(self.model.schema(client_id).groups) if self.own_models else []
 
     # ------------------------------------------------------------------ messages
     @override
@@ -170,12 +176,14 @@ class Felo(PersonalizedStrategy):
         return {KNOWLEDGE + "S": self.class_features, KNOWLEDGE + "P": self.class_logits, KNOWLEDGE + "M": self.known}
 
     @override
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        down = self.knowledge_down() if self.distilling(server_round) else {}
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
+        down = self.knowledge_down() if task == "train" and self.distilling(server_round) else {}
         return {cid: dict(down) for cid in client_ids}
 
     @override
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
         c, d = self.num_classes, self.feature_dim
         up = {KNOWLEDGE + "p": ((c, c), np.dtype(np.float32)), KNOWLEDGE + "n": ((c,), np.dtype(np.int64))}
         if self.samples:
@@ -183,7 +191,7 @@ class Felo(PersonalizedStrategy):
             up.update({KNOWLEDGE + "f": ((n, d), np.dtype(np.float32)), KNOWLEDGE + "y": ((n,), np.dtype(np.int64))})
         elif self.mse_weight > 0:
             up[KNOWLEDGE + "s"] = ((c, d), np.dtype(np.float32))
-        return up
+        return replace(super().uplink(client_id, server_round), extra=up)
 
     # ------------------------------------------------------------------ the round
     @override
@@ -210,22 +218,25 @@ class Felo(PersonalizedStrategy):
         if self.public_test is not None and (
             server_round % self.global_eval_every == 0 or server_round == self.total_rounds
         ):
-            accs = {arch: self.global_accuracy(arch, arch) for arch in self.schemas}
+            accs = {arch: self.global_accuracy(arch, arch) for arch in self.model.schemas}
             record.update({f"global_acc@{a}": v for a, v in accs.items()})
             record["global_acc"] = float(np.mean(list(accs.values())))
             record["log_keys"] = ["known_classes", "global_acc"]
         return record
 
     # ------------------------------------------------------------------ the global test set
-    def attach_public_test(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+    @override
+    def attach_public(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> None:
         """The labelled global test set (``dataset.public=test``) the group models are evaluated on."""
+        if labels is None:
+            raise ValueError(f"{self.name} scores its group models on a labelled public split; it got images only")
         if len(images) < 1:
             raise ValueError(f"{self.name}: the public split is empty")
         self.public_test = (images, labels.to(torch.int64))
 
     def _group_model(self, arch: str) -> torch.nn.Module:
         model = self._probes[arch]
-        model.load_state_dict({k: torch.as_tensor(v) for k, v in self.arch_arrays[arch].items()}, strict=False)
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in self.model.arrays[arch].items()}, strict=False)
         return model.eval()
 
     @torch.no_grad()
@@ -248,7 +259,7 @@ class Felo(PersonalizedStrategy):
 
     def transfer_matrix(self) -> dict[str, dict[str, float]]:
         """Global-test accuracy of every (extractor architecture, classifier architecture) pair."""
-        return {a: {b: self.global_accuracy(a, b) for b in self.schemas} for a in self.schemas}
+        return {a: {b: self.global_accuracy(a, b) for b in self.model.schemas} for a in self.model.schemas}
 
     def next_class_features(self, server_round: int) -> np.ndarray:
         """S for the next round: Felo sends the stores' class means."""
@@ -261,7 +272,7 @@ class Felo(PersonalizedStrategy):
             "feature_dim": self.feature_dim,
             "known_classes": int(self.known.sum()),
         }
-        out.update(global_test_numbers(self.history))  # the paper's numbers: final, and the second half's mean
+        out.update(global_test_numbers(self.run.history))  # the paper's numbers: final, and the second half's mean
         if self.public_test is not None:
             matrix = self.transfer_matrix()
             out["transfer_acc"] = matrix
@@ -271,30 +282,23 @@ class Felo(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------------ checkpoint
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {**super().extra_state(), "store_state": self.store.state()}
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        state = dict(state)
-        self.store.load_state(state.pop("store_state"))
-        super().load_extra_state(state)
 
 
 class FedHe(Felo):
     """FedHe (Chan & Ngai 2021, Felo/Velo paper, baselines): class logits only, every client keeps its model."""
 
     name = "fedhe"
-    mse_weight = 0.0
-    evaluates_on_public = False  # no group models: each client keeps its own ...
-    clients_evaluate_on_public = (
-        True  # ... so the clients score them on the global test set at the end (final_global_acc)
+    traits = dataclasses.replace(
+        Felo.traits,
+        # no group models: each client keeps its own, scored on the global test set at the end
+        evaluates_on_public=False,
+        clients_evaluate_on_public=True,
     )
+    mse_weight = 0.0
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.schema(client_id).groups)
+        return list(self.model.schema(client_id).groups)
 
     @override
     def knowledge_down(self) -> dict[str, np.ndarray]:
@@ -328,9 +332,11 @@ class Velo(Felo):
 
     name = "velo"
     options_type = VeloOptions
-    diagnostic_panels = (Panel("s_rel_dist", "distance of S to the class means (relative)"),)
-    # the device is this server's, not the run's; the CVAE and its generator travel as plain tensors
-    checkpoint_exclude = (*Felo.checkpoint_exclude, "cvae_device", "cvae_gen", "cvae", "_s_quality")
+    traits = dataclasses.replace(
+        Felo.traits,
+        diagnostic_panels=(Panel("s_rel_dist", "distance of S to the class means (relative)"),),
+        state=(*Felo.traits.state, "cvae_trained", "cvae_history", "cvae", "cvae_gen"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -340,11 +346,11 @@ class Velo(Felo):
         self.cvae_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         torch_state = torch.get_rng_state()
         torch.manual_seed(
-            int(self.seed) + 7177
+            int(self.run.seed) + 7177
         )  # the CVAE's initial weights: from the run's seed, not the global stream
         self.cvae = CVAE(self.feature_dim, self.num_classes, o.cvae_label_dim, o.cvae_hidden, o.cvae_latent)
         torch.set_rng_state(torch_state)
-        self.cvae_gen = torch.Generator().manual_seed(int(self.seed) + 7919)
+        self.cvae_gen = torch.Generator().manual_seed(int(self.run.seed) + 7919)
         self.cvae_trained = 0
         self.cvae_history: list[float] = []
 
@@ -370,7 +376,7 @@ class Velo(Felo):
         if not self.cvae_trained:
             return self.store.class_features()
         draw = torch.Generator().manual_seed(
-            int(self.seed) * 100_003 + server_round
+            int(self.run.seed) * 100_003 + server_round
         )  # one draw per round, same for all
         synthetic, _ = self.cvae.synthesize(draw)
         synthetic = synthetic.numpy().astype(np.float32)
@@ -386,18 +392,6 @@ class Velo(Felo):
         if "s_rel_dist" in self._s_quality:
             record["log_keys"] = [*record["log_keys"], "s_rel_dist"]
         return record
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        weights = {k: v.detach().cpu().clone() for k, v in self.cvae.state_dict().items()}
-        return {**super().extra_state(), "cvae_gen_state": self.cvae_gen.get_state(), "cvae_weights": weights}
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        state = dict(state)
-        self.cvae_gen.set_state(torch.as_tensor(state.pop("cvae_gen_state"), dtype=torch.uint8))
-        self.cvae.load_state_dict({k: torch.as_tensor(v) for k, v in state.pop("cvae_weights").items()})
-        super().load_extra_state(state)
 
     @override
     def run_summary(self) -> dict[str, Any]:

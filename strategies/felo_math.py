@@ -115,7 +115,7 @@ class KnowledgeStore:
         return out
 
     # ---------------------------------------------------------------- checkpoint
-    def state(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         """Plain arrays (per class: the vectors in store order and, per-client window, their clients)."""
         out: dict[str, np.ndarray] = {}
         for kind, stores, width in (("f", self.features, self.feature_dim), ("p", self.logits, self.num_classes)):
@@ -125,8 +125,8 @@ class KnowledgeStore:
                     out[f"{kind}{c}_clients"] = np.asarray(list(store.keys()), np.int64)
         return out
 
-    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore what :meth:`state` wrote (same classes, width, caps and window)."""
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state_dict` wrote (same classes, width, caps and window)."""
         for kind, stores in (("f", self.features), ("p", self.logits)):
             for c in range(self.num_classes):
                 vectors = np.asarray(state[f"{kind}{c}"], np.float32)

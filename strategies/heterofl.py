@@ -16,16 +16,15 @@ keeps it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
 from typing_extensions import override
 
 from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -59,9 +58,12 @@ class HeteroFL(PersonalizedStrategy):
 
     name = "heterofl"
     options_type = HeteroFLOptions
-    role = "heterofl"
-    heterogeneous = True
-    clients_evaluate_on_public = True  # each client's level model on the global test set at the end (Felo's metric)
+    traits = MethodTraits(
+        role="heterofl",
+        heterogeneous=True,
+        # each client's level model on the global test set at the end (Felo's metric)
+        clients_evaluate_on_public=True,
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,14 +74,15 @@ class HeteroFL(PersonalizedStrategy):
                 "be kept for the next round's other width"
             )
         # a client keeps nothing when sBN recomputes its statistics (so its width may change)
-        self.client_keeps = "none" if o.static_bn else "personal"
+        self.traits = replace(self.traits, client_keeps="none" if o.static_bn else "personal")
         self.args = HeteroFLArgs(label_split=o.label_split, static_bn=o.static_bn)
         self.full_arch = self._widest()
-        self.static_levels = dict(self.arch_of)
+        self.model.global_arch = self.full_arch  # the run's result (Flower's Result.arrays): the widest level
+        self.static_levels = dict(self.model.arch_of)
 
     def _widest(self) -> str:
         """The architecture every other one is a leading block of (the global model)."""
-        shapes = {a: {k: t[0] for k, t in self.architectures.template_of_arch(a).items()} for a in self.schemas}
+        shapes = {a: {k: t[0] for k, t in self.model.template_of_arch(a).items()} for a in self.model.schemas}
         for arch, full in shapes.items():
             if all(set(sub) <= set(full) and all(fits_inside(sub[k], full[k]) for k in sub) for sub in shapes.values()):
                 return arch
@@ -104,41 +107,39 @@ class HeteroFL(PersonalizedStrategy):
     def assign_levels(self, client_ids: Iterable[int], server_round: int) -> None:
         """Dynamic levels: each client's drawn from the static assignment's proportions, from a stream
         of (seed, round) alone (a resumed run draws the same); announced levels are kept."""
-        archs = list(self.schemas)
+        archs = list(self.model.schemas)
         counts = np.array([sum(1 for v in self.static_levels.values() if v == a) for a in archs], float)
-        rng = np.random.default_rng([int(self.seed), int(server_round), 4813])
+        rng = np.random.default_rng([int(self.run.seed), int(server_round), 4813])
         for cid in sorted(client_ids):
             level = archs[int(rng.choice(len(archs), p=counts / counts.sum()))]
-            if cid not in self.architectures.announced:
-                self.arch_of[cid] = level
+            if cid not in self.model.announced:
+                self.model.arch_of[cid] = level
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    @override
+    def prepare_round(self, server_round: int, task: str) -> None:
         """The final evaluation scores every client at its static level."""
-        self.arch_of.update({c: a for c, a in self.static_levels.items() if c not in self.architectures.announced})
-        return super().configure_evaluate(server_round, arrays, config, grid)
-
-    def global_record(self) -> ArrayRecord:
-        """The one global model (the widest level), what Flower's API and a server-side evaluation get."""
-        return ArrayRecord(array_dict={k: Array(v) for k, v in self.arch_arrays[self.full_arch].items()})
+        if task == "evaluate":
+            self.model.arch_of.update({c: a for c, a in self.static_levels.items() if c not in self.model.announced})
 
     # ------------------------------------------------------------------ messages
     @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        full = self.arch_arrays[self.full_arch]
-        return {cid: slice_arrays(full, {k: t[0] for k, t in self.template_of(cid).items()}) for cid in client_ids}
+        full = self.model.arrays[self.full_arch]
+        return {
+            cid: slice_arrays(full, {k: t[0] for k, t in self.model.template_of(cid).items()}) for cid in client_ids
+        }
 
     @override
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        up = super().uplink(client_id, server_round)
         if not self.options.label_split:
-            return {}
-        return {HETEROFL_CLASSES: ((self.num_classes,), np.dtype(np.uint8))}
+            return up
+        return replace(up, extra={HETEROFL_CLASSES: ((self.num_classes,), np.dtype(np.uint8))})
 
     @property
     def num_classes(self) -> int:
         """The classifier's output width, read from the model: the label mask's length."""
-        schema = self.schema()
+        schema = self.model.schema()
         return int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
 
     # ------------------------------------------------------------------ the round
@@ -147,13 +148,13 @@ class HeteroFL(PersonalizedStrategy):
         ups = [u for u in updates if u.arrays]
         if not ups:
             return {}
-        full = self.arch_arrays[self.full_arch]
+        full = self.model.arrays[self.full_arch]
         weights = [1.0 if self.options.weighting == "uniform" else float(u.num_examples) for u in ups]
         masks = None
         if self.options.label_split:
-            schema = self.schema()
+            schema = self.model.schema()
             head = schema.group_keys[schema.groups[-1]]
             masks = [{k: np.asarray(u.extra[HETEROFL_CLASSES], bool) for k in head} for u in ups]
         full.update(partial_average(full, [u.arrays for u in ups], weights, masks))
-        levels = {a: sum(1 for u in ups if self.arch_of[u.client_id] == a) for a in self.schemas}
+        levels = {a: sum(1 for u in ups if self.model.arch_of[u.client_id] == a) for a in self.model.schemas}
         return {f"clients@{a}": n for a, n in levels.items()}

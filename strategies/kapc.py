@@ -26,6 +26,7 @@ the initial model in for them, the literal reading of a server that stores w^0 f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing_extensions import override
 from pflower.protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
 
 from .base.diagnostics import Panel
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -100,18 +102,21 @@ class KAPC(PersonalizedStrategy):
 
     name = "kapc"
     options_type = KAPCOptions
-    diagnostic_panels = (
-        Panel("cube_delta", "mean |ΔR| a round"),
-        Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
+    traits = MethodTraits(
+        diagnostic_panels=(
+            Panel("cube_delta", "mean |ΔR| a round"),
+            Panel("self_weight_by_layer", "mean self-weight r_ii, by layer"),
+        ),
+        role="kapc",
+        # every client trains its own model across rounds (Eq. 17)
+        client_keeps="model",
+        state=("cube", "cube_rng", "models", "q", "omega_of", "masks"),
     )
-    role = "kapc"
-    client_keeps = "model"  # every client trains its own model across rounds (Eq. 17)
-    checkpoint_exclude = ("_self_weights", "_cube_delta", "_sent", "_unheard")  # per-round scratch
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        self.layers = [list(keys) for keys in self.schema().layers]
+        self.layers = [list(keys) for keys in self.model.schema().layers]
         n_layers = len(self.layers)
         self.bls = o.bls
         self.omega_min = max(1, n_layers - 2) if o.omega_min is None else o.omega_min
@@ -119,12 +124,14 @@ class KAPC(PersonalizedStrategy):
             raise ValueError(f"KAPC omega_min must be in 1..{n_layers} (the model's layers), got {o.omega_min}")
         self.lam, self.beta, self.cube_lr, self.cube_steps = o.lam, o.beta, o.cube_lr, o.cube_steps
         self.write_back, self.mu = o.write_back, o.mu
-        self.cube_rng = np.random.default_rng([self.seed, 11])  # its own stream: sampling stays method-independent
-        self.cube = initial_cube(self.num_clients, n_layers, self.cube_rng, o.cube_init)
-        model_bytes = sum(v.nbytes for v in self.global_arrays.values())
-        self.models = self.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
-        self.q = np.zeros(self.num_clients, dtype=np.int64)  # participations
-        self.omega_of = np.full(self.num_clients, n_layers, dtype=np.int64)  # each client's last upload prefix (BLS)
+        self.cube_rng = np.random.default_rng([self.run.seed, 11])  # its own stream: sampling stays method-independent
+        self.cube = initial_cube(self.run.num_clients, n_layers, self.cube_rng, o.cube_init)
+        model_bytes = sum(v.nbytes for v in self.model.global_arrays.values())
+        self.models = self.run.client_store("models", model_bytes)  # latest received layers of each client (stale fill)
+        self.q = np.zeros(self.run.num_clients, dtype=np.int64)  # participations
+        self.omega_of = np.full(
+            self.run.num_clients, n_layers, dtype=np.int64
+        )  # each client's last upload prefix (BLS)
         self.masks: dict[int, list[int]] = {}  # this round's downlink masks (ALG3 and Eq. 20's prefix)
         self._sent: dict[int, list[int]] = {}  # the layers actually sent: those masks, less the unheard ones
         self._unheard: dict[int, int] = {}  # per client, the layers left out for want of a heard co-participant
@@ -132,19 +139,17 @@ class KAPC(PersonalizedStrategy):
     # ------------------------------------------------------------------ hooks
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)  # the client's model is its own; s_i travels as a regularizer
+        return list(self.model.groups)  # the client's model is its own; s_i travels as a regularizer
 
     @override
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)
-
-    @override
-    def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        """Every group; with BLS the client picks how many of the first layers it sends (omega)."""
         if not self.bls:
-            return None
-        return [
+            return Uplink(self.model.groups)
+        prefixes = [
             [k for keys in self.layers[:omega] for k in keys] for omega in range(self.omega_min, len(self.layers) + 1)
         ]
+        return Uplink(self.model.groups, key_sets=prefixes)
 
     @override
     def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
@@ -159,10 +164,15 @@ class KAPC(PersonalizedStrategy):
 
     def stored(self, client_id: int) -> dict[str, np.ndarray]:
         """Client ``client_id``'s latest layers as the server knows them (the initial model's if none)."""
-        return {**self.global_arrays, **self.models.get(client_id, {})}
+        return {**self.model.global_arrays, **self.models.get(client_id, {})}
 
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
+    @override
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
         """ALG5 lines 6-16: slice, cube steps, write back, the regularizers, the BLS downlink masks."""
+        if task != "train":  # the final evaluation needs none (and moves no cube)
+            return {cid: {} for cid in client_ids}
         if not client_ids:
             return {}
         ids = list(client_ids)
@@ -249,12 +259,12 @@ class KAPC(PersonalizedStrategy):
         headline, ``best_mean_acc``, every method's summary has.)"""
         out: dict[str, Any] = {"layers": len(self.layers), "bls": self.bls}
         out["cube_self_weight_by_layer"] = [float(v) for v in np.mean(np.einsum("ili->il", self.cube), axis=0)]
-        deltas = [r["cube_delta"] for r in self.history if "cube_delta" in r]
+        deltas = [r["cube_delta"] for r in self.run.history if "cube_delta" in r]
         if deltas:
             out["cube_delta_mean"] = float(np.mean(deltas))
         if self.bls:
             for key in ("omega_floor_bound", "omega_by_bound", "omega_reset", "masked_layers"):
-                out[key] = int(sum(r.get(key, 0) for r in self.history))
+                out[key] = int(sum(r.get(key, 0) for r in self.run.history))
         return out
 
     def write_artifacts(self, run_dir: Path) -> list[Path]:
@@ -303,10 +313,13 @@ class KAPCBLS(KAPC):
     """KAPC with bidirectional layer selection (the same options; ``bls`` on)."""
 
     name = "kapc_bls"
-    diagnostic_panels = (
-        *KAPC.diagnostic_panels,
-        Panel("masked_by_layer", "clients not sent layer l"),
-        Panel("omega_by_bound", "clients whose Ω came from the bound"),
-        Panel("omega_floor_bound", "clients whose Ω came from the floor"),
-    )
     options_type = KAPCBLSOptions
+    traits = dataclasses.replace(
+        KAPC.traits,
+        diagnostic_panels=(
+            *KAPC.traits.diagnostic_panels,
+            Panel("masked_by_layer", "clients not sent layer l"),
+            Panel("omega_by_bound", "clients whose Ω came from the bound"),
+            Panel("omega_floor_bound", "clients whose Ω came from the floor"),
+        ),
+    )

@@ -43,11 +43,11 @@ class LGFedAvg(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         o = self.options
         local_groups = o.local_groups
-        chosen = list(local_groups) if local_groups else lower_groups(self.groups)
-        unknown = sorted(set(chosen) - set(self.groups))
+        chosen = list(local_groups) if local_groups else lower_groups(self.model.groups)
+        unknown = sorted(set(chosen) - set(self.model.groups))
         if unknown:
-            raise ValueError(f"LG-FedAvg local_groups {unknown} are not groups of the model {self.groups}")
-        self.local_groups = [g for g in self.groups if g in chosen]
+            raise ValueError(f"LG-FedAvg local_groups {unknown} are not groups of the model {self.model.groups}")
+        self.local_groups = [g for g in self.model.groups if g in chosen]
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:

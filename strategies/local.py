@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import override
 
+from .base.hooks import MethodTraits
 from .base.strategy import PersonalizedStrategy
 
 
@@ -11,8 +12,8 @@ class Local(PersonalizedStrategy):
     """Every client trains its own model alone: the baseline a personalized method must beat."""
 
     name = "local"
-    heterogeneous = True  # nothing travels: any architecture on any client
+    traits = MethodTraits(heterogeneous=True)  # nothing travels: any architecture on any client
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.schema(client_id).groups)
+        return list(self.model.schema(client_id).groups)

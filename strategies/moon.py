@@ -5,7 +5,6 @@ The server is FedAvg; the client keeps its previous local model between rounds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import MOONArgs
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 
@@ -32,9 +32,12 @@ class MOON(PersonalizedStrategy):
     """FedAvg with a model-contrastive term in the local loss (options: :class:`MOONOptions`)."""
 
     name = "moon"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = MOONOptions
-    role = "moon"
+    traits = MethodTraits(
+        # the last layer group is the method's classifier
+        linear_head=True,
+        role="moon",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -43,11 +46,3 @@ class MOON(PersonalizedStrategy):
     @override
     def role_config(self, client_id: int, server_round: int) -> MOONArgs:
         return self.args
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {}  # the server is FedAvg: its state is the base's global model
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        pass

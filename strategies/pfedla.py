@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from .base.hooks import MethodTraits
 from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights
-from .shared.model_distance import store_from_state, store_state
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -127,16 +127,19 @@ class PFedLA(PersonalizedStrategy):
 
     name = "pfedla"
     options_type = PFedLAOptions
+    traits = MethodTraits(
+        state=("models", "hypernets"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
         self.hn_lr = o.hn_lr
-        self.layer_keys = [self.keys([g]) for g in self.groups]
+        self.layer_keys = [self.model.keys([g]) for g in self.model.groups]
         with torch.random.fork_rng():  # seeded, and the server's torch RNG stream is left alone
-            torch.manual_seed(self.seed)
-            self.hypernet = HyperNetwork(self.num_clients, len(self.groups), o.embedding_dim, o.hidden_dim)
-            self.embeddings = torch.randn(self.num_clients, o.embedding_dim).numpy()  # e_i at init
+            torch.manual_seed(self.run.seed)
+            self.hypernet = HyperNetwork(self.run.num_clients, len(self.model.groups), o.embedding_dim, o.hidden_dim)
+            self.embeddings = torch.randn(self.run.num_clients, o.embedding_dim).numpy()  # e_i at init
         self.initial_hypernet = {k: v.detach().numpy().copy() for k, v in self.hypernet.state_dict().items()}
         self.hypernets: dict[int, dict[str, np.ndarray]] = {}  # each client's hypernetwork, once updated
         self.models: dict[int, dict[str, np.ndarray]] = {}  # latest trained model of each client
@@ -156,7 +159,7 @@ class PFedLA(PersonalizedStrategy):
 
     def all_models(self) -> list[dict[str, np.ndarray]]:
         """Every client's stored model (the global one for a client not yet trained), in client order."""
-        return [self.models.get(j, self.global_arrays) for j in range(self.num_clients)]
+        return [self.models.get(j, self.model.global_arrays) for j in range(self.run.num_clients)]
 
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         """Every client's w~ = per-group mix of all stored models, one matrix product per block and group."""
@@ -167,7 +170,7 @@ class PFedLA(PersonalizedStrategy):
             if keys:
                 for c, mixed in zip(client_ids, mixing_average(models, alphas[:, layer], keys=keys)):
                     out[c].update(mixed)
-        return {c: {k: out[c][k] for k in self.travelling_keys(self.groups, c, server_round)} for c in client_ids}
+        return {c: {k: out[c][k] for k in self.model.keys(client_id=c)} for c in client_ids}
 
     @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
@@ -188,11 +191,3 @@ class PFedLA(PersonalizedStrategy):
         for u in trained:
             self.models[u.client_id] = u.arrays
         return {"stored_models": len(self.models), **record}
-
-    @override
-    def extra_state(self) -> dict[str, Any]:
-        return {"models": store_state(self.models), "hypernets": store_state(self.hypernets)}
-
-    @override
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.models, self.hypernets = store_from_state(state["models"]), store_from_state(state["hypernets"])

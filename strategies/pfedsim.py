@@ -22,6 +22,7 @@ import numpy as np
 from flwr.common import log
 from typing_extensions import override
 
+from .base.hooks import MethodTraits, Uplink
 from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
@@ -86,17 +87,21 @@ class PFedSim(PersonalizedStrategy):
     (options: :class:`PFedSimOptions`)."""
 
     name = "pfedsim"
-    linear_head = True  # the last layer group is the method's classifier
     options_type = PFedSimOptions
+    traits = MethodTraits(
+        # the last layer group is the method's classifier
+        linear_head=True,
+        state=("sim", "bodies", "head_seen"),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
         self.warmup = phase_rounds("pFedSim warmup", o.warmup, o.rho_general, o.total_rounds, "floor", "rho_general")
         self.weighting = o.weighting
-        self.head = [self.groups[-1]]
-        self.body = self.groups[:-1]
-        self.sim = np.eye(self.num_clients)
+        self.head = [self.model.groups[-1]]
+        self.body = self.model.groups[:-1]
+        self.sim = np.eye(self.run.num_clients)
         self.bodies: dict[int, dict[str, np.ndarray]] = {}  # last trained body of each client
         self.head_seen: set[int] = set()  # clients holding their own classifier
 
@@ -109,8 +114,8 @@ class PFedSim(PersonalizedStrategy):
         return list(self.head) if self.personalizing(server_round) else []
 
     @override
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        return list(self.groups)  # after warm-up the classifier goes up for S only
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        return Uplink(self.model.groups)  # after warm-up the classifier goes up for S only
 
     def body_weights(self, client_id: int) -> dict[int, float]:
         """Nonzero weights of client ``client_id`` over the clients' stored bodies."""
@@ -120,7 +125,7 @@ class PFedSim(PersonalizedStrategy):
     def personal_bodies(self, client_ids: Sequence[int]) -> dict[int, dict[str, np.ndarray]]:
         """Each client's body: the stored bodies weighted by its row of S, all clients in one
         matrix product per block (O(len(client_ids) x N x body) in BLAS)."""
-        warm = {k: self.global_arrays[k] for k in self.keys(self.body)}  # the warm-up body
+        warm = {k: self.model.global_arrays[k] for k in self.model.keys(self.body)}  # the warm-up body
         rows = np.stack([pfedsim_weights(self.sim[c], c, self.weighting) for c in client_ids])
         used = np.flatnonzero(rows.any(axis=0))
         bodies = [self.bodies.get(int(j), warm) for j in used]
@@ -135,7 +140,7 @@ class PFedSim(PersonalizedStrategy):
         if not self.personalizing(server_round):  # the warm-up: the base's global values
             return super().downlinks(client_ids, server_round)
         bodies = self.personal_bodies(client_ids)
-        head = {k: self.global_arrays[k] for k in self.keys(self.head)}
+        head = {k: self.model.global_arrays[k] for k in self.model.keys(self.head)}
         for c in client_ids:
             if c not in self.head_seen:  # the warm-up classifier, once
                 bodies[c].update(head)
@@ -145,7 +150,7 @@ class PFedSim(PersonalizedStrategy):
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         if not self.personalizing(server_round):
             return {"phase": "warmup", "log_keys": ["phase"], **super().aggregate(server_round, updates)}
-        body_keys, head_keys = self.keys(self.body), self.keys(self.head)
+        body_keys, head_keys = self.model.keys(self.body), self.model.keys(self.head)
         for u in updates:
             self.bodies[u.client_id] = {k: u.arrays[k] for k in body_keys}
             self.head_seen.add(u.client_id)

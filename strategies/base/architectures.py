@@ -1,4 +1,4 @@
-"""The architectures of a federation, one part the strategy base holds.
+"""The federation's model(s): ``self.model`` of a strategy, one part the strategy base holds.
 
 The server keeps a :class:`models.schema.ModelSchema` and global arrays per architecture and
 looks a client's up by its client id; a homogeneous run is the one-architecture case. Which
@@ -22,7 +22,10 @@ from pflower.models.schema import ModelSchema, Template, assign_archs, initial_a
 
 
 class Architectures:
-    """Schemas, global arrays and the client -> architecture map of one run."""
+    """Schemas, global arrays and the client -> architecture map of one run (a method's
+    ``self.model``): ``keys(groups, client_id)`` names the tensors that travel,
+    ``global_arrays`` is the one global model of a homogeneous run, ``arrays[arch]`` each
+    architecture's, ``arch_of[client_id]`` who runs which."""
 
     def __init__(
         self,
@@ -74,6 +77,10 @@ class Architectures:
         self.shared_buffers = shared_buffers
         self.schemas = {arch: ModelSchema.of(m, arch, arch_specs[arch]) for arch, m in models.items()}
         self.default = next(iter(self.schemas))
+        # the architecture whose arrays are the run's result (Flower's ``Result.arrays``,
+        # ``evaluate_fn``): the first; HeteroFL sets its widest level
+        self.global_arch = self.default
+        self.method = method
         self.arch_of: dict[int, str] = assign_archs(rule, list(self.schemas), num_clients)
         self.announced: dict[int, str] = {}  # client id -> the architecture its node announced
         self.arrays: dict[str, dict[str, np.ndarray]] = {
@@ -108,22 +115,56 @@ class Architectures:
                 )
             self.arrays[self.default][key] = value.astype(schema.template[key][1], copy=True)
 
-    def own_names(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
-        """``arrays`` of the default architecture under the model's own state-dict names (what a
-        Flower user's ``Net().load_state_dict`` reads: Flower's ``Result.arrays``, ``evaluate_fn``)."""
-        names = self.schemas[self.default].own_names
+    def own_names(self, arrays: Mapping[str, Any], arch: str | None = None) -> dict[str, Any]:
+        """``arrays`` of ``arch`` (default: the default architecture) under the model's own
+        state-dict names (what a Flower user's ``Net().load_state_dict`` reads: Flower's
+        ``Result.arrays``, ``evaluate_fn``)."""
+        names = self.schemas[arch or self.default].own_names
         return {names.get(key, key): value for key, value in arrays.items()}
+
+    def result_arrays(self) -> dict[str, np.ndarray]:
+        """The run's result: :attr:`global_arch`'s arrays under the model's own names."""
+        return self.own_names(self.arrays[self.global_arch], self.global_arch)
 
     def schema(self, client_id: int | None = None) -> ModelSchema:
         """The model schema of ``client_id`` (the default architecture's if None)."""
         return self.schemas[self.default if client_id is None else self.arch_of[client_id]]
+
+    def keys(self, groups: Iterable[str] | None = None, client_id: int | None = None) -> list[str]:
+        """Keys of ``groups`` (default all) that belong to the model on the wire (trainable
+        tensors, and float buffers with ``traits.shared_buffers``), in forward order, in
+        ``client_id``'s architecture."""
+        return self.schema(client_id).keys(groups, buffers=self.shared_buffers)
+
+    @property
+    def groups(self) -> list[str]:
+        """Layer groups of the default architecture, in forward order."""
+        return list(self.schema().groups)
+
+    def arrays_of(self, client_id: int) -> dict[str, np.ndarray]:
+        """The global arrays of ``client_id``'s architecture."""
+        return self.arrays[self.arch_of[client_id]]
+
+    @property
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        """The global model of a homogeneous run (every travelling tensor, by key)."""
+        return self.arrays[self.single(self.method)]
+
+    @global_arrays.setter
+    def global_arrays(self, value: dict[str, np.ndarray]) -> None:
+        self.arrays[self.single(self.method)] = value
+
+    @property
+    def template(self) -> Template:
+        """Shape and dtype of every tensor of the default architecture that may travel."""
+        return self.template_of(None)
 
     def single(self, who: str) -> str:
         """The one architecture of a homogeneous run (``who`` asked for the one global model)."""
         if len(self.schemas) > 1:
             raise AttributeError(
                 f"{who} asked for the one global model, but this federation runs {sorted(self.schemas)}: "
-                "use arch_arrays[arch] / arrays_of(client_id)"
+                "use self.model.arrays[arch] / self.model.arrays_of(client_id)"
             )
         return self.default
 

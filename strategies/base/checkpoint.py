@@ -9,15 +9,16 @@ at any moment leaves either the old or the new checkpoint, never a torn one.
 :func:`encode` / :func:`decode` turn a state tree into JSON + arrays and back. They handle
 ``None``/bool/int/float/str, lists, tuples, sets, dicts (any hashable encodable keys;
 ``defaultdict`` keeps its factory when the live value is one), NumPy arrays and scalars, NumPy
-random generators (their bit generator's state: the stream goes on where it stopped),
-torch tensors, dataclasses (through ``to_dict``/``from_dict`` when the class has them,
-else field by field) and objects with ``state_dict``/``load_state_dict`` (torch modules,
-optimizers, schedulers: loaded *into* the live object, which must exist). Anything else is
-refused with the attribute's path, when the state is first encoded (before round 1).
+and torch random generators (their state: the stream goes on where it stopped), torch tensors,
+dataclasses (through ``to_dict``/``from_dict`` when the class has them, else field by field) and
+objects with ``state_dict``/``load_state_dict`` (torch modules, optimizers, schedulers, Felo's
+knowledge store: loaded *into* the live object, which must exist). Anything else is refused with
+the attribute's path, when the state is first encoded (before round 1).
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import json
@@ -70,7 +71,13 @@ _TAGS = (
     "__object__",
     "__stateful__",
     "__generator__",
+    "__torch_generator__",
 )
+
+
+# set while a checkpoint is read without a live strategy (inspection, comparisons): an object that
+# would be loaded into a live one comes back as its state dict instead
+_INSPECTING: contextvars.ContextVar[bool] = contextvars.ContextVar("inspecting", default=False)
 
 
 class CheckpointError(RuntimeError):
@@ -90,8 +97,8 @@ def encode(value: Any, arrays: dict[str, np.ndarray], path: str = "state") -> An
             return out
     raise CheckpointError(
         f"cannot checkpoint {path} of type {type(value).__module__}.{type(value).__qualname__}: make it a plain "
-        "value, array, tensor, dataclass or torch module; or list the attribute in the strategy's "
-        "`checkpoint_exclude` (if it can be rebuilt from the config); or override extra_state()/load_extra_state()"
+        "value, array, tensor, dataclass, torch module or an object with state_dict()/load_state_dict(); or, if the "
+        "config rebuilds it, leave it out of the method's traits.state"
     )
 
 
@@ -112,6 +119,16 @@ def _encode_generator(value: Any, arrays: dict[str, np.ndarray], path: str) -> A
         return _NOT_MINE
     bits = value.bit_generator
     return {"__generator__": type(bits).__name__, "state": encode(bits.state, arrays, f"{path}.bit_generator.state")}
+
+
+def _encode_torch_generator(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
+    """A torch generator: its state (a byte tensor) restores the stream."""
+    torch = _torch()
+    if torch is None or not isinstance(value, torch.Generator):
+        return _NOT_MINE
+    name = f"a{len(arrays)}"
+    arrays[name] = value.get_state().numpy().copy()
+    return {"__torch_generator__": name, "device": str(value.device)}
 
 
 def _encode_array(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
@@ -182,6 +199,7 @@ def _encode_object(value: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
 _ENCODERS = (
     _encode_number,
     _encode_generator,
+    _encode_torch_generator,
     _encode_array,
     _encode_tensor,
     _encode_sequence,
@@ -231,6 +249,18 @@ def _decode_generator(value: dict, arrays: Mapping[str, np.ndarray], live: Any, 
     return generator
 
 
+def _decode_torch_generator(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> Any:
+    """A torch generator continues its stream: the live one, or a new one on the saved device."""
+    import torch
+
+    state = torch.from_numpy(np.array(_member(arrays, value["__torch_generator__"], path), copy=True))
+    if live is None and _INSPECTING.get():
+        return state
+    generator = live if isinstance(live, torch.Generator) else torch.Generator(device=value.get("device", "cpu"))
+    generator.set_state(state)
+    return generator
+
+
 def _decode_scalar(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> np.generic:
     return np.dtype(value["__scalar__"]).type(value["value"])
 
@@ -257,12 +287,15 @@ def _decode_dict(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path:
 
 
 def _decode_stateful(value: dict, arrays: Mapping[str, np.ndarray], live: Any, path: str) -> Any:
-    """A torch module or optimizer: its state is loaded into the freshly built one."""
+    """A torch module or optimizer: its state is loaded into the freshly built one (read without
+    a strategy, :meth:`Checkpoint.decode` with no ``live``: its state dict)."""
+    if live is None and _INSPECTING.get():
+        return decode(value["state"], arrays, None, f"{path}.state_dict()")
     if not callable(getattr(live, "load_state_dict", None)):
         raise CheckpointError(
             f"{path} was a {value['__stateful__']} when the checkpoint was written, but the freshly built strategy "
             f"holds {type(live).__name__} there: create the object in __init__ (its state is loaded into "
-            "it), or override extra_state()/load_extra_state() to rebuild it"
+            "it), or give it state_dict()/load_state_dict()"
         )
     live.load_state_dict(decode(value["state"], arrays, live.state_dict(), f"{path}.state_dict()"))
     return live
@@ -295,6 +328,7 @@ _DECODERS: dict[str, Callable[[dict, Mapping[str, np.ndarray], Any, str], Any]] 
     "__object__": _decode_object,
     "__stateful__": _decode_stateful,
     "__generator__": _decode_generator,
+    "__torch_generator__": _decode_torch_generator,
 }
 
 
@@ -385,7 +419,9 @@ class Checkpoint:
 
     def decode(self, live: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The state as :meth:`PersonalizedStrategy.state_dict` returned it. ``live`` is a fresh
-        strategy's ``state_dict()``: torch modules and the like are loaded into its objects."""
+        strategy's ``state_dict()``: torch modules and the like are loaded into its objects; without
+        it they come back as their state dicts."""
+        token = _INSPECTING.set(live is None)
         try:
             return decode(self.tree, self.arrays, live)
         except CheckpointError:
@@ -394,6 +430,8 @@ class Checkpoint:
             raise CheckpointError(
                 f"cannot resume: checkpoint {self.path} does not fit this strategy ({type(exc).__name__}: {exc})"
             ) from exc
+        finally:
+            _INSPECTING.reset(token)
 
 
 def load_checkpoint(run_dir: str | Path) -> Checkpoint:

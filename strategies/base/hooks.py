@@ -1,20 +1,27 @@
-"""What a method may override: the hooks of :class:`strategies.base.strategy.PersonalizedStrategy`, with
-their defaults (plain FedAvg with the papers' evaluation protocol).
+"""What a method declares and overrides: :class:`MethodTraits` (what the method is) and the hooks of
+:class:`MethodHooks` (what it does differently), with the defaults of plain FedAvg under the papers'
+evaluation protocol.
 
-A method is a subclass of the base that sets a few class attributes and overrides the hooks that
-say what is different about it (FedPer: :meth:`MethodHooks.personal_groups`). The base's machinery
-(discovery, messages, replies, bytes, checkpoints, the run loop) calls these; docs/adding-a-method.md
-shows each with an example.
+A method is a subclass of the strategy base with a ``name``, an ``options_type``, its ``traits``
+and the few hooks that say what is different about it (FedPer: :meth:`MethodHooks.personal_groups`).
+It reaches the run through four parts: ``self.options`` (its options), ``self.run`` (clients,
+seed, history, the sampling stream, per-client stores), ``self.model`` (schemas, global arrays,
+keys) and ``self.clients`` (the connected clients, a batch of messages of its own). Those 20 names
+are the whole
+surface (tests/unit/test_method_surface.py counts them); docs/adding-a-method.md shows each with
+an example.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pflower.protocol import wire
 from pflower.protocol.roles import RoleArgs
 
 from ..shared.aggregation import fedavg
@@ -22,50 +29,92 @@ from .diagnostics import Panel
 from .options import MethodOptions
 from .validation import ClientUpdate
 
+ExtraSpec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+@dataclass(frozen=True)
+class MethodTraits:
+    """What a method is, declared once on its class (``traits = MethodTraits(role="fedcmd", ...)``).
+
+    The base, the runner and ``pflower report`` read these; nothing else about a method is
+    inferred. A subclass of a method extends its parent's with ``dataclasses.replace``.
+    """
+
+    role: str = "sgd"  # the client role its ClientApps run (client_app.roles)
+    # attributes that change across rounds: saved in every checkpoint and restored on resume. Any
+    # other attribute is configuration a fresh strategy rebuilds from the same config; a private one
+    # (``_name``) is per-round scratch. An attribute created after the run starts and not listed
+    # here is refused at the first checkpoint, with its name.
+    state: tuple[str, ...] = ()
+    client_keeps: str = "personal"  # what a client keeps between rounds: wire.KEEP_MODES
+    shared_buffers: bool = False  # float BN buffers travel with their group and are averaged (off: they never leave)
+    heterogeneous: bool = False  # clients of different architectures are supported
+    # the model's last layer group is the method's classifier and must end in an nn.Linear
+    # (weight [classes, features]): refused at construction otherwise
+    linear_head: bool = False
+    # the runner hands the server the public split (attach_public): its images only (FedTSDP
+    # clusters the clients' outputs on them), or labelled (Felo/Velo score their group models)
+    needs_public_data: bool = False
+    evaluates_on_public: bool = False
+    # the final evaluation also scores every client's model on the labelled global test set (the
+    # runner switches it on with dataset.public=test|holdout)
+    clients_evaluate_on_public: bool = False
+    # role arguments computed from several options rather than copying one (checked apart)
+    derived_role_args: tuple[str, ...] = ()
+    # the per-round diagnostics that show the method's mechanism (pflower report draws them)
+    diagnostic_panels: tuple[Panel, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.client_keeps not in wire.KEEP_MODES:
+            raise TypeError(f"traits.client_keeps must be one of {list(wire.KEEP_MODES)}, got {self.client_keeps!r}")
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """What one client may send back after training (:meth:`MethodHooks.uplink`).
+
+    ``groups``: the layer groups it sends (the most it may send; personal keys never travel).
+    ``key_sets``: the key sets the client's role may choose from after training, a reply holding
+    any other set is rejected (None: exactly the travelling keys of ``groups``; KAPC's BLS
+    declares its layer prefixes here). ``extra``: the shape and dtype of each array the reply
+    must carry besides model tensors; validated like them, they reach :meth:`MethodHooks.aggregate`
+    as ``ClientUpdate.extra``.
+    """
+
+    groups: Sequence[str]
+    key_sets: Sequence[Sequence[str]] | None = None
+    extra: ExtraSpec = field(default_factory=dict)
+
+
+# a relay round's absorber: each valid reply, before the next client's message is built
+Absorb = Callable[[ClientUpdate], None]
+
 
 class MethodHooks:
-    """The hooks and class attributes a method overrides (mixed into the strategy base, whose
-    ``schema``, ``keys``, ``arrays_of``, ``draw`` and ``arch_arrays`` they use)."""
-
-    # the per-round diagnostics that show this method's mechanism (pflower report draws them)
-    diagnostic_panels: tuple[Panel, ...] = ()
+    """The declarations and hooks a method overrides (mixed into the strategy base, whose parts
+    ``run``, ``model`` and ``clients`` the defaults use)."""
 
     name = "base"
     options_type: type[MethodOptions] = MethodOptions  # the method's options, declared once (strategies.base.options)
-    # role arguments the strategy computes from several options rather than copying one (checked apart)
-    derived_role_args: tuple[str, ...] = ()
-    role = "sgd"
-    client_keeps = "personal"  # "personal" | "model" (wire.KEEP_MODES)
-    shared_buffers = False  # float BN buffers travel with their group and are averaged (off: they never leave)
-    heterogeneous = False  # the method supports clients of different architectures
-    # the method reads the model's last layer group as its classifier, which must end in an
-    # nn.Linear (weight [classes, features]): refused at construction otherwise
-    linear_head = False
-    checkpoint_exclude: tuple[str, ...] = ()  # method attributes not checkpointed (rebuilt from the config)
-    # the final evaluation also scores every client's model on the labelled global test set (the
-    # runner switches it on with dataset.public=test|holdout for methods with clients_evaluate_on_public)
-    clients_evaluate_on_public = False
-    final_global_test = False
-    # the runner hands the server the public split: its images (attach_public: FedTSDP clusters the
-    # clients' outputs on them) and, when it is labelled, images and labels (attach_public_test:
-    # Felo/Velo score their group models on it)
-    needs_public_data = False
-    evaluates_on_public = False
+    traits = MethodTraits()
 
-    def attach_public(self, images: Any) -> None:
-        """Receive the public images (only called when ``needs_public_data``)."""
+    # ------------------------------------------------------------------ the round
+    def prepare_round(self, server_round: int, task: str) -> None:
+        """Called before a round's clients are sampled (``task`` "train") and before the final
+        evaluation ("evaluate"), after newly connected nodes are discovered. FedCPMD probes its
+        new clients here with a batch of its own (``self.clients.exchange``); HeteroFL puts
+        every client back on its static level before the evaluation."""
 
-    def attach_public_test(self, images: Any, labels: Any) -> None:
-        """Receive the labelled public split (only called when ``evaluates_on_public``)."""
+    def sample(self, server_round: int) -> list[int]:
+        """This round's client ids: a seeded uniform draw, the same stream for every method (so
+        methods compare on one client sample stream). FedCPMD draws per cluster with
+        ``self.run.draw(members, k)``."""
+        return self.run.draw(range(self.run.num_clients), self.run.sample_size())
 
-    # ------------------------------------------------------------------ method hooks
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:
-        """Layer groups that stay on the client this round (never sent either way)."""
+        """Layer groups that stay on the client this round (never sent either way). FedPer:
+        ``return ["classifier"]``."""
         return []
-
-    def shared_groups(self, client_id: int, server_round: int) -> list[str]:
-        personal = set(self.personal_groups(client_id, server_round))
-        return [g for g in self.schema(client_id).groups if g not in personal]
 
     def personal_keys(self, client_id: int, server_round: int) -> list[str]:
         """Keys that stay on the client although their group is shared (default none).
@@ -76,66 +125,49 @@ class MethodHooks:
         """
         return []
 
-    def travelling_keys(self, groups: Iterable[str], client_id: int, server_round: int) -> list[str]:
-        """Keys of ``groups`` (in ``client_id``'s architecture) that may travel: all but :meth:`personal_keys`."""
-        stay = set(self.personal_keys(client_id, server_round))
-        return [k for k in self.keys(groups, client_id) if k not in stay]
-
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """The tensors each of a round's clients receives: by default the global values of its
-        shared groups.
+        """The model tensors each of a round's clients receives: by default the global values of
+        its shared groups' travelling keys.
 
-        The one downlink hook. A method whose clients receive models mixed from stored ones
-        (pFedSim, FedAP, pFedLA) builds all of them here with one matrix product per block of
-        parameters (:func:`strategies.shared.aggregation.mixing_average`).
+        A method whose clients receive models mixed from stored ones (pFedSim, FedAP, pFedLA)
+        builds all of them here with one matrix product per block of parameters
+        (:func:`strategies.shared.aggregation.mixing_average`).
         """
         out = {}
         for cid in client_ids:
-            arrays = self.arrays_of(cid)
+            arrays = self.model.arrays_of(cid)
             out[cid] = {
                 k: arrays[k] for k in self.travelling_keys(self.shared_groups(cid, server_round), cid, server_round)
             }
         return out
 
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        """:meth:`downlinks` of one client (a convenience, not a hook)."""
-        return self.downlinks([client_id], server_round)[client_id]
-
-    def extra_downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """Arrays besides model tensors that each client receives with its train message (default none).
+    def extra_downlinks(
+        self, client_ids: Sequence[int], server_round: int, task: str = "train"
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """Arrays besides model tensors that each client receives with its ``task`` message
+        ("train", or "evaluate" for the final evaluation); default none.
 
         Keys ``"<name>/<key>"`` travel as ``"extra/<name>/<key>"`` and count in ``bytes_down``;
         the client runtime does not load them into the model but hands them to the role
-        (``RoleContext.received_extra``). FedFomo sends other clients' models this way.
+        (``RoleContext.received_extra``). FedFomo sends other clients' models this way, FedGKT
+        its server model with the evaluation.
         """
         return {cid: {} for cid in client_ids}
 
-    def evaluate_extras(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
-        """Arrays besides model tensors that the final evaluation's messages carry (default none;
-        FedGKT sends its server model, through which its clients are evaluated)."""
-        return {}
-
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]:
-        """Groups the client sends back after training (the most it may send)."""
-        return self.shared_groups(client_id, server_round)
-
-    def uplink_sets(self, client_id: int, server_round: int) -> list[list[str]] | None:
-        """Key sets the client may choose from for its upload (None: exactly the travelling keys of
-        :meth:`uplink_groups`). The role picks one after training (``RoleContext.upload_keys``);
-        a reply holding any other set is rejected. BLS declares its layer prefixes here."""
-        return None
+    def uplink(self, client_id: int, server_round: int) -> Uplink:
+        """What the client may send back after training: by default its shared groups."""
+        return Uplink(self.shared_groups(client_id, server_round))
 
     def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]:
-        """Arguments of the client role for this client and round (a ``protocol.roles`` dataclass)."""
+        """Arguments of the client role for this client and round (a ``protocol.roles`` dataclass).
+        FedCMD: ``return FedCMDArgs(phase=..., candidates=..., **self.scoring)``."""
         return {}
 
-    def extra_uplink(self, client_id: int, server_round: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Shape and dtype of each extra array this client's train reply must carry (default none).
-
-        The role fills ``RoleContext.upload_extra``; the arrays are validated like model tensors
-        (keys, shapes, dtypes, finite values) and reach :meth:`aggregate` as ``ClientUpdate.extra``.
-        """
-        return {}
+    def relay(self, server_round: int) -> Absorb | None:
+        """None (the default): the round sends one batch of messages. A function: the round trains
+        its clients one after another, each message built after the previous client's reply was
+        handed to that function (FedCMD's phase 2 as the authors' code runs it)."""
+        return None
 
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """Server update from the round's valid replies (client-id order); returns method metrics to log.
@@ -146,10 +178,15 @@ class MethodHooks:
         by_arch: dict[str, list[ClientUpdate]] = {}
         for u in updates:
             if u.arrays:
-                by_arch.setdefault(self.arch_of[u.client_id], []).append(u)
+                by_arch.setdefault(self.model.arch_of[u.client_id], []).append(u)
         for arch, ups in by_arch.items():
-            self.arch_arrays[arch].update(fedavg([u.arrays for u in ups], [u.num_examples for u in ups]))
+            self.model.arrays[arch].update(fedavg([u.arrays for u in ups], [u.num_examples for u in ups]))
         return {}
+
+    # ------------------------------------------------------------------ data and results
+    def attach_public(self, images: Any, labels: Any = None) -> None:
+        """Receive the public split before round 1: its images (``traits.needs_public_data``), or
+        images and labels (``traits.evaluates_on_public``)."""
 
     def run_summary(self) -> dict[str, Any]:
         """Method-specific values for ``summary.json`` (FedCMD: the selected layer)."""
@@ -159,8 +196,18 @@ class MethodHooks:
         """Files beside metrics.jsonl at the end of a run (KAPC: its cube as .npy and a picture)."""
         return []
 
-    def sample(self, server_round: int) -> list[int]:
-        """This round's client ids: a seeded uniform draw, the same stream for every method
-        (so methods compare on one client sample stream). Override to sample differently (FedCPMD: per cluster, from
-        :meth:`draw`)."""
-        return self.draw(range(self.num_clients), self.sample_size())
+    # ------------------------------------------------------------------ the base's, from the hooks
+    def shared_groups(self, client_id: int, server_round: int) -> list[str]:
+        """The groups that are not personal this round (the base's, not a hook)."""
+        personal = set(self.personal_groups(client_id, server_round))
+        return [g for g in self.model.schema(client_id).groups if g not in personal]
+
+    def travelling_keys(self, groups: Sequence[str], client_id: int, server_round: int) -> list[str]:
+        """Keys of ``groups`` (in ``client_id``'s architecture) that may travel: all but
+        :meth:`personal_keys` (the base's, not a hook)."""
+        stay = set(self.personal_keys(client_id, server_round))
+        return [k for k in self.model.keys(groups, client_id) if k not in stay]
+
+    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
+        """:meth:`downlinks` of one client (a convenience, not a hook)."""
+        return self.downlinks([client_id], server_round)[client_id]

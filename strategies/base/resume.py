@@ -1,8 +1,8 @@
 """Resume: the strategy's checkpoint state, and the check that clients still hold theirs.
 
 The base saves the last completed round, the global arrays, the round history, the run token, the
-sampling RNG's state and torch's CPU RNG state, plus the method's state (by default every instance
-attribute the base does not own: :meth:`PersonalizedStrategy.extra_state`). The file format is
+sampling RNG's state and torch's CPU RNG state, plus the method's state (the attributes its
+``traits.state`` declares: :meth:`PersonalizedStrategy.method_state`). The file format is
 :mod:`strategies.base.checkpoint`'s.
 """
 
@@ -12,41 +12,39 @@ from collections.abc import Mapping, Sequence
 from logging import WARNING
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from flwr.common import log
 
 from .architectures import Architectures
 from .client_directory import ClientInfo, ClientStateLost
 from .round_log import id_list
+from .run_context import RunContext
 
 
 class Resumable(Protocol):
     """What resume reads from the strategy; each part restores its own state (load_state_dict)."""
 
     name: str
-    client_spec: dict[str, Any]
-    architectures: Architectures
-    history: list[dict[str, Any]]
-    rng: np.random.Generator
+    model: Architectures
+    run: RunContext
 
     def last_round(self) -> int: ...
-    def extra_state(self) -> dict[str, Any]: ...
+    def method_state(self) -> dict[str, Any]: ...
 
 
 def strategy_state(s: Resumable) -> dict[str, Any]:
     """Everything needed to continue the run after ``s.last_round()`` (live references:
     :func:`strategies.base.checkpoint.save_checkpoint` encodes them at once)."""
-    archs = s.architectures.state()
+    archs = s.model.state()
     return {
         "method": s.name,
         "round": s.last_round(),
-        "run_token": str(s.client_spec.get("run", "")),
+        "run_token": s.run.token,
         "global_arrays": archs.pop("global_arrays"),
-        "history": s.history,
-        "rng": s.rng.bit_generator.state,
+        "history": s.run.history,
+        "rng": s.run.rng.bit_generator.state,
         "torch_rng": torch.get_rng_state(),
-        "extra": s.extra_state(),
+        "extra": s.method_state(),
         **archs,
     }
 
@@ -55,7 +53,7 @@ def check_resumable(s: Resumable, state: Mapping[str, Any]) -> None:
     """Refuse a checkpoint of another method or another run (reads ``s``, changes nothing)."""
     if state["method"] != s.name:
         raise ValueError(f"the checkpoint is of method {state['method']!r}, this strategy is {s.name!r}")
-    token = str(s.client_spec.get("run", ""))
+    token = s.run.token
     if state["run_token"] != token:
         raise ValueError(
             f"the checkpoint belongs to run {state['run_token']!r}, this strategy to {token!r}: build it with "

@@ -18,9 +18,11 @@ from flwr.serverapp.strategy import Result
 
 from .architectures import Architectures
 from .client_directory import ClientInfo
+from .hooks import Absorb
 from .messaging import TTL_MARGIN_S, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
+from .run_context import RunContext
 
 
 class RoundRunner(Protocol):
@@ -28,21 +30,19 @@ class RoundRunner(Protocol):
     round history and the parts it holds (RunTiming, Architectures)."""
 
     name: str
-    client_spec: dict[str, Any]
-    history: list[dict[str, Any]]
     final_eval: bool
     resume_force: bool
     timing: RunTiming
-    architectures: Architectures
+    model: Architectures
+    run: RunContext
+    clients: Mapping[int, ClientInfo]
 
-    @property
-    def clients(self) -> Mapping[int, ClientInfo]: ...
     def last_round(self) -> int: ...
     def summary(self) -> None: ...
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None: ...
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
-    def relay(self, server_round: int) -> bool: ...
-    def relay_train(self, server_round: int, grid: Grid) -> Generator[Message, list[Message], None]: ...
+    def relay(self, server_round: int) -> Absorb | None: ...
+    def relay_train(self, server_round: int, grid: Grid, absorb: Absorb) -> Generator[Message, list[Message], None]: ...
     def aggregate_train(self, server_round: int, replies: Any) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
     def aggregate_evaluate(self, server_round: int, replies: Any) -> MetricRecord | None: ...
@@ -104,24 +104,25 @@ def run_rounds(
     else:
         log(INFO, "Starting %s (%d rounds)", s.name, num_rounds)
     s.summary()
-    s.timing.begin(timeout, s.history)
+    s.timing.begin(timeout, s.run.history)
     if initial_arrays is not None and first == 1:
-        s.architectures.set_initial(initial_arrays)
+        s.model.set_initial(initial_arrays)
     started = time.perf_counter()
     s.discover(grid)
     lost = []
     if first > 1:
-        gone = clients_without_state(s.history, s.clients)
-        lost = check_client_state(gone, first - 1, s.client_spec.get("client_state_dir"), s.resume_force)
+        gone = clients_without_state(s.run.history, s.clients)
+        lost = check_client_state(gone, first - 1, s.run.client_spec.get("client_state_dir"), s.resume_force)
     result = Result()
     for rnd in range(first, num_rounds + 1):
         t0 = time.perf_counter()
-        if s.relay(rnd):
-            replies = relay_round(grid, s.relay_train(rnd, grid), timeout)
+        absorb = s.relay(rnd)
+        if absorb is not None:
+            replies = relay_round(grid, s.relay_train(rnd, grid, absorb), timeout)
         else:
             replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
         arrays, metrics = s.aggregate_train(rnd, replies)
-        record = s.history[-1]
+        record = s.run.history[-1]
         if lost:
             record["client_state_lost"], lost = lost, []
         if evaluate_fn is not None:

@@ -3,25 +3,25 @@
 It owns what all personalized methods share: client discovery (stable client ids, not Flower
 node ids), seeded sampling, one Message per node with only the tensors that node must receive,
 reply validation, byte accounting, the evaluation protocol, checkpoints and the per-round record.
-A method overrides the few hooks below that say what is different about it; each is documented
-where it is defined and in docs/adding-a-method.md.
+A method declares what it is (:class:`strategies.base.hooks.MethodTraits`) and overrides the few
+hooks that say what is different about it (:class:`strategies.base.hooks.MethodHooks`); each is
+documented where it is defined and in docs/adding-a-method.md.
 
-The base holds its parts and reaches them through public names: :class:`Architectures`
-(schemas, global arrays, who runs which model), :class:`ClientDirectory` (discovery),
-:class:`RoundLedger` (what a batch sent: messages, bytes, groups), :func:`collect_replies`
-(validation, client-id order), :mod:`strategies.base.resume` (checkpoint state, lost client state)
-and :func:`run_rounds` (the loop).
+The base holds its parts and a method reaches them by name: ``self.options`` (its options),
+``self.run`` (:class:`RunContext`: clients, seed, history, the sampling stream, stores),
+``self.model`` (:class:`Architectures`: schemas, global arrays, keys) and ``self.clients``
+(:class:`Clients`: the connected clients and a batch of a method's own). The rest is the base's
+own: :class:`ClientDirectory` (discovery), :class:`RoundLedger` (what a batch sent),
+:func:`collect_replies` (validation, client-id order), :mod:`strategies.base.resume` (checkpoint
+state, lost client state) and :func:`run_rounds` (the loop).
 
 Determinism: replies are aggregated in client-id order, never in arrival order, so a run's
 numbers depend on its seed and config, not on which client answered first.
 
-Checkpoints: a method's server state is *every instance attribute the base does not own* (the
-base's are those its ``__init__`` sets, found when it runs, not listed by hand), so per-client
-stores, similarity matrices, clusters, dataclasses, torch modules and NumPy generators created
-in ``__init__`` are saved and restored with no code in the method. ``checkpoint_exclude`` names
-attributes a fresh strategy rebuilds from the config; :meth:`extra_state` /
-:meth:`load_extra_state` may be overridden (call ``super()``) for lazily created objects.
-Values that cannot be encoded are refused before round 1.
+Checkpoints: a method's server state is what its ``traits.state`` lists; every other attribute is
+configuration a fresh strategy rebuilds from the same config. An attribute created after the run
+starts and not declared is refused at the first checkpoint; values that cannot be encoded are
+refused before round 1.
 """
 
 from __future__ import annotations
@@ -40,45 +40,72 @@ from torch import nn
 from typing_extensions import override
 
 from pflower.models import group_of
-from pflower.models.schema import ModelSchema, Template
+from pflower.models.schema import Template
 from pflower.protocol import wire
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures, check_linear_head
-from .client_directory import ClientDirectory, ClientInfo
+from .checkpoint import CheckpointError
+from .client_directory import ClientDirectory
 from .client_spec import SetupError, agrees_with_spec, check_client_spec, check_flower_keywords
+from .clients import Clients
 from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
-from .hooks import MethodHooks
+from .hooks import Absorb, MethodHooks, MethodTraits
 from .replies import collect_replies as collect_batch
 from .resume import check_resumable, restored_history, strategy_state
 from .round_ledger import RoundLedger
+from .run_context import RunContext
 from .run_loop import EvaluateFn, RoundCallback, RunTiming, run_rounds
 from .schedule import LRSchedule
-from .store import STORE_MODES, ClientStore, open_store
+from .store import STORE_MODES
 from .task_messages import hello_spec, task_message, task_spec
 from .validation import ClientUpdate, record_bytes
 
 # every method, by name: a strategy class defined in this package with its own ``name`` joins it
 METHODS: dict[str, type[PersonalizedStrategy]] = {}
 
-# hooks that moved: a subclass defining one of these would be silently ignored
+# names that moved: a subclass defining one of these would be silently ignored, so it is refused
 _RETIRED_HOOKS = {
-    "downlink": "downlinks(client_ids, server_round) (a whole round at once)",
-    "extra_downlink": "extra_downlinks(client_ids, server_round) (a whole round at once)",
+    "downlink": "override downlinks(client_ids, server_round) (a whole round at once)",
+    "extra_downlink": "override extra_downlinks(client_ids, server_round, task) (a whole round at once)",
+    "evaluate_extras": "override extra_downlinks(client_ids, server_round, task), which the evaluation calls too",
+    "uplink_groups": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
+    "uplink_sets": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
+    "extra_uplink": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
+    "absorb_relay": "return the absorbing function from relay(server_round)",
+    "attach_public_test": "override attach_public(images, labels)",
+    "extra_state": "list the attributes in traits.state (MethodTraits)",
+    "load_extra_state": "list the attributes in traits.state (MethodTraits)",
+    "checkpoint_exclude": "list what is state in traits.state; the rest is rebuilt from the config",
+    **{
+        name: f"declare it in traits = MethodTraits({name}=...)"
+        for name in (
+            "role",
+            "client_keeps",
+            "shared_buffers",
+            "heterogeneous",
+            "linear_head",
+            "needs_public_data",
+            "evaluates_on_public",
+            "clients_evaluate_on_public",
+            "derived_role_args",
+            "diagnostic_panels",
+        )
+    },
 }
 
 
 class PersonalizedStrategy(MethodHooks, Strategy):
-    """Base of every pflower method: FedAvg-shaped rounds with per-client messages (the hooks a
-    method overrides and their defaults are :class:`strategies.base.hooks.MethodHooks`)."""
+    """Base of every pflower method: FedAvg-shaped rounds with per-client messages (what a method
+    declares and overrides: :class:`strategies.base.hooks.MethodHooks`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for hook, instead in _RETIRED_HOOKS.items():
             if hook in cls.__dict__:
-                raise TypeError(f"{cls.__name__} defines {hook}(); override {instead} instead")
-        if cls.client_keeps not in wire.KEEP_MODES:
-            raise TypeError(f"{cls.__name__}.client_keeps must be one of {list(wire.KEEP_MODES)}")
+                raise TypeError(f"{cls.__name__} defines {hook}; {instead}")
+        if not isinstance(cls.traits, MethodTraits):
+            raise TypeError(f"{cls.__name__}.traits must be a MethodTraits, got {type(cls.traits).__name__}")
         if "name" in cls.__dict__ and cls.__module__.startswith(
             "pflower.strategies."
         ):  # a method registers by subclassing
@@ -108,68 +135,58 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         the method's (``options_type``), checked here, before round 1; the method reads them as
         ``self.options``. A keyword of Flower's FedAvg that pflower's methods do not take is
         refused in one line saying why (:func:`check_flower_keywords`)."""
-        before = set(vars(self))  # a subclass may set attributes before calling this: those are its own
         check_flower_keywords(options)
         self.options = self.options_type.build(self.name, options)
-        fraction, min_clients, min_available = fraction_train, min_train_nodes, min_available_nodes
-        if not 0.0 < fraction <= 1.0:
-            raise SetupError(f"fraction_train must be in (0, 1], got {fraction}")
+        if not 0.0 < fraction_train <= 1.0:
+            raise SetupError(f"fraction_train must be in (0, 1], got {fraction_train}")
         check_client_spec(client_spec)
         spec = dict(client_spec)
-        self.lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
+        lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
         store = spec.pop("server_store", None) or {}
-        self.store_mode, self.store_dir = str(store.get("mode", "memory")), store.get("dir")
-        if self.store_mode not in STORE_MODES:
-            raise ValueError(f"server_store must be one of {list(STORE_MODES)}, got {self.store_mode!r}")
-        self.architectures = Architectures(
+        store_mode = str(store.get("mode", "memory"))
+        if store_mode not in STORE_MODES:
+            raise ValueError(f"server_store must be one of {list(STORE_MODES)}, got {store_mode!r}")
+        traits = self.traits
+        self.model = Architectures(
             model,
             spec,
             num_clients,
             method=self.name,
-            heterogeneous=self.heterogeneous,
-            shared_buffers=self.shared_buffers,
+            heterogeneous=traits.heterogeneous,
+            shared_buffers=traits.shared_buffers,
             seed=seed,
         )
-        if self.linear_head:
-            check_linear_head(self.name, self.architectures.schemas)
-        spec["model"] = dict(self.schema().spec)
-        self.client_spec = spec
-        self.num_clients, self.fraction, self.seed = num_clients, fraction, seed
-        self.min_clients, self.min_replies = min_clients, min_replies
-        self.min_available = num_clients if min_available is None else min_available
+        if traits.linear_head:
+            check_linear_head(self.name, self.model.schemas)
+        spec["model"] = dict(self.model.schema().spec)
+        self.run = RunContext(
+            self.name,
+            num_clients,
+            seed,
+            fraction_train,
+            min_train_nodes,
+            spec,
+            lr_schedule,
+            store_mode,
+            store.get("dir"),
+        )
+        self.min_replies = min_replies
+        self.min_available = num_clients if min_available_nodes is None else min_available_nodes
         self.final_eval, self.discover_timeout = final_eval, discover_timeout
-        self.rng = np.random.default_rng(seed)
-        self.directory = ClientDirectory(num_clients, discover_timeout, self.architectures.take_announced)
-        self.history: list[dict[str, Any]] = []
+        self.directory = ClientDirectory(num_clients, discover_timeout, self.model.take_announced)
         self.final_metrics: dict[str, Any] = {}
         self.ledger = RoundLedger()  # the messages of the batch under way (one reset() per batch)
+        self.clients = Clients(self.directory, self)
         self.timing = RunTiming()  # the run loop's part: timeouts, a message's TTL, the earlier rounds' seconds
         # a resumed run goes on although clients lost their state (config resume_force): they are
         # recorded in the round's ``client_state_lost``; without it the resume is refused
         self.resume_force = False
-        # what the base owns: saved explicitly by state_dict() or deliberately not at all (config-derived,
-        # or per-connection like the directory: node ids change when a SuperNode restarts)
-        self.base_attributes = frozenset(set(vars(self)) - before) | {"base_attributes"}
+        # the runner sets it (dataset.public=test|holdout with traits.clients_evaluate_on_public):
+        # the final evaluation also scores every client's model on the labelled global test set
+        self.final_global_test = False
+        self._started_with: frozenset[str] | None = None  # the attributes when the run started (start())
 
-    # ------------------------------------------------------------------ architectures
-    @property
-    def schemas(self) -> dict[str, ModelSchema]:
-        return self.architectures.schemas
-
-    @property
-    def default_arch(self) -> str:
-        return self.architectures.default
-
-    @property
-    def arch_of(self) -> dict[int, str]:
-        """Client id -> its architecture."""
-        return self.architectures.arch_of
-
-    @property
-    def round_timeout(self) -> float | None:
-        """The wait for a batch's replies (set by ``start()``; a method's own batch waits as long)."""
-        return self.timing.round_timeout
-
+    # ------------------------------------------------------------------ the base's own
     @property
     def message_ttl(self) -> float | None:
         """A message's time to live: the round timeout plus a margin (set by ``start()``)."""
@@ -180,74 +197,18 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         """Seconds of the rounds run before this process's segment (a resumed run's clock)."""
         return self.timing.elapsed_before
 
-    @property
-    def arch_arrays(self) -> dict[str, dict[str, np.ndarray]]:
-        """Each architecture's global arrays."""
-        return self.architectures.arrays
-
-    def schema(self, client_id: int | None = None) -> ModelSchema:
-        """The model schema of ``client_id`` (the default architecture's if None)."""
-        return self.architectures.schema(client_id)
-
-    def arrays_of(self, client_id: int) -> dict[str, np.ndarray]:
-        """The global arrays of ``client_id``'s architecture."""
-        return self.arch_arrays[self.arch_of[client_id]]
-
-    def client_store(self, name: str, bytes_per_client: int = 0) -> ClientStore:
-        """A per-client array store for the method's server state (stored bodies, models): in memory
-        or on disk as config ``server_store`` says (:func:`strategies.base.store.open_store`)."""
-        return open_store(self.store_mode, self.store_dir, self.name, name, bytes_per_client * self.num_clients)
-
-    @property
-    def global_arrays(self) -> dict[str, np.ndarray]:
-        """The global model of a homogeneous run (every travelling tensor, by key)."""
-        return self.arch_arrays[self.architectures.single(type(self).__name__)]
-
-    @global_arrays.setter
-    def global_arrays(self, value: dict[str, np.ndarray]) -> None:
-        self.arch_arrays[self.architectures.single(type(self).__name__)] = value
-
-    @property
-    def groups(self) -> list[str]:
-        """Layer groups of the default architecture, in forward order."""
-        return list(self.schema().groups)
-
-    @property
-    def group_keys(self) -> dict[str, list[str]]:
-        return {g: list(k) for g, k in self.schema().group_keys.items()}
-
-    @property
-    def template(self) -> Template:
-        """Shape and dtype of every tensor of the default architecture that may travel."""
-        return self.template_of(None)
-
-    def template_of(self, client_id: int | None) -> Template:
-        return self.architectures.template_of(client_id)
-
-    # ------------------------------------------------------------------ helpers
-    def keys(self, groups: Iterable[str] | None = None, client_id: int | None = None) -> list[str]:
-        """Keys of ``groups`` that belong to the model on the wire (trainable tensors, and float
-        buffers with ``shared_buffers``), in forward order, in ``client_id``'s architecture."""
-        return self.schema(client_id).keys(groups, buffers=self.shared_buffers)
-
     @override
     def summary(self) -> None:
-        log(INFO, "\t├── method: %s (client role %s)", self.name, self.role)
-        log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", self.num_clients, self.fraction, self.seed)
-        if len(self.schemas) > 1:
-            counts = self.architectures.counts()
+        run = self.run
+        log(INFO, "\t├── method: %s (client role %s)", self.name, self.traits.role)
+        log(INFO, "\t├── clients: %d, fraction %.2f, seed %d", run.num_clients, run.fraction, run.seed)
+        if len(self.model.schemas) > 1:
+            counts = self.model.counts()
             log(INFO, "\t├── architectures: %s", ", ".join(f"{a} ({n} clients)" for a, n in counts.items()))
-        log(INFO, "\t└── layer groups: %s", ", ".join(self.groups))
-
-    def sample_size(self) -> int:
-        return max(self.min_clients, int(self.fraction * self.num_clients))
-
-    def draw(self, population: Sequence[int], k: int) -> list[int]:
-        """``k`` distinct client ids from ``population``, uniformly, from the run's seeded stream (sorted)."""
-        pool = np.asarray(list(population), dtype=np.int64)
-        if len(pool) == 0 or k <= 0:
-            return []
-        return sorted(int(c) for c in self.rng.choice(pool, size=min(k, len(pool)), replace=False))
+        options = self.options.to_dict()
+        if options:
+            log(INFO, "\t├── options: %s", ", ".join(f"{k}={v}" for k, v in options.items()))
+        log(INFO, "\t└── layer groups: %s", ", ".join(self.model.groups))
 
     def connected(self, client_ids: Iterable[int], server_round: int) -> list[int]:
         """The sampled clients that are connected now (sorted); the others are logged."""
@@ -260,9 +221,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
     def train_config(self, client_id: int, server_round: int) -> dict[str, Any]:
         """The local-training arguments of this round (the learning rate from ``lr_schedule``)."""
-        train = dict(self.client_spec.get("train", {}))
+        train = dict(self.run.client_spec.get("train", {}))
         if "lr" in train and server_round > 0:
-            train["lr"] = self.lr_schedule.lr(float(train["lr"]), server_round)
+            train["lr"] = self.run.lr_schedule.lr(float(train["lr"]), server_round)
         return train
 
     def task_spec(self, client_id: int, server_round: int, task: str) -> TaskSpec:
@@ -279,20 +240,18 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         extra: Mapping[str, np.ndarray],
     ) -> Message:
         """The message of ``task`` for ``client_id``: ``down`` (model tensors) and ``extra`` (method
-        tensors) with the task spec, entered in the round's :class:`RoundLedger`. A method that
-        sends a batch of its own (FedCPMD's probes) resets the ledger, builds its messages with
-        this, and reads the replies with :meth:`collect_replies`."""
+        tensors) with the task spec, entered in the round's :class:`RoundLedger`."""
         spec = self.task_spec(client_id, server_round, task)
         message, arrays, groups = task_message(
             spec,
             client_id,
             server_round,
             message_type,
-            self.clients[client_id].node_id,
+            self.directory.clients[client_id].node_id,
             self.message_ttl,
             down,
             extra,
-            self.template_of(client_id),
+            self.model.template_of(client_id),
             plain=self.plain_config(client_id, server_round, spec),
         )
         self.ledger.record(client_id, message, record_bytes(arrays), groups)
@@ -315,16 +274,11 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         return plain
 
     # ------------------------------------------------------------------ discovery
-    @property
-    def clients(self) -> dict[int, ClientInfo]:
-        """The connected clients by client id (the directory's; kept current by :meth:`discover`)."""
-        return self.directory.clients
-
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None:
         """Map connected nodes to stable client ids (a restarted SuperNode gets a new node id);
         waits until ``wait_for`` (default ``min_available``) clients are known or ``timeout``
         (default ``discover_timeout``) passes."""
-        hello = hello_spec(self.client_spec, self.schema())
+        hello = hello_spec(self.run.client_spec, self.model.schema())
         self.directory.discover(
             grid,
             hello,
@@ -346,39 +300,43 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         ]
 
     def round_clients(self, server_round: int, grid: Grid) -> list[int]:
-        """A training round's start: nodes that joined are discovered, the ledger is emptied, and
-        the sampled clients still connected are returned (a batch round and a relay round alike)."""
-        self.discover(grid, wait_for=0, timeout=0)
-        self.ledger.reset()
+        """A training round's start: nodes that joined are discovered, the method prepares the
+        round, the ledger is emptied, and the sampled clients still connected are returned (a
+        batch round and a relay round alike)."""
+        self.open_batch(server_round, "train", grid)
         return self.connected(self.sample(server_round), server_round)
 
-    def relay(self, server_round: int) -> bool:
-        """Whether this round trains its clients one after another, each message built after the
-        previous client's reply (:meth:`absorb_relay`). Default no: one batch of messages."""
-        return False
+    def open_batch(self, server_round: int, task: str, grid: Grid) -> None:
+        """Discovery, :meth:`prepare_round`, then an empty ledger that counts what the method's
+        own batch (``clients.exchange``) sent."""
+        self.discover(grid, wait_for=0, timeout=0)
+        self.clients.grid, self.clients.timeout = grid, self.timing.round_timeout
+        self.prepare_round(server_round, task)
+        self.ledger.reset()
+        self.ledger.bytes_down += self.clients.take_bytes_down()  # the method's own batch belongs to this round
 
-    def absorb_relay(self, server_round: int, update: ClientUpdate) -> None:
-        """A relay round's valid reply, before the next client's message is built (default: nothing)."""
-
-    def relay_train(self, server_round: int, grid: Grid) -> Generator[Message, list[Message], None]:
-        """:meth:`configure_train` one client at a time: yields a message, is sent its replies.
-        Every message of the round is in the ledger, so :meth:`aggregate_train` collects the
-        round's replies as for a batch."""
+    def relay_train(self, server_round: int, grid: Grid, absorb: Absorb) -> Generator[Message, list[Message], None]:
+        """:meth:`configure_train` one client at a time: yields a message, is sent its replies,
+        hands each valid reply to ``absorb`` (:meth:`relay`). Every message of the round is in
+        the ledger, so :meth:`aggregate_train` collects the round's replies as for a batch."""
         for cid in self.round_clients(server_round, grid):
             down, extra = self.downlinks([cid], server_round), self.extra_downlinks([cid], server_round)
             replies = yield self.build_message(cid, server_round, "train", MessageType.TRAIN, down[cid], extra[cid])
             expected = lambda c: self.expected_uploads(c, server_round)  # noqa: E731
-            updates, _ = collect_batch(server_round, replies, "train", self.ledger.only(cid), self.clients, expected)
+            updates, _ = collect_batch(
+                server_round, replies, "train", self.ledger.only(cid), self.directory.clients, expected
+            )
             for update in updates:  # an invalid or missing reply: the next client starts where this one did
-                self.absorb_relay(server_round, update)
+                absorb(update)
 
     def expected_uploads(self, client_id: int, server_round: int) -> list[Template]:
         """The key sets (with shapes) a train reply of ``client_id`` may carry (model tensors and extras)."""
-        template = self.template_of(client_id)
-        sets = self.uplink_sets(client_id, server_round)
+        template = self.model.template_of(client_id)
+        up = self.uplink(client_id, server_round)
+        sets = up.key_sets
         if sets is None:
-            sets = [self.travelling_keys(self.uplink_groups(client_id, server_round), client_id, server_round)]
-        extra = {WIRE_EXTRA_PREFIX + k: spec for k, spec in self.extra_uplink(client_id, server_round).items()}
+            sets = [self.travelling_keys(up.groups, client_id, server_round)]
+        extra = {WIRE_EXTRA_PREFIX + k: spec for k, spec in up.extra.items()}
         return [{**{k: template[k] for k in keys}, **extra} for keys in sets]
 
     def collect_replies(
@@ -387,7 +345,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         """The replies to the ledger's batch: valid updates in client-id order (never arrival
         order) and the dropped replies (errors, invalid ones, and clients that never answered)."""
         expected = (lambda cid: self.expected_uploads(cid, server_round)) if task == "train" else (lambda cid: [{}])
-        return collect_batch(server_round, replies, task, self.ledger, self.clients, expected)
+        return collect_batch(server_round, replies, task, self.ledger, self.directory.clients, expected)
 
     @override
     def aggregate_train(
@@ -401,8 +359,8 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             "dropped": dropped,
             "bytes_down": self.ledger.bytes_down,
             "bytes_up": sum(u.bytes_up for u in updates) + sum(d.get("bytes", 0) for d in dropped),  # all that arrived
-            "groups_down": self.architectures.ordered_groups(self.ledger.groups_down),
-            "groups_up": self.architectures.ordered_groups(groups_up),
+            "groups_down": self.model.ordered_groups(self.ledger.groups_down),
+            "groups_up": self.model.ordered_groups(groups_up),
         }
         if len(updates) < self.min_replies:
             log(
@@ -422,28 +380,27 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             )
             record.update(client_time_totals([u.metrics for u in updates]))
             record.update(self.aggregate(server_round, updates))
-        self.history.append(record)
+        self.run.history.append(record)
         scalars = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return self.global_record(), MetricRecord(scalars)
 
     def per_arch(self, updates: Sequence[ClientUpdate], summarize) -> dict[str, float]:
         """``summarize`` of each architecture's clients' metrics, as ``<key>@<arch>`` (heterogeneous runs only)."""
-        return self.architectures.per_arch([u.client_id for u in updates], [u.metrics for u in updates], summarize)
+        return self.model.per_arch([u.client_id for u in updates], [u.metrics for u in updates], summarize)
 
     def global_record(self) -> ArrayRecord:
-        """The default architecture's global arrays (what Flower's ``Result.arrays`` holds), under
-        the model's own state-dict names (``fc3.weight`` for a user's ``Net``), as Flower gives them."""
-        arrays = self.architectures.own_names(self.arch_arrays[self.default_arch])
-        return ArrayRecord(array_dict={k: Array(v) for k, v in arrays.items()})
+        """The run's global arrays (what Flower's ``Result.arrays`` holds: ``model.global_arch``'s),
+        under the model's own state-dict names (``fc3.weight`` for a user's ``Net``)."""
+        return ArrayRecord(array_dict={k: Array(v) for k, v in self.model.result_arrays().items()})
 
+    @override
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Final evaluation: every known client evaluates the model it would use now."""
-        self.discover(grid, wait_for=0, timeout=0)
-        self.ledger.reset()
+        self.open_batch(server_round, "evaluate", grid)
         ids = sorted(self.clients)
-        down, extra = self.downlinks(ids, server_round), self.evaluate_extras(ids, server_round)
+        down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round, "evaluate")
         return [
             self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), extra.pop(cid, {}))
             for cid in ids
@@ -465,18 +422,28 @@ class PersonalizedStrategy(MethodHooks, Strategy):
     # ------------------------------------------------------------------ checkpoint/resume
     def last_round(self) -> int:
         """The last round aggregated (0 before the first)."""
-        return int(self.history[-1]["round"]) if self.history else 0
+        return self.run.last_round()
 
-    def extra_state(self) -> dict[str, Any]:
-        """The method's server state to checkpoint: by default every instance attribute that
-        the base does not own and ``checkpoint_exclude`` does not list (live references)."""
-        skip = self.base_attributes | set(self.checkpoint_exclude)
-        return {k: v for k, v in vars(self).items() if k not in skip}
-
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        """Inverse of :meth:`extra_state`: by default set each saved attribute."""
-        for key, value in state.items():
-            setattr(self, key, value)
+    def method_state(self) -> dict[str, Any]:
+        """The method's server state to checkpoint: the attributes ``traits.state`` declares
+        (live references: the checkpoint encodes them at once). An attribute created after the
+        run started that is neither declared nor private (``_name``) is refused, naming it."""
+        if self._started_with is not None:
+            undeclared = sorted(
+                k for k in set(vars(self)) - self._started_with if not k.startswith("_") and k not in self.traits.state
+            )
+            if undeclared:
+                raise CheckpointError(
+                    f"{type(self).__name__} set {undeclared} after the run started; resume would lose them: list "
+                    "them in traits.state (saved and restored), or name them with a leading _ (per-round scratch)"
+                )
+        missing = [k for k in self.traits.state if not hasattr(self, k)]
+        if missing:
+            raise CheckpointError(
+                f"{type(self).__name__}.traits.state names {missing}, which the strategy does not have: create "
+                "them in __init__"
+            )
+        return {k: getattr(self, k) for k in self.traits.state}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the run after :meth:`last_round` (:mod:`strategies.base.resume`)."""
@@ -487,14 +454,23 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
         The strategy must be built from the same config and run token; the arrays must fit
         the models. Clients are not restored: they are discovered again (new node ids).
-        Each part restores what it owns: the architectures their arrays, the method its extra state.
+        Each part restores what it owns: the model its arrays, the run its history and
+        sampling stream, the method the attributes its ``traits.state`` declares.
         """
         check_resumable(self, state)
-        self.architectures.restore(state)
-        self.history = restored_history(state)
-        self.rng.bit_generator.state = state["rng"]
+        self.model.restore(state)
+        self.run.history = restored_history(state)
+        self.run.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
-        self.load_extra_state(state["extra"])
+        saved = dict(state["extra"])
+        declared = set(self.traits.state)
+        if set(saved) != declared:
+            raise CheckpointError(
+                f"the checkpoint holds {type(self).__name__} state {sorted(saved)}, this version declares "
+                f"{sorted(declared)}: resume it with the pflower version that wrote it"
+            )
+        for key, value in saved.items():
+            setattr(self, key, value)
 
     # ------------------------------------------------------------------ the run loop
     def start(
@@ -518,10 +494,11 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         (the runner appends the record to metrics.jsonl, then writes the checkpoint, before the
         next round starts).
         """
+        self._started_with = frozenset(vars(self))
         for name, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
             # Flower's strategies send it to every client; pflower's spec already says it all, so
             # only a train_config that repeats client_spec (Flower's quickstart passes its lr) is taken
-            if record and (name == "evaluate_config" or not agrees_with_spec(record, self.client_spec["train"])):
+            if record and (name == "evaluate_config" or not agrees_with_spec(record, self.run.client_spec["train"])):
                 raise ValueError(
                     f"{name}={dict(record)!r}: pflower's strategies configure the clients' training from "
                     "client_spec (pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)) and "

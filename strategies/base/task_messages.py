@@ -14,29 +14,31 @@ from pflower.protocol import wire
 from pflower.protocol.roles import RoleArgs
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
+from .architectures import Architectures
+from .hooks import MethodTraits, Uplink
+from .run_context import RunContext
+
 
 class Messenger(Protocol):
     """What the message builder reads from the strategy (its hooks, schemas and client spec)."""
 
-    role: str
-    client_keeps: str
-    shared_buffers: bool
+    traits: MethodTraits
     final_global_test: bool
-    client_spec: dict[str, Any]
+    run: RunContext
+    model: Architectures
 
-    def schema(self, client_id: int | None = None) -> ModelSchema: ...
     def train_config(self, client_id: int, server_round: int) -> dict[str, Any]: ...
     def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]: ...
     def personal_groups(self, client_id: int, server_round: int) -> list[str]: ...
     def personal_keys(self, client_id: int, server_round: int) -> list[str]: ...
-    def uplink_groups(self, client_id: int, server_round: int) -> list[str]: ...
+    def uplink(self, client_id: int, server_round: int) -> Uplink: ...
 
 
 def task_spec(s: Messenger, client_id: int, server_round: int, task: str) -> TaskSpec:
     """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
-    schema = s.schema(client_id)
+    schema = s.model.schema(client_id)
     args = s.role_config(client_id, server_round) if task != "query" else {}
-    base = s.client_spec
+    base = s.run.client_spec
     return TaskSpec(
         run=str(base.get("run", "")),
         seed=int(base.get("seed", 0)),
@@ -45,13 +47,13 @@ def task_spec(s: Messenger, client_id: int, server_round: int, task: str) -> Tas
         data=dict(base.get("data", {})),
         train=s.train_config(client_id, server_round),
         task=task,
-        role=s.role,
+        role=s.traits.role,
         role_args=args.to_dict() if isinstance(args, RoleArgs) else dict(args),
         personal=list(s.personal_groups(client_id, server_round)) if task != "query" else [],
         personal_keys=list(s.personal_keys(client_id, server_round)) if task != "query" else [],
-        upload=list(s.uplink_groups(client_id, server_round)) if task == "train" else [],
-        keep=s.client_keeps,
-        shared_buffers=s.shared_buffers,
+        upload=list(s.uplink(client_id, server_round).groups) if task == "train" else [],
+        keep=s.traits.client_keeps,
+        shared_buffers=s.traits.shared_buffers,
         device=str(base.get("device", "auto")),
         deterministic=bool(base.get("deterministic", False)),
         client_state_dir=base.get("client_state_dir"),

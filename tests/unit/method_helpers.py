@@ -58,7 +58,7 @@ def role_args_of(method: str, **given) -> dict:
     from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[method]
-    carried = {f.name for f in dataclasses.fields(ROLE_ARGS[cls.role])}
+    carried = {f.name for f in dataclasses.fields(ROLE_ARGS[cls.traits.role])}
     options = {k: v for k, v in cls.options_type.defaults().items() if k in carried}
     if options.get("candidates", []) is None:  # null: the strategy resolves them from the model
         del options["candidates"]

@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from pflower.protocol.roles import ProximalArgs
 
+from .base.hooks import MethodTraits
 from .base.strategy import PersonalizedStrategy
 from .base.options import MethodOptions, option
 
@@ -41,7 +42,8 @@ class FedThrowOptions(MethodOptions):
 class FedThrow(PersonalizedStrategy):
     """A throwaway method: FedProx under another name."""
 
-    name, role, options_type = "fedthrow", "proximal", FedThrowOptions
+    name, options_type = "fedthrow", FedThrowOptions
+    traits = MethodTraits(role="proximal")
 
     @override
     def role_config(self, client_id, server_round):

@@ -7,6 +7,7 @@ and aggregation in client-id order whatever order the replies arrive in.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import ROLES, SGDRole
 from pflower.simulation.inprocess import InProcessGrid, personal_state
+from pflower.strategies.base.hooks import Uplink
 from pflower.strategies.base.replies import ClientsFailed
 from pflower.strategies.fedavg import FedAvg
 from pflower.strategies.fedcmd import FedCMD
@@ -41,7 +43,7 @@ class TurnsPersonal(FedAvg):
 
 
 class TurnsPersonalKeepingModels(TurnsPersonal):
-    client_keeps = "model"
+    traits = dataclasses.replace(TurnsPersonal.traits, client_keeps="model")
 
 
 @pytest.mark.parametrize("cls, keeps_own", [(TurnsPersonal, False), (TurnsPersonalKeepingModels, True)])
@@ -50,9 +52,9 @@ def test_a_group_that_turns_personal_keeps_the_clients_own_value_only_with_whole
     compose, tiny_overrides, monkeypatch, cls, keeps_own
 ):
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = cls(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
-    fc2 = strategy.keys(["fc2"])
-    initial = {k: strategy.global_arrays[k].copy() for k in fc2}
+    strategy = cls(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=1.0, seed=42)
+    fc2 = strategy.model.keys(["fc2"])
+    initial = {k: strategy.model.global_arrays[k].copy() for k in fc2}
     seen = {}  # client -> its fc2 when its round-2 training starts
     original = SGDRole.fit
 
@@ -92,16 +94,16 @@ def test_whole_model_persistence_saves_every_tensor_and_personal_mode_only_the_p
     grid = InProcessGrid(4)
     run(fedper, grid, rounds=1)
     state = personal_state(grid.contexts[grid.node_of_client[0]])
-    assert {k for k in state if "running" not in k and "num_batches" not in k} == set(fedper.keys(["classifier"]))
+    assert {k for k in state if "running" not in k and "num_batches" not in k} == set(fedper.model.keys(["classifier"]))
 
     class FedPerKeeping(FedPer):
-        client_keeps = "model"
+        traits = dataclasses.replace(FedPer.traits, client_keeps="model")
 
-    keeping = FedPerKeeping(_model(cfg), fedper.client_spec, num_clients=4, fraction_train=1.0, seed=42)
+    keeping = FedPerKeeping(_model(cfg), fedper.run.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     grid = InProcessGrid(4)
     run(keeping, grid, rounds=1)
     state = personal_state(grid.contexts[grid.node_of_client[0]])
-    assert set(keeping.global_arrays) | set(keeping.keys(["classifier"])) <= set(state)
+    assert set(keeping.model.global_arrays) | set(keeping.model.keys(["classifier"])) <= set(state)
     assert all(s["keep"] == "model" for s in specs(grid))
 
 
@@ -112,11 +114,11 @@ def test_fedcmd_opting_into_whole_model_persistence_would_change_nothing(compose
     so the run is identical, round by round, while each client would store its whole model."""
 
     class FedCMDKeeping(FedCMD):
-        client_keeps = "model"
+        traits = dataclasses.replace(FedCMD.traits, client_keeps="model")
 
     overrides = ("method=fedcmd", "method.kp=2", "fraction=0.5", "rounds=5")
     cfg, plain = make(compose, tiny_overrides, *overrides)
-    keeping = FedCMDKeeping(_model(cfg), plain.client_spec, num_clients=4, fraction_train=0.5, seed=42, kp=2)
+    keeping = FedCMDKeeping(_model(cfg), plain.run.client_spec, num_clients=4, fraction_train=0.5, seed=42, kp=2)
     histories = []
     for strategy in (plain, keeping):
         histories.append(run(strategy, InProcessGrid(4), rounds=5))
@@ -139,11 +141,11 @@ class PrefixRole(SGDRole):
 
 
 class Prefixes(FedAvg):
-    role = "prefix"
+    traits = dataclasses.replace(FedAvg.traits, role="prefix")
 
-    def uplink_sets(self, client_id, server_round):
-        keys = self.keys()
-        return [keys[:n] for n in range(2, len(keys) + 1, 2)]  # every even-length prefix
+    def uplink(self, client_id, server_round):
+        keys = self.model.keys()
+        return Uplink(self.model.groups, key_sets=[keys[:n] for n in range(2, len(keys) + 1, 2)])  # even prefixes
 
     def aggregate(self, server_round, updates):
         self.uploaded = {u.client_id: list(u.arrays) for u in updates}
@@ -153,10 +155,10 @@ class Prefixes(FedAvg):
 def test_a_client_may_upload_any_declared_set_and_bytes_count_what_came(compose, tiny_overrides, monkeypatch):
     monkeypatch.setitem(ROLES, "prefix", PrefixRole)
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
+    strategy = Prefixes(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=1.0, seed=42)
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
-    keys = strategy.keys()
+    keys = strategy.model.keys()
     replies = [r for r in grid.replies if r.metadata.message_type == "train"]
     assert [set(r.content.array_records["arrays"].keys()) for r in replies] == [set(keys[:6])] * 4 + [set(keys)] * 4
     up_1 = sum(len(a.data) for r in replies[:4] for a in r.content.array_records["arrays"].values())
@@ -174,12 +176,12 @@ def test_a_set_the_strategy_did_not_declare_is_rejected(compose, tiny_overrides,
 
     monkeypatch.setitem(ROLES, "prefix", OddRole)
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = Prefixes(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
-    before = {k: v.copy() for k, v in strategy.global_arrays.items()}
+    strategy = Prefixes(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=1.0, seed=42)
+    before = {k: v.copy() for k, v in strategy.model.global_arrays.items()}
     records = run(strategy, InProcessGrid(4), rounds=1)
     assert records[0]["clients"] == [] and len(records[0]["dropped"]) == 4
     assert all("upload sets the server allows" in d["reason"] for d in records[0]["dropped"])
-    assert all(np.array_equal(before[k], strategy.global_arrays[k]) for k in before)
+    assert all(np.array_equal(before[k], strategy.model.global_arrays[k]) for k in before)
 
 
 def test_a_role_cannot_upload_what_the_server_did_not_ask_for(compose, tiny_overrides, monkeypatch):
@@ -193,13 +195,13 @@ def test_a_role_cannot_upload_what_the_server_did_not_ask_for(compose, tiny_over
     monkeypatch.setitem(ROLES, "greedy", Greedy)
 
     class AskGreedy(FedPer):
-        role = "greedy"
+        traits = dataclasses.replace(FedPer.traits, role="greedy")
 
     cfg, base = make(compose, tiny_overrides, "method=fedper", "fraction=1.0")
     # every client's ClientApp refuses: the run stops on that round, naming the refusal
     with pytest.raises(ClientsFailed, match="round 1: .*did not ask for"):
         run(
-            AskGreedy(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42),
+            AskGreedy(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=1.0, seed=42),
             InProcessGrid(4),
             rounds=1,
         )
@@ -207,15 +209,16 @@ def test_a_role_cannot_upload_what_the_server_did_not_ask_for(compose, tiny_over
 
 # ----------------------------------------------------------------------------- BN statistics
 class SharedStats(FedAvg):
-    shared_buffers = True
+    traits = dataclasses.replace(FedAvg.traits, shared_buffers=True)
 
 
 def test_shared_buffers_send_and_average_bn_running_statistics_but_never_the_counter(compose, tiny_overrides):
     cfg, base = make(compose, tiny_overrides, "method=fedavg", "fraction=1.0")
-    strategy = SharedStats(_model(cfg), base.client_spec, num_clients=4, fraction_train=1.0, seed=42)
-    stats = [k for k in strategy.global_arrays if "running_" in k]
-    assert stats and not any("num_batches" in k for k in strategy.global_arrays)
-    assert all(np.all(strategy.global_arrays[k] == (0.0 if "mean" in k else 1.0)) for k in stats)  # BN's initial values
+    strategy = SharedStats(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=1.0, seed=42)
+    stats = [k for k in strategy.model.global_arrays if "running_" in k]
+    assert stats and not any("num_batches" in k for k in strategy.model.global_arrays)
+    # BN's initial values
+    assert all(np.all(strategy.model.global_arrays[k] == (0.0 if "mean" in k else 1.0)) for k in stats)
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=1)
     assert all(set(stats) <= keys and not any("num_batches" in k for k in keys) for keys in sent_keys(grid))
@@ -224,19 +227,19 @@ def test_shared_buffers_send_and_average_bn_running_statistics_but_never_the_cou
     n = [r.content.metric_records["metrics"]["num-examples"] for r in replies]
     for k in stats:  # FedAvg'd like parameters
         expected = sum(w * u[k].astype(np.float64) for w, u in zip(n, ups)) / sum(n)
-        np.testing.assert_allclose(strategy.global_arrays[k], expected, rtol=1e-6)
+        np.testing.assert_allclose(strategy.model.global_arrays[k], expected, rtol=1e-6)
     assert all(s["shared_buffers"] for s in specs(grid))
 
 
 # ----------------------------------------------------------------------------- sampling and order
 class EvenOnly(FedAvg):
     def sample(self, server_round):
-        return self.draw([c for c in range(self.num_clients) if c % 2 == 0], 1)
+        return self.run.draw([c for c in range(self.run.num_clients) if c % 2 == 0], 1)
 
 
 def test_the_sampling_hook_decides_who_trains(compose, tiny_overrides):
     cfg, base = make(compose, tiny_overrides, "method=fedavg")
-    strategy = EvenOnly(_model(cfg), base.client_spec, num_clients=4, fraction_train=0.5, seed=42)
+    strategy = EvenOnly(_model(cfg), base.run.client_spec, num_clients=4, fraction_train=0.5, seed=42)
     records = run(strategy, InProcessGrid(4), rounds=4)
     assert all(len(r["clients"]) == 1 and r["clients"][0] % 2 == 0 for r in records)
 
@@ -250,8 +253,8 @@ def test_replies_are_aggregated_in_client_id_order_whatever_order_they_arrive_in
         messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
         replies = list(grid.send_and_receive(messages))
         strategy.aggregate_train(1, replies[::-1] if reverse else replies)
-        results.append({k: v.copy() for k, v in strategy.global_arrays.items()})
-        assert strategy.history[-1]["clients"] == [0, 1, 2, 3]
+        results.append({k: v.copy() for k, v in strategy.model.global_arrays.items()})
+        assert strategy.run.history[-1]["clients"] == [0, 1, 2, 3]
     assert all(np.array_equal(results[0][k], results[1][k]) for k in results[0])  # bit for bit
 
 
@@ -288,7 +291,7 @@ def test_evaluate_fn_is_called_every_round_and_its_metrics_join_the_record(compo
 
     records = []
     strategy.start(InProcessGrid(4), num_rounds=2, evaluate_fn=evaluate_fn, on_round=records.append)
-    assert [c[0] for c in calls] == [1, 2] and calls[0][1] == set(strategy.global_arrays)
+    assert [c[0] for c in calls] == [1, 2] and calls[0][1] == set(strategy.model.global_arrays)
     assert [r["server_acc"] for r in records] == [0.25, 0.5]
 
 

@@ -151,7 +151,7 @@ def test_resumed_run_equals_uninterrupted_run(compose, tiny_overrides, case):
     if case == "fedtsdp":
         assert sb["extra"]["shared_counter"] < len(sb["extra"]["units"]) and len(sb["extra"]["events"]) == 4
     if case == "velo":
-        assert sb["extra"]["cvae_trained"] == 4 and any(len(v) for v in sb["extra"]["store_state"].values())
+        assert sb["extra"]["cvae_trained"] == 4 and any(len(v) for v in sb["extra"]["store"].values())
     if case == "pfedsim":
         assert sb["extra"]["bodies"] and not np.allclose(sb["extra"]["sim"], np.eye(4))
 
@@ -253,9 +253,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- the generic mechanism
-def test_base_attributes_are_not_method_state(compose, tiny_overrides):
-    """Every attribute the base's __init__ sets is the base's (found when it runs), never method state."""
-    assert build(compose(*tiny_overrides, "method=fedper"), "tok").extra_state() == {}
+def test_a_method_without_declared_state_checkpoints_none(compose, tiny_overrides):
+    """The method's state is what its traits declare: FedPer declares none (its config rebuilds it)."""
+    assert build(compose(*tiny_overrides, "method=fedper"), "tok").method_state() == {}
 
 
 @dataclasses.dataclass
@@ -265,14 +265,19 @@ class Clusters:
 
 
 class FutureMethod(FedPer):
-    """State shapes of methods still to come (CFL clusters, a relationship cube, a CVAE), with no checkpoint code."""
+    """State shapes of methods still to come (CFL clusters, a cube, a CVAE): declared, no checkpoint code."""
+
+    traits = dataclasses.replace(
+        FedPer.traits, state=("cvae", "opt", "gen", "clusters", "cube", "per_client", "pairs", "seen", "alpha")
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cvae = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
         self.opt = torch.optim.Adam(self.cvae.parameters(), lr=0.01)
-        self.clusters = Clusters([list(range(self.num_clients))])
-        self.cube = np.zeros((self.num_clients, self.num_clients, 3), dtype=np.float32)
+        self.gen = torch.Generator().manual_seed(3)
+        self.clusters = Clusters([list(range(self.run.num_clients))])
+        self.cube = np.zeros((self.run.num_clients, self.run.num_clients, 3), dtype=np.float32)
         self.per_client: defaultdict[int, list[float]] = defaultdict(list)
         self.pairs: dict[tuple[int, int], float] = {}
         self.seen: set[int] = set()
@@ -292,11 +297,12 @@ def test_new_methods_state_is_checkpointed_with_no_code(compose, tiny_overrides,
     loss = s.cvae(torch.randn(5, 4)).pow(2).mean()
     loss.backward()
     s.opt.step()
-    s.rng.random(3)
+    s.run.rng.random(3)
+    torch.rand(2, generator=s.gen)
     save_checkpoint(tmp_path, s.state_dict())
 
     fresh = build(cfg, "tok")
-    cvae = fresh.cvae
+    cvae, gen = fresh.cvae, fresh.gen
     fresh.load_state_dict(load_checkpoint(tmp_path).decode(fresh.state_dict()))
     assert fresh.cvae is cvae  # loaded into the live module
     for (k, a), b in zip(s.cvae.state_dict().items(), fresh.cvae.state_dict().values()):
@@ -307,57 +313,67 @@ def test_new_methods_state_is_checkpointed_with_no_code(compose, tiny_overrides,
     assert isinstance(fresh.per_client, defaultdict) and fresh.per_client[3] == [0.25] and fresh.per_client[9] == []
     assert fresh.pairs == {(0, 1): 0.5} and fresh.seen == {0, 2}
     assert fresh.alpha == np.float32(0.75) and isinstance(fresh.alpha, np.float32)
-    assert fresh.rng.random() == s.rng.random()
+    assert fresh.run.rng.random() == s.run.rng.random()
+    assert fresh.gen is gen and torch.equal(torch.rand(3, generator=fresh.gen), torch.rand(3, generator=s.gen))
 
 
 def test_unencodable_state_fails_before_round_one_naming_the_attribute(compose, tiny_overrides, monkeypatch):
     class Bad(FedPer):
+        traits = dataclasses.replace(FedPer.traits, state=("handle",))
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.handle = open(__file__)  # noqa: SIM115
 
     monkeypatch.setitem(STRATEGIES, "fedper", Bad)
     grid = InProcessGrid(4)
-    with pytest.raises(CheckpointError, match=r"state\.extra\.handle .*checkpoint_exclude"):
+    with pytest.raises(CheckpointError, match=r"state\.extra\.handle .*traits\.state"):
         run_experiment(grid, compose(*tiny_overrides, "method=fedper"))
     assert not grid.sent  # nothing was trained
-    Bad.checkpoint_exclude = ("handle",)
+    Bad.traits = FedPer.traits  # configuration, not state: rebuilt from the config on resume
     run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=1"))
 
 
-def test_lazily_created_module_needs_extra_state_and_says_so(compose, tiny_overrides, tmp_path, monkeypatch):
+def test_state_created_during_the_run_must_be_declared_and_says_so(compose, tiny_overrides, monkeypatch):
+    """An attribute a method sets after the run started is state resume would lose: the first
+    checkpoint refuses it by name, unless declared (saved) or private (per-round scratch)."""
+
     class Lazy(FedPer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.net = None
+        def aggregate(self, server_round, updates):
+            self.seen_rounds = server_round  # undeclared state
+            self._scratch = server_round  # private: per-round scratch, never saved
+            return super().aggregate(server_round, updates)
 
     monkeypatch.setitem(STRATEGIES, "fedper", Lazy)
+    with pytest.raises(CheckpointError, match=r"\['seen_rounds'\] after the run started.*traits\.state"):
+        run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=2"))
+
+    class Declared(Lazy):
+        traits = dataclasses.replace(FedPer.traits, state=("seen_rounds",))
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen_rounds = 0  # declared state exists from construction (a resume loads into it)
+
+    monkeypatch.setitem(STRATEGIES, "fedper", Declared)
+    summary = run_experiment(InProcessGrid(4), compose(*tiny_overrides, "method=fedper", "rounds=2"))
+    assert load_checkpoint(summary["run_dir"]).decode()["extra"] == {"seen_rounds": 2}
+
+
+def test_a_checkpoint_of_other_declared_state_is_refused(compose, tiny_overrides, tmp_path, monkeypatch):
+    class Declares(FedPer):
+        traits = dataclasses.replace(FedPer.traits, state=("counter",))
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.counter = 0
+
     cfg = compose(*tiny_overrides, "method=fedper")
-    s = build(cfg, "tok")
-    s.net = torch.nn.Linear(2, 2)
-    save_checkpoint(tmp_path, s.state_dict())
-    with pytest.raises(CheckpointError, match=r"state\.extra\.net .*create the object in __init__.*extra_state"):
-        load_checkpoint(tmp_path).decode(build(cfg, "tok").state_dict())
-
-    class LazyDone(Lazy):  # what such a method writes: its own extra_state / load_extra_state
-        def extra_state(self):
-            return {**super().extra_state(), "net": None if self.net is None else self.net.state_dict()}
-
-        def load_extra_state(self, state):
-            state = dict(state)
-            net = state.pop("net")
-            super().load_extra_state(state)
-            if net is not None:
-                self.net = torch.nn.Linear(2, 2)
-                self.net.load_state_dict(net)
-
-    monkeypatch.setitem(STRATEGIES, "fedper", LazyDone)
-    s = build(cfg, "tok")
-    s.net = torch.nn.Linear(2, 2)
-    save_checkpoint(tmp_path, s.state_dict())
+    save_checkpoint(tmp_path, build(cfg, "tok").state_dict())  # FedPer: no state
+    monkeypatch.setitem(STRATEGIES, "fedper", Declares)
     fresh = build(cfg, "tok")
-    fresh.load_state_dict(load_checkpoint(tmp_path).decode(fresh.state_dict()))
-    assert torch.equal(fresh.net.weight, s.net.weight)
+    with pytest.raises(CheckpointError, match=r"holds Declares state \[\], this version declares \['counter'\]"):
+        fresh.load_state_dict(load_checkpoint(tmp_path).decode(fresh.state_dict()))
 
 
 def test_codec_round_trip_and_refusals():
@@ -433,10 +449,11 @@ def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overri
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=2)
     arrays: dict[str, np.ndarray] = {}
-    encoded = encode(strategy.extra_state(), arrays)  # checkpointable: plain values and arrays only
+    encoded = encode(strategy.method_state(), arrays)  # checkpointable: plain values and arrays only
     _, fresh = make(*args)
-    fresh.global_arrays = copy.deepcopy(strategy.global_arrays)
-    fresh.load_extra_state(decode(encoded, arrays))
+    fresh.model.global_arrays = copy.deepcopy(strategy.model.global_arrays)
+    for key, value in decode(encoded, arrays, fresh.method_state()).items():
+        setattr(fresh, key, value)
     for cid in range(4):
         if method == "fedfomo":
             assert fresh.choose(cid) == strategy.choose(cid)

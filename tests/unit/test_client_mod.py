@@ -111,7 +111,7 @@ def test_fedcmd_votes_on_the_model_the_apps_train_function_returned():
     )
     strategy.start(grid=grid, num_rounds=2)
     assert strategy.personal_layer() in {"conv1", "conv2", "fc1", "fc2", "fc3"}
-    assert strategy.history[0].get("voted_clients", 3) == 3 and strategy.history[1]["personal_layer"]
+    assert strategy.run.history[0].get("voted_clients", 3) == 3 and strategy.run.history[1]["personal_layer"]
 
 
 def test_fedcpmd_runs_under_the_mod_and_the_apps_train_runs_once_per_trained_client():
@@ -122,7 +122,7 @@ def test_fedcpmd_runs_under_the_mod_and_the_apps_train_runs_once_per_trained_cli
     )
     strategy.start(grid=grid, num_rounds=3)
     assert strategy.final_metrics["final_clients"] == 4
-    assert calls.count("train") == sum(len(r["clients"]) for r in strategy.history)
+    assert calls.count("train") == sum(len(r["clients"]) for r in strategy.run.history)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_initial_arrays_take_the_models_own_names_and_flowers_train_config_may_r
         num_rounds=1,
         train_config=ConfigRecord({"lr": 0.05}),
     )
-    assert strategy.history[0]["test_before_acc"] < 0.25  # round 1 started from the given weights: one class
+    assert strategy.run.history[0]["test_before_acc"] < 0.25  # round 1 started from the given weights: one class
     Net().load_state_dict(result.arrays.to_torch_state_dict())  # Flower's names, every tensor
 
 
@@ -238,5 +238,5 @@ def test_the_hand_written_contract_example_runs_fedper_with_every_reply_accepted
     grid = AppGrid(app)
     strategy.start(grid=grid, num_rounds=3)
     assert grid.types[:3] == ["train"] * 3  # discovery answered on the first ask
-    assert all(not r["dropped"] and r["clients"] == [0, 1, 2] for r in strategy.history), strategy.history
+    assert all(not r["dropped"] and r["clients"] == [0, 1, 2] for r in strategy.run.history), strategy.run.history
     assert strategy.final_metrics["final_clients"] == 3

@@ -37,7 +37,7 @@ def test_restarted_supernode_keeps_its_personal_head(compose, tiny_overrides, tm
     grid.add_node(0, node_id=9999, node_config={"state-dir": str(tmp_path / "state")})  # empty context
     loaded = ClientState(grid.contexts[9999], 0, "restart", str(tmp_path / "state")).load()
     np.testing.assert_array_equal(loaded["groups.classifier.weight"].numpy(), head_before)
-    init = strategy.global_arrays["groups.classifier.weight"]
+    init = strategy.model.global_arrays["groups.classifier.weight"]
     assert not np.allclose(head_before, init)  # it is the trained head, not the initial one
 
 

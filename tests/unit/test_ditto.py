@@ -39,8 +39,8 @@ def test_ditto_round_trip_persists_the_personal_model(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=ditto", "fraction=1.0")
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=1)
-    assert not records[0]["dropped"] and all(k == set(strategy.global_arrays) for k in replied_keys(grid))
+    assert not records[0]["dropped"] and all(k == set(strategy.model.global_arrays) for k in replied_keys(grid))
     for c in grid.contexts.values():
         v = personal_state(c)["extra.ditto.groups.fc1.0.weight"]
-        assert not np.array_equal(v, strategy.global_arrays["groups.fc1.0.weight"])  # personal != global
+        assert not np.array_equal(v, strategy.model.global_arrays["groups.fc1.0.weight"])  # personal != global
     assert strategy.final_metrics["final_clients"] == 4

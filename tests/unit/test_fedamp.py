@@ -69,7 +69,7 @@ def test_fedamp_sends_each_client_its_cloud_model_and_keeps_models_on_the_client
     _, strategy = make(compose, tiny_overrides, "method=fedamp", "fraction=1.0")
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=1)
-    keys = set(strategy.global_arrays)
+    keys = set(strategy.model.global_arrays)
     assert all(k == {"extra/u/" + x for x in keys} for k in sent_keys(grid))  # only u_i travels down
     assert all(k == keys for k in replied_keys(grid)) and set(strategy.models) == {0, 1, 2, 3}
     states = trained_states(grid)

@@ -27,10 +27,10 @@ def test_fedap_weights_and_model_momentum_on_hand_numbers(compose, tiny_override
     np.testing.assert_allclose(fedap_weights([0.0, 2.0, 0.0], 0.5), [0.5, 0.25, 0.0, 0.25])
     assert fedap_weights([], 0.5).tolist() == [1.0]
     _, strategy = make(compose, tiny_overrides, "method=fedap", "method.warmup=0")
-    keys = strategy.travelling_keys(strategy.groups, 0, 1)
+    keys = strategy.travelling_keys(strategy.model.groups, 0, 1)
     strategy.stats = {0: a, 1: b, 2: c}
     strategy.models = {
-        j: {k: np.full(strategy.template[k][0], v, np.float32) for k in keys}
+        j: {k: np.full(strategy.model.template[k][0], v, np.float32) for k in keys}
         for j, v in ((0, 6.0), (1, 12.0), (2, 0.0))
     }
     down = strategy.downlink(0, 1)  # 0.5 * own + 1/12 * theta_1 + 5/12 * theta_2 = 3 + 1 + 0
@@ -54,7 +54,7 @@ def test_fedap_warmup_then_statistics_once_then_bn_similarity_weights(compose, t
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=3)
     assert [r["phase"] for r in records] == ["warmup", "personal", "personal"]
-    travelling = set(strategy.global_arrays) - set(strategy.bn_keys)
+    travelling = set(strategy.model.global_arrays) - set(strategy.bn_keys)
     assert all(k == travelling for k in sent_keys(grid))  # BN parameters never travel
     ups = replied_keys(grid)
     stats = {f"extra/bn_{s}/{i}" for i in range(2) for s in ("mean", "var")}

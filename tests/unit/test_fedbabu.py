@@ -30,10 +30,10 @@ def test_fedbabu_never_sends_the_head_and_test_before_uses_the_fine_tuned_model(
     losses = {}
     for epochs in (0, 1):
         _, strategy = make(compose, tiny_overrides, "method=fedbabu", f"method.finetune_epochs={epochs}")
-        initial_head = {k: strategy.global_arrays[k].copy() for k in strategy.keys(HEAD)}
+        initial_head = {k: strategy.model.global_arrays[k].copy() for k in strategy.model.keys(HEAD)}
         grid = InProcessGrid(4)
         records = run(strategy, grid, rounds=2)
-        body = set(strategy.keys(BODY))
+        body = set(strategy.model.keys(BODY))
         assert all(keys == body for keys in sent_keys(grid) + replied_keys(grid))
         for c in grid.contexts.values():  # the persisted head is still the initial one
             state = personal_state(c)

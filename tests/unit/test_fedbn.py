@@ -15,12 +15,12 @@ from pflower.simulation.inprocess import InProcessGrid, personal_state
 # ----------------------------------------------------------------------------- FedBN
 def test_fedbn_bn_parameters_and_buffers_never_travel(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedbn")
-    model = fresh_model(strategy.client_spec)
+    model = fresh_model(strategy.run.client_spec)
     bn = set(batchnorm_keys(model))
     assert bn == {f"groups.conv{i}.1.{p}" for i in (1, 2) for p in ("weight", "bias")}
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
-    expected = set(strategy.global_arrays) - bn
+    expected = set(strategy.model.global_arrays) - bn
     travelled = sent_keys(grid) + replied_keys(grid)
     assert travelled and all(keys == expected for keys in travelled)  # conv weights go, BN stays
     assert not any(k in bn or k in buffer_keys(model) for keys in travelled for k in keys)

@@ -66,10 +66,10 @@ def test_two_phases_and_the_routing_of_the_personal_layer(compose, tiny_override
         "kp": 2,
     }
 
-    phi_keys = set(strategy.keys([layer]))
-    pre_keys = set(strategy.keys(strategy.pre_groups()))
-    post_keys = set(strategy.keys(strategy.post_groups()))
-    everything = set(strategy.global_arrays)
+    phi_keys = set(strategy.model.keys([layer]))
+    pre_keys = set(strategy.model.keys(strategy.pre_groups()))
+    post_keys = set(strategy.model.keys(strategy.post_groups()))
+    everything = set(strategy.model.global_arrays)
     replies = train_replies(grid, strategy)
     seen: set[int] = set()
     post_of: dict[int, dict] = {}  # what each client must receive as post(l*): Eq. 7 of its last round
@@ -81,7 +81,7 @@ def test_two_phases_and_the_routing_of_the_personal_layer(compose, tiny_override
             assert all(s["role_args"]["candidates"] == strategy.state.candidates for *_, s in msgs)
             continue
         for _, cid, arrays, spec in msgs:
-            assert spec["personal"] == [layer] and spec["upload"] == strategy.groups
+            assert spec["personal"] == [layer] and spec["upload"] == strategy.model.groups
             args = spec["role_args"]
             assert (args["phase"], args["personal_layer"], args["has_phi_init"]) == (2, layer, cid not in seen)
             if cid in seen:  # l* never travels down after the first phase-2 contact
@@ -96,7 +96,7 @@ def test_two_phases_and_the_routing_of_the_personal_layer(compose, tiny_override
         assert all(np.array_equal(a[k], first[k]) for _, _, a, _ in msgs for k in pre_keys)  # one global pre
         # Eq. 7-8 over this round's participants, from what they uploaded
         ups = replies[rnd]
-        phi = similarity_matrix([flat_vector(a, strategy.keys([layer])) for _, a in ups])
+        phi = similarity_matrix([flat_vector(a, strategy.model.keys([layer])) for _, a in ups])
         if post_keys:
             for (cid, _), post in zip(ups, personalized_posts([{k: a[k] for k in post_keys} for _, a in ups], phi)):
                 post_of[cid] = post
@@ -117,7 +117,7 @@ def test_a_client_keeps_its_own_personal_layer(compose, tiny_overrides):
     strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.force_layer=fc2", "fraction=1.0")
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=3)
-    fc2 = strategy.keys(["fc2"])
+    fc2 = strategy.model.keys(["fc2"])
     for cid, arrays in train_replies(grid, strategy)[3]:
         saved = personal_state(grid.contexts[grid.node_of_client[cid]])
         assert all(np.array_equal(saved[k], arrays[k]) for k in fc2)  # persisted = uploaded
@@ -143,9 +143,9 @@ def test_force_layer_classifier_without_wa_and_kp0_equals_fedper(compose, tiny_o
         assert a["clients"] == b["clients"]
         for key in ("test_before_acc", "test_after_acc", "test_before_loss", "train_loss"):
             assert a[key] == b[key], key
-        assert a["groups_up"] == b["groups_up"] == fedper.groups[:-1] and b["phase"] == 2
-    body = fedper.keys(fedper.groups[:-1])
-    assert all(np.array_equal(fedper.global_arrays[k], fedcmd.global_arrays[k]) for k in body)
+        assert a["groups_up"] == b["groups_up"] == fedper.model.groups[:-1] and b["phase"] == 2
+    body = fedper.model.keys(fedper.model.groups[:-1])
+    assert all(np.array_equal(fedper.model.global_arrays[k], fedcmd.model.global_arrays[k]) for k in body)
     assert fedper.final_metrics["final_acc"] == fedcmd.final_metrics["final_acc"]
     assert fedcmd.run_summary()["personal_layer"] == "classifier"
 
@@ -163,7 +163,7 @@ def test_without_wa_the_post_groups_are_fedavg_and_phi_stays_home(compose, tiny_
     records = run(strategy, grid, rounds=2)
     assert records[0]["round_winner"] in strategy.state.candidates and strategy.state.personal_layer == "fc1"
     assert records[1]["groups_up"] == ["conv1", "conv2", "fc2", "classifier"]
-    post = strategy.keys(["fc2", "classifier"])
+    post = strategy.model.keys(["fc2", "classifier"])
     msgs = [a for r, _, a, _ in train_messages(grid) if r == 2]
     assert all(np.array_equal(a[k], msgs[0][k]) for a in msgs for k in post)  # one global post
     assert not strategy.state.post_store
@@ -190,9 +190,9 @@ def test_after_training_dataset_granularity_code_scores(compose, tiny_overrides)
 
 def test_phi_init_is_resent_until_a_phase2_reply_is_accepted(compose, tiny_overrides):
     strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=0", "method.force_layer=fc2")
-    fc2 = set(strategy.keys(["fc2"]))
+    fc2 = set(strategy.model.keys(["fc2"]))
     assert fc2 <= set(strategy.downlink(1, 1))
-    upd = ClientUpdate(0, 0, {k: v.copy() for k, v in strategy.global_arrays.items()}, 10, {})
+    upd = ClientUpdate(0, 0, {k: v.copy() for k, v in strategy.model.global_arrays.items()}, 10, {})
     strategy.aggregate(1, [upd])  # client 1 crashed; client 0 replied
     assert fc2 <= set(strategy.downlink(1, 2)) and not fc2 & set(strategy.downlink(0, 2))
 
@@ -202,7 +202,7 @@ def test_state_is_enough_to_resume(compose, tiny_overrides):
     run(strategy, InProcessGrid(4), rounds=3)
     fresh = make(compose, tiny_overrides, "method=fedcmd", "method.kp=1")
     fresh.state = FedCMDState.from_dict(strategy.state.to_dict())
-    fresh.global_arrays = {k: v.copy() for k, v in strategy.global_arrays.items()}
+    fresh.model.global_arrays = {k: v.copy() for k, v in strategy.model.global_arrays.items()}
     for cid in range(4):
         a, b = strategy.downlink(cid, 4), fresh.downlink(cid, 4)
         assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
@@ -236,8 +236,11 @@ def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compos
     )
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=3)
-    assert [strategy.relay(r) for r in (1, 2, 3)] == [False, True, True]
-    fc2, shared = set(strategy.keys(["fc2"])), [k for k in strategy.keys() if k not in strategy.keys(["fc2"])]
+    assert [strategy.relay(r) is not None for r in (1, 2, 3)] == [False, True, True]
+    fc2, shared = (
+        set(strategy.model.keys(["fc2"])),
+        [k for k in strategy.model.keys() if k not in strategy.model.keys(["fc2"])],
+    )
     sent, replies = train_messages(grid), train_replies(grid, strategy)
     order = [(r, cid) for r, cid, _, _ in sent]
     assert [c for r, c in order if r == 2] == records[1]["clients"] and len(records[1]["clients"]) > 1
@@ -249,7 +252,7 @@ def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compos
         assert not fc2 & set(up[before])
     again = [k for k in chain if k[0] == 3 and k[1] in records[1]["clients"]]  # φ_init went down in round 2
     assert all(fc2 <= set(down[k]) for k in chain if k[0] == 2) and all(not fc2 & set(down[k]) for k in again)
-    assert all(np.array_equal(strategy.global_arrays[k], up[chain[-1]][k]) for k in shared)
+    assert all(np.array_equal(strategy.model.global_arrays[k], up[chain[-1]][k]) for k in shared)
     assert records[2]["bytes_down"] > 0 and records[2]["phase"] == 2
     assert [r.get("relay") for r in records] == [None, True, True]  # the rounds say how they ran
 

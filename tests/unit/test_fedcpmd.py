@@ -175,7 +175,7 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
     grid = InProcessGrid(6)
     records = run(strategy, grid, rounds=2)
     assert [r["phase"] for r in records] == [1, 1]
-    classifier = set(strategy.keys(["classifier"]))
+    classifier = set(strategy.model.keys(["classifier"]))
     sent = [
         (json.loads(m.content.config_records["config"]["spec"]), set(m.content.array_records["arrays"].keys()))
         for m in grid.sent
@@ -189,7 +189,7 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
     members = strategy.clusters.members
     assert strategy.cluster_layers == ["fc1", "fc2"] and {0, 1, 2} <= set(members[0]) and {3, 4} <= set(members[1])
     assert 5 in members[strategy.cluster_layers.index(strategy.layer_of[5])]
-    phase2 = [r for r in strategy.history if r["phase"] == 2]
+    phase2 = [r for r in strategy.run.history if r["phase"] == 2]
     assert phase2 and all(r["num_clusters"] == 2 for r in phase2)
     # what each client received in phase 2 is its stored body or its own cluster's body, never its layer
     for msg in grid.sent:
@@ -202,7 +202,9 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
             continue
         layer = strategy.layer_of[cid]
         keys = set(msg.content.array_records["arrays"].keys())
-        assert spec["personal"] == [layer] and keys == set(strategy.keys([g for g in strategy.groups if g != layer]))
+        assert spec["personal"] == [layer] and keys == set(
+            strategy.model.keys([g for g in strategy.model.groups if g != layer])
+        )
     # the cluster bodies are FedAvgs of their own members' uploads only
     last = max(r["round"] for r in phase2)
     replies = {
@@ -210,18 +212,18 @@ def test_two_phases_probe_the_unvoted_and_clusters_never_exchange_a_tensor(compo
         for r in grid.replies
         if r.metadata.message_type == "train" and not r.has_error()
     }
-    ups = {c: r for c, r in replies.items() if c in strategy.history[-1]["clients"]}
+    ups = {c: r for c, r in replies.items() if c in strategy.run.history[-1]["clients"]}
     for c, layer in enumerate(strategy.cluster_layers):
         mine = [u for cid, u in ups.items() if strategy.clusters.of(cid) == c]
         if not mine:
             continue
-        key = strategy.keys(["conv1"])[0]
+        key = strategy.model.keys(["conv1"])[0]
         n = [u.content.metric_records["metrics"]["num-examples"] for u in mine]
         expected = sum(
             w * u.content.array_records["arrays"][key].numpy().astype(np.float64) for w, u in zip(n, mine)
         ) / sum(n)
         np.testing.assert_allclose(strategy.clusters.models[c][key], expected, rtol=1e-5)
-    assert last == 5 and len(strategy.history[-1]["cluster_acc"]) == 2
+    assert last == 5 and len(strategy.run.history[-1]["cluster_acc"]) == 2
 
 
 def test_a_clients_own_layer_keeps_what_it_trained(compose, tiny_overrides, monkeypatch):
@@ -246,9 +248,9 @@ def test_a_clients_own_layer_keeps_what_it_trained(compose, tiny_overrides, monk
     strategy.start(grid, num_rounds=3)
     assert sorted(seen) == [0, 1, 2, 3]
     for c, state in seen.items():
-        for k in strategy.keys(["fc1"]):
+        for k in strategy.model.keys(["fc1"]):
             np.testing.assert_array_equal(state[k], trained[c][k])
-            assert not np.array_equal(state[k], strategy.global_arrays[k])
+            assert not np.array_equal(state[k], strategy.model.global_arrays[k])
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
@@ -315,4 +317,4 @@ def test_two_groups_that_prefer_different_layers_form_two_clusters_with_the_righ
     run(strategy, grid, rounds=4)
     assert strategy.clusters.members == [[0, 1, 2], [3, 4, 5]]
     assert strategy.cluster_layers == ["fc2", "fc1"]
-    assert strategy.history[-1]["num_clusters"] == 2 and strategy.probed == []
+    assert strategy.run.history[-1]["num_clusters"] == 2 and strategy.probed == []

@@ -59,12 +59,12 @@ def test_feddyn_client_loss_and_state_update_on_hand_numbers(client):
 
 def test_feddyn_round_trip_keeps_g_on_the_clients_and_h_on_the_server(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=feddyn", "fraction=1.0")
-    before = copy.deepcopy(strategy.global_arrays)
+    before = copy.deepcopy(strategy.model.global_arrays)
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=1)
     assert not records[0]["dropped"] and records[0]["h_norm"] > 0
     replies = [r for r in grid.replies if r.metadata.message_type == "train"]
     uploads = [{k: v.numpy() for k, v in r.content.array_records["arrays"].items()} for r in replies]
     expected, _ = feddyn_server_update(before, uploads, {k: np.zeros(v.shape) for k, v in before.items()}, 0.01, 4)
-    assert all(np.allclose(strategy.global_arrays[k], expected[k], atol=1e-6) for k in expected)
+    assert all(np.allclose(strategy.model.global_arrays[k], expected[k], atol=1e-6) for k in expected)
     assert all(any(k.startswith("extra." + DYN_PREFIX) for k in s) for s in trained_states(grid).values())

@@ -50,7 +50,7 @@ def test_fedfomo_downloads_other_clients_models_and_learns_affinities(compose, t
     _, strategy = make(compose, tiny_overrides, "method=fedfomo", "fraction=1.0", "method.m=2")
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
-    keys = set(strategy.global_arrays)
+    keys = set(strategy.model.global_arrays)
     assert all(not k for k in sent_keys(grid)[:4]) and records[0]["bytes_down"] == 0  # round 1: nothing stored yet
     for m in train_messages(grid, 2):
         cid = int(m.content["config"]["client-id"])

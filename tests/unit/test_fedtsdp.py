@@ -152,8 +152,8 @@ def test_with_h_th_inf_fedtsdp_is_fedavg_exactly(compose, tiny_overrides):
     for a, t in zip(ra, rt):
         assert a["test_before_acc"] == t["test_before_acc"] and a["train_loss"] == t["train_loss"]
         assert t["triggered"] == 0 and t["shared_units"] == len(tsdp.units) and "hopkins" in t
-    for k, v in avg.global_arrays.items():
-        np.testing.assert_array_equal(v, tsdp.global_arrays[k])
+    for k, v in avg.model.global_arrays.items():
+        np.testing.assert_array_equal(v, tsdp.model.global_arrays[k])
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
@@ -241,8 +241,8 @@ def test_on_iid_data_h_stays_below_the_threshold_and_the_run_is_fedavg(compose):
     ra, rt = run(avg, InProcessGrid(6), 3), run(tsdp, InProcessGrid(6), 3)
     assert all(r["hopkins"] < 0.65 and r["triggered"] == 0 for r in rt), [r["hopkins"] for r in rt]
     assert [r["test_before_acc"] for r in ra] == [r["test_before_acc"] for r in rt]
-    for k, v in avg.global_arrays.items():
-        np.testing.assert_array_equal(v, tsdp.global_arrays[k])
+    for k, v in avg.model.global_arrays.items():
+        np.testing.assert_array_equal(v, tsdp.model.global_arrays[k])
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier

@@ -72,21 +72,21 @@ def test_felo_averages_within_an_architecture_and_sends_class_means(compose, tin
     replies = train_replies(grid)[-6:]  # round 3's
     by_arch: dict[str, list] = {}
     for r in replies:
-        by_arch.setdefault(strategy.arch_of[int(r.content["metrics"]["client-id"])], []).append(r)
+        by_arch.setdefault(strategy.model.arch_of[int(r.content["metrics"]["client-id"])], []).append(r)
     assert sorted(by_arch) == ["l2", "l3", "l4"] and all(len(v) == 2 for v in by_arch.values())
     for arch, rs in by_arch.items():
         n = np.array([float(r.content["metrics"]["num-examples"]) for r in rs])
-        keys = strategy.schema(next(c for c, a in strategy.arch_of.items() if a == arch)).keys()
+        keys = strategy.model.schema(next(c for c, a in strategy.model.arch_of.items() if a == arch)).keys()
         for key in keys:
             mean = sum(
                 w * r.content.array_records["arrays"][key].numpy().astype(np.float64) for w, r in zip(n / n.sum(), rs)
             )
-            np.testing.assert_allclose(strategy.arch_arrays[arch][key], mean, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(strategy.model.arrays[arch][key], mean, rtol=1e-5, atol=1e-6)
         for r in rs:
             up = extras(r)
             assert up["s"].shape == (10, 32) and up["p"].shape == (10, 10) and up["n"].sum() > 0
-    assert set(strategy.arch_arrays["l2"]) != set(
-        strategy.arch_arrays["l4"]
+    assert set(strategy.model.arrays["l2"]) != set(
+        strategy.model.arrays["l4"]
     )  # no tensor is shared across architectures
 
 
@@ -104,7 +104,7 @@ def test_velo_sends_the_cvae_s_synthetic_features(compose, tiny_overrides):
     assert not np.allclose(sent[0], means)  # decoded samples, not the class means
     import torch
 
-    again, _ = strategy.cvae.synthesize(torch.Generator().manual_seed(strategy.seed * 100_003 + 3))
+    again, _ = strategy.cvae.synthesize(torch.Generator().manual_seed(strategy.run.seed * 100_003 + 3))
     np.testing.assert_allclose(strategy.class_features, again.numpy(), rtol=1e-6)
 
 

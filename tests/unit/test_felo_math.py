@@ -87,7 +87,7 @@ def test_the_store_is_a_capped_fifo_or_one_entry_per_client_and_checkpoints():
     assert latest.class_features()[0, 0] == 4.0  # client 0's first report was replaced
     for store, kwargs in ((fifo, dict(feature_cap=2, logit_cap=3)), (latest, dict(window="latest_per_client"))):
         copy = KnowledgeStore(num_classes=1, feature_dim=1, **kwargs)
-        copy.load_state(store.state())
+        copy.load_state_dict(store.state_dict())
         assert np.array_equal(copy.class_features(), store.class_features()) and np.array_equal(
             copy.class_logits(), store.class_logits()
         )

@@ -130,8 +130,8 @@ def test_role_uploads_its_classes_and_evaluates_with_measured_statistics():
 # ---------------------------------------------------------------------- the strategy
 def test_each_level_receives_its_block_of_the_one_global_model(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=heterofl", *WIDTHS)
-    assert strategy.full_arch == "a" and strategy.arch_of == {0: "c", 1: "c", 2: "b", 3: "b", 4: "a", 5: "a"}
-    full_before = {k: v.copy() for k, v in strategy.arch_arrays["a"].items()}
+    assert strategy.full_arch == "a" and strategy.model.arch_of == {0: "c", 1: "c", 2: "b", 3: "b", 4: "a", 5: "a"}
+    full_before = {k: v.copy() for k, v in strategy.model.arrays["a"].items()}
     grid = InProcessGrid(6)
     records = run(strategy, grid, rounds=1)
     for m in grid.sent:
@@ -139,15 +139,15 @@ def test_each_level_receives_its_block_of_the_one_global_model(compose, tiny_ove
             continue
         cid = int(m.content.config_records["config"]["client-id"])
         spec = json.loads(m.content.config_records["config"]["spec"])
-        assert spec["arch"] == strategy.arch_of[cid] and spec["keep"] == "none"
+        assert spec["arch"] == strategy.model.arch_of[cid] and spec["keep"] == "none"
         for key, arr in m.content.array_records["arrays"].items():
             value = arr.numpy()
             np.testing.assert_array_equal(value, full_before[key][tuple(slice(0, s) for s in value.shape)])
     assert records[0]["clients@a"] == records[0]["clients@c"] == 2
     full = strategy.global_record()  # Flower's result: the widest level, not the first architecture
-    assert all(full[k].numpy().shape == v.shape for k, v in strategy.arch_arrays["a"].items())
+    assert all(full[k].numpy().shape == v.shape for k, v in strategy.model.arrays["a"].items())
     # the full model's entries outside every sub-model block were trained by the a clients alone
-    assert not np.array_equal(strategy.arch_arrays["a"]["groups.fc1.0.weight"], full_before["groups.fc1.0.weight"])
+    assert not np.array_equal(strategy.model.arrays["a"]["groups.fc1.0.weight"], full_before["groups.fc1.0.weight"])
 
 
 def test_at_full_width_with_fedavg_weighting_and_no_label_split_it_is_fedavg(compose, tiny_overrides):
@@ -156,14 +156,14 @@ def test_at_full_width_with_fedavg_weighting_and_no_label_split_it_is_fedavg(com
     _, fedavg = make(compose, common, "method=fedavg")
     for strategy in (hetero, fedavg):
         run(strategy, InProcessGrid(4), rounds=2)
-    for key, value in fedavg.global_arrays.items():
-        np.testing.assert_array_equal(hetero.global_arrays[key], value, err_msg=key)
+    for key, value in fedavg.model.global_arrays.items():
+        np.testing.assert_array_equal(hetero.model.global_arrays[key], value, err_msg=key)
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_dynamic_levels_redraw_each_round_and_evaluate_at_the_static_level(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=heterofl", "method.assignment=dynamic", *WIDTHS)
-    static = dict(strategy.arch_of)
+    static = dict(strategy.model.arch_of)
     grid = InProcessGrid(6)
     run(strategy, grid, rounds=2)
     archs = [
@@ -179,7 +179,7 @@ def test_dynamic_levels_redraw_each_round_and_evaluate_at_the_static_level(compo
     assert any(trained[(1, c)] != static[c] or trained[(2, c)] != static[c] for c in range(6))
     again = make(compose, tiny_overrides, "method=heterofl", "method.assignment=dynamic", *WIDTHS)[1]
     again.assign_levels(range(6), 2)
-    assert {c: again.arch_of[c] for c in range(6)} == {c: trained[(2, c)] for c in range(6)}  # from (seed, round)
+    assert {c: again.model.arch_of[c] for c in range(6)} == {c: trained[(2, c)] for c in range(6)}  # from (seed, round)
     evaluated = {
         int(m.content.config_records["config"]["client-id"]): json.loads(m.content.config_records["config"]["spec"])[
             "arch"
@@ -207,5 +207,5 @@ def test_a_device_announcing_its_width_trains_that_block_and_keeps_it_under_dyna
         if m.metadata.message_type == "train" and int(m.content.config_records["config"]["client-id"]) == 0
     ]
     assert len(sent) == 2 and all(arch == "a" for arch, _ in sent)
-    full = strategy.schemas["a"].template
+    full = strategy.model.schemas["a"].template
     assert all(tuple(arrays[k].shape) == tuple(full[k][0]) for _, arrays in sent for k in arrays.keys())

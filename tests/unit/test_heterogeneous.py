@@ -29,7 +29,7 @@ def train_specs(grid):
 
 def test_every_client_gets_its_own_architectures_model_and_only_equals_are_averaged(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
-    assert strategy.arch_of == {
+    assert strategy.model.arch_of == {
         0: "lenet5_1fc",
         1: "lenet5_1fc",
         2: "lenet5_3fc",
@@ -37,14 +37,14 @@ def test_every_client_gets_its_own_architectures_model_and_only_equals_are_avera
         4: "cnn_kapc",
         5: "cnn_kapc",
     }
-    schemas = strategy.schemas
+    schemas = strategy.model.schemas
     assert schemas["lenet5_1fc"].groups == ("conv1", "conv2", "classifier") and "fc1" in schemas["lenet5_3fc"].groups
     grid = InProcessGrid(6)
     records = run(strategy, grid, rounds=1)
     sent = train_specs(grid)
     assert [c for c, *_ in sent] == list(range(6))
     for cid, spec, keys in sent:
-        arch = strategy.arch_of[cid]
+        arch = strategy.model.arch_of[cid]
         assert spec["arch"] == arch and spec["model"] == schemas[arch].spec  # the client builds its own model
         assert keys == set(schemas[arch].keys())  # ... and receives that model's tensors
     replies = {
@@ -54,7 +54,7 @@ def test_every_client_gets_its_own_architectures_model_and_only_equals_are_avera
     }
     for arch, members in (("lenet5_1fc", [0, 1]), ("lenet5_3fc", [2, 3]), ("cnn_kapc", [4, 5])):
         n = [replies[c].content.metric_records["metrics"]["num-examples"] for c in members]
-        for key, value in strategy.arch_arrays[arch].items():
+        for key, value in strategy.model.arrays[arch].items():
             ups = [replies[c].content.array_records["arrays"][key].numpy().astype(np.float64) for c in members]
             np.testing.assert_allclose(value, sum(w * u for w, u in zip(n, ups)) / sum(n), rtol=1e-6)
     assert {"test_before_acc@lenet5_1fc", "test_before_acc@cnn_kapc"} <= set(records[0])
@@ -65,7 +65,7 @@ def test_a_reply_holding_another_architectures_tensors_is_rejected(compose, tiny
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
     grid = InProcessGrid(6)
     strategy.discover(grid)
-    other = strategy.arch_arrays["lenet5_3fc"]
+    other = strategy.model.arrays["lenet5_3fc"]
 
     def swap(reply):  # client 0 (lenet5_1fc) answers with lenet5_3fc's tensors
         reply.content.array_records["arrays"] = type(reply.content.array_records["arrays"])(
@@ -74,14 +74,14 @@ def test_a_reply_holding_another_architectures_tensors_is_rejected(compose, tiny
         return reply
 
     grid.tamper = {0: swap}
-    before = {k: v.copy() for k, v in strategy.arch_arrays["lenet5_1fc"].items()}
+    before = {k: v.copy() for k, v in strategy.model.arrays["lenet5_1fc"].items()}
     records = run(strategy, grid, rounds=1)
     assert [d["client"] for d in records[0]["dropped"]] == [0] and "array keys differ" in records[0]["dropped"][0][
         "reason"
     ]
     # client 1 alone made lenet5_1fc's model: client 0's numbers are nowhere in it
     assert records[0]["clients"] == [1, 2, 3, 4, 5]
-    assert not all(np.array_equal(before[k], strategy.arch_arrays["lenet5_1fc"][k]) for k in before)
+    assert not all(np.array_equal(before[k], strategy.model.arrays["lenet5_1fc"][k]) for k in before)
 
 
 def test_a_node_announcing_its_model_gets_it_and_an_unknown_model_is_refused(compose, tiny_overrides, caplog):
@@ -90,7 +90,7 @@ def test_a_node_announcing_its_model_gets_it_and_an_unknown_model_is_refused(com
     grid.contexts[grid.node_of_client[0]].node_config["model"] = "cnn_kapc"  # the rule said lenet5_1fc
     grid.contexts[grid.node_of_client[5]].node_config["model"] = "resnet152"
     strategy.discover(grid, timeout=0)
-    assert strategy.arch_of[0] == "cnn_kapc" and 5 not in strategy.clients
+    assert strategy.model.arch_of[0] == "cnn_kapc" and 5 not in strategy.clients
     assert "client 5 runs model 'resnet152'" in caplog.text and "model.archs" in caplog.text
     strategy.min_available = 5  # the run goes on without the refused node (instead of waiting for it)
     records = run(strategy, grid, rounds=1)
@@ -100,8 +100,8 @@ def test_a_node_announcing_its_model_gets_it_and_an_unknown_model_is_refused(com
 
 def test_a_node_changing_its_model_within_a_run_is_refused(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg", *MIXED)
-    assert strategy.architectures.take_announced(2, "lenet5_3fc") is None
-    assert "one client, one model" in strategy.architectures.take_announced(2, "cnn_kapc")
+    assert strategy.model.take_announced(2, "lenet5_3fc") is None
+    assert "one client, one model" in strategy.model.take_announced(2, "cnn_kapc")
 
 
 def test_the_client_refuses_a_model_spec_other_than_its_own(compose, tiny_overrides):
@@ -123,19 +123,19 @@ def test_methods_for_one_architecture_refuse_a_mixed_config(compose, tiny_overri
     with pytest.raises(ValueError, match="runs one architecture"):
         FedPer(
             build_models(cfg),
-            {**fedavg.client_spec, "archs": {a: s.spec for a, s in fedavg.schemas.items()}},
+            {**fedavg.run.client_spec, "archs": {a: s.spec for a, s in fedavg.model.schemas.items()}},
             num_clients=6,
         )
-    with pytest.raises(AttributeError, match="arch_arrays"):
-        fedavg.global_arrays  # there is no one global model
+    with pytest.raises(AttributeError, match=r"self\.model\.arrays\[arch\]"):
+        fedavg.model.global_arrays  # there is no one global model
 
 
 def test_homogeneous_runs_are_the_one_architecture_case(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedavg")
-    assert list(strategy.schemas) == ["lenet5"] and set(strategy.arch_of.values()) == {"lenet5"}
-    assert strategy.global_arrays is strategy.arch_arrays["lenet5"]
+    assert list(strategy.model.schemas) == ["lenet5"] and set(strategy.model.arch_of.values()) == {"lenet5"}
+    assert strategy.model.global_arrays is strategy.model.arrays["lenet5"]
     state = strategy.state_dict()
-    assert state["arch_arrays"] == {} and state["global_arrays"] is strategy.global_arrays
+    assert state["arch_arrays"] == {} and state["global_arrays"] is strategy.model.global_arrays
 
 
 def test_assignment_rules():
@@ -168,12 +168,12 @@ def test_fedavg_across_architectures_keeps_heterogeneous_state_through_a_checkpo
     tree = encode(strategy.state_dict(), arrays)
     _, fresh = make(compose, tiny_overrides, "method=fedavg", *MIXED)
     fresh.load_state_dict(decode(tree, arrays, fresh.state_dict()))
-    for arch in strategy.schemas:
+    for arch in strategy.model.schemas:
         assert all(
-            np.array_equal(strategy.arch_arrays[arch][k], fresh.arch_arrays[arch][k])
-            for k in strategy.arch_arrays[arch]
+            np.array_equal(strategy.model.arrays[arch][k], fresh.model.arrays[arch][k])
+            for k in strategy.model.arrays[arch]
         )
-    assert fresh.arch_of == strategy.arch_of
+    assert fresh.model.arch_of == strategy.model.arch_of
     bad = dict(decode(tree, arrays))
     bad["arch_arrays"] = {"lenet5_3fc": bad["arch_arrays"]["lenet5_3fc"]}
     with pytest.raises(ValueError, match="architectures"):

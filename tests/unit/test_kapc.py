@@ -156,7 +156,7 @@ def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
             seed=0,
             method_args={"cube_steps": 0, "unheard": unheard},
         )
-        trained = trained or {k: v + 1.0 for k, v in strategy.global_arrays.items()}
+        trained = trained or {k: v + 1.0 for k, v in strategy.model.global_arrays.items()}
         strategy.models[0] = trained  # client 0 has uploaded; clients 1 and 2 are new
         down = strategy.extra_downlinks([0, 1, 2], 5)
         for c in (0, 1, 2):
@@ -166,7 +166,7 @@ def test_a_new_client_is_coached_with_the_heard_models_not_the_initial_one():
             else:  # R[c, l, 0] of the trained model, the rest w^0: most of the pull is toward w^0
                 w0 = strategy.cube[c, 0, 0]
                 k = strategy.layers[0][0]
-                assert np.allclose(s[k], w0 * trained[k] + (1 - w0) * strategy.global_arrays[k], atol=1e-6)
+                assert np.allclose(s[k], w0 * trained[k] + (1 - w0) * strategy.model.global_arrays[k], atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- BLS's upload rule
@@ -235,15 +235,15 @@ def test_the_papers_resnet18_byte_count_and_exact_savings_of_masks_and_prefixes(
     assert len(strategy.layers) == 21
     assert strategy.extra_downlinks([0, 1, 2], 1)[0] == {}  # nobody heard from yet: nothing to coach with
     for c in range(3):
-        strategy.models[c] = dict(strategy.global_arrays)  # each has uploaded its whole model once
+        strategy.models[c] = dict(strategy.model.global_arrays)  # each has uploaded its whole model once
     down = strategy.extra_downlinks([0, 1, 2], 1)[0]
     assert sum(v.nbytes for v in down.values()) / 2**20 == pytest.approx(
         42.655, abs=5e-4
     )  # 11,181,642 parameters x 4 B
-    sizes = [sum(strategy.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
-    sets = strategy.uplink_sets(0, 1)
+    sizes = [sum(strategy.model.global_arrays[k].nbytes for k in keys) for keys in strategy.layers]
+    sets = strategy.uplink(0, 1).key_sets
     assert len(sets[0]) == sum(len(keys) for keys in strategy.layers[:19])  # omega_min = L - 2 = 19
-    assert sum(strategy.global_arrays[k].nbytes for k in sets[0]) == sum(sizes) - sizes[19] - sizes[20]
+    assert sum(strategy.model.global_arrays[k].nbytes for k in sets[0]) == sum(sizes) - sizes[19] - sizes[20]
     assert sizes[19] / 2**20 == pytest.approx(9.0, abs=0.02) and sizes[20] / 2**20 == pytest.approx(0.02, abs=0.001)
     strategy.q[:] = 1  # no longer a first contact: layers with self-weight above mu are left out
     strategy.cube[:, 5, :] = 0.0
@@ -265,7 +265,7 @@ def test_kapc_sends_regularizers_never_loads_them_and_keeps_each_clients_model(c
                 assert keys == set()  # round 1: the server has heard from nobody, so it has nothing to coach with
             else:
                 assert keys == {
-                    "extra/" + REGULARIZER_PREFIX + k for k in strategy.global_arrays
+                    "extra/" + REGULARIZER_PREFIX + k for k in strategy.model.global_arrays
                 }  # s_i only, as extras
     assert records[0]["bytes_down"] == 0 and records[0]["unheard_layers"] == 4 * len(strategy.layers)
     assert (
@@ -290,7 +290,7 @@ def test_bls_uploads_prefixes_and_masks_layers(compose, tiny_overrides):
     assert all(u in [set(keys[: 2 * o]) for o in (3, 4, 5)] for u in ups)  # 2 tensors per layer; omega_min = 5 - 2
     assert all(len(u) == 8 for u in ups[:4])  # the first participation uploads L - 1 layers
     assert records[0]["masked_layers"] == 0 and records[1]["masked_layers"] > 0  # mu = 0: every later layer is left out
-    full = 4 * sum(v.nbytes for v in strategy.global_arrays.values())
+    full = 4 * sum(v.nbytes for v in strategy.model.global_arrays.values())
     assert records[0]["bytes_down"] == 0 and records[0]["bytes_up"] < full  # round 1: nobody heard from yet
     assert records[1]["bytes_down"] < full and records[1]["unheard_layers"] == 0  # mu = 0 leaves the layers out
     specs = [

@@ -65,7 +65,7 @@ def role_disagreements(method: str, sent: dict[str, object], role_args: type) ->
     """Where what the strategy sends its role (``sent``, one round's role arguments at the default
     options) disagrees with the method's options: a field both declare must have a type the role
     accepts and carry the option's value (an option with default null is resolved by the strategy:
-    KAPC's omega_min = L - 2 is sent as a number). ``derived_role_args`` on the strategy names
+    KAPC's omega_min = L - 2 is sent as a number). ``traits.derived_role_args`` of the strategy names
     the fields it computes from several options instead (Felo's feature_samples: 0 unless
     feature_upload=samples)."""
     cls = STRATEGIES[method]
@@ -76,7 +76,7 @@ def role_disagreements(method: str, sent: dict[str, object], role_args: type) ->
             continue
         if not field_types(hints[name]) <= field_types(arg_hints[name]):
             problems.append(f"{name}: options type {hints[name]} does not fit role args type {arg_hints[name]}")
-        if default is not None and name not in cls.derived_role_args and sent.get(name) != default:
+        if default is not None and name not in cls.traits.derived_role_args and sent.get(name) != default:
             problems.append(f"{name}: options {default!r}, sent {sent.get(name)!r}")
     return problems
 
@@ -96,7 +96,7 @@ def sent_role_args(method: str, **options) -> dict[str, object]:
 
 @pytest.mark.parametrize("method", sorted(STRATEGIES))
 def test_the_options_and_the_role_arguments_agree(method):
-    role_args = ROLE_ARGS[STRATEGIES[method].role]
+    role_args = ROLE_ARGS[STRATEGIES[method].traits.role]
     assert role_disagreements(method, sent_role_args(method), role_args) == []
 
 
@@ -106,7 +106,7 @@ def role_second_declarations(role_args: dict[str, type]) -> list[str]:
     option the default is the role's neutral value: ``SGDArgs.finetune_epochs`` 0 for FedPer)."""
     found = []
     for role, args in role_args.items():
-        users = [c for c in STRATEGIES.values() if c.role == role]
+        users = [c for c in STRATEGIES.values() if c.traits.role == role]
         for f in dataclasses.fields(args):
             if users and has_default(f) and all(f.name in c.options_type.names() for c in users):
                 found.append(f"{args.__name__}.{f.name}")
@@ -182,7 +182,7 @@ def test_the_method_list_read_from_the_source_equals_the_registry():
     declared = declared_methods()
     assert set(declared) == set(STRATEGIES)
     for name, cls in STRATEGIES.items():
-        assert (declared[name].role, list(declared[name].options)) == (cls.role, cls.options_type.names()), name
+        assert (declared[name].role, list(declared[name].options)) == (cls.traits.role, cls.options_type.names()), name
 
 
 def test_methods_and_roles_register_by_subclassing():
@@ -193,7 +193,7 @@ def test_methods_and_roles_register_by_subclassing():
 
     assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
     assert all(cls.name == name for name, cls in STRATEGIES.items())
-    assert {cls.role for cls in STRATEGIES.values()} <= set(ROLES)
+    assert {cls.traits.role for cls in STRATEGIES.values()} <= set(ROLES)
     assert set(ROLES) == set(ROLE_ARGS) and all(ROLES[n].args_type is ROLE_ARGS[n] for n in ROLES)
     with pytest.raises(TypeError, match="method name 'fedavg' is taken"):
         type("Impostor", (PersonalizedStrategy,), {"name": "fedavg", "__module__": "pflower.strategies.impostor"})

@@ -51,6 +51,6 @@ def test_moon_round_trip_is_fedavg_with_the_previous_model_on_the_client(compose
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=1)
     assert not records[0]["dropped"] and all(
-        k == set(strategy.global_arrays) for k in sent_keys(grid) + replied_keys(grid)
+        k == set(strategy.model.global_arrays) for k in sent_keys(grid) + replied_keys(grid)
     )
     assert all(any(k.startswith("extra." + MOON_PREFIX) for k in s) for s in trained_states(grid).values())

@@ -152,7 +152,7 @@ def test_a_deployed_nodes_reply_and_log_carry_its_timings(compose, tiny_override
     metrics = [dict(next(iter(r.content.metric_records.values()))) for r in replies]
     assert all(m["setup_time_s"] > 0 for m in metrics)
     assert sum("cold_start_s" in m for m in metrics) == 1  # one process here: only its first message is cold
-    record = strategy.history[-1]
+    record = strategy.run.history[-1]
     assert record["client_setup_s"] > 0 and record["client_cold_start_s"] > 0
     assert "cold start" in caplog.text and "setup" in caplog.text
 
@@ -172,7 +172,7 @@ def test_node_config_device_overrides_the_run_s_and_is_checked(compose, tiny_ove
 
     strategy = build(compose(*tiny_overrides, "method=fedavg", "rounds=1", "fraction=1.0", "device=cuda"), "tok")
     strategy.start(grid=InProcessGrid(4, node_config={"device": "cpu"}), initial_arrays=None, num_rounds=1, timeout=60)
-    assert strategy.history[-1]["clients"] == [0, 1, 2, 3]
+    assert strategy.run.history[-1]["clients"] == [0, 1, 2, 3]
 
 
 # ----------------------------------------------------------------------------- reply polling

@@ -36,7 +36,11 @@ def test_pfedsim_warmup_sends_everything_then_classifier_stays_and_bodies_differ
     _, strategy = make(compose, tiny_overrides, "method=pfedsim", "method.warmup=1", "fraction=1.0")
     grid = InProcessGrid(4)
     records = run(strategy, grid, rounds=2)
-    everything, head, body = set(strategy.global_arrays), set(strategy.keys(HEAD)), set(strategy.keys(BODY))
+    everything, head, body = (
+        set(strategy.model.global_arrays),
+        set(strategy.model.keys(HEAD)),
+        set(strategy.model.keys(BODY)),
+    )
     assert head | body == everything and not head & body  # the classifier and the body split the model
     down = sent_keys(grid)
     assert [r["phase"] for r in records] == ["warmup", "personal"]

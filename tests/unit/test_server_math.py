@@ -102,11 +102,11 @@ def lenet():
 
 
 def uploads(strategy, n):
-    keys = list(strategy.global_arrays)
+    keys = list(strategy.model.global_arrays)
     return {
         c: {
             k: (v + 0.05 * RNG.standard_normal(v.shape)).astype(np.float32)
-            for k, v in strategy.global_arrays.items()
+            for k, v in strategy.model.global_arrays.items()
             if k in keys
         }
         for c in range(n)
@@ -119,14 +119,14 @@ def test_fedamp_round_of_cloud_models_equals_the_per_client_attention(lenet):
     clouds = strategy.extra_downlinks([0, 3, 4], 2)
     for c in (0, 3, 4):
         ms, row = strategy.cloud_weights(c)
-        want = weighted_average(ms, row, keys=list(strategy.global_arrays))
+        want = weighted_average(ms, row, keys=list(strategy.model.global_arrays))
         for k, v in want.items():
             np.testing.assert_allclose(clouds[c]["u/" + k], v, rtol=1e-5, atol=1e-7)
 
 
 def test_fedap_and_pfedsim_rounds_of_downlinks_equal_their_single_client_form(lenet):
     fedap = build_strategy("fedap", lenet, client_spec(), num_clients=4, fraction_train=1.0, method_args={"warmup": 0})
-    keys = fedap.travelling_keys(fedap.groups, 0, 1)
+    keys = fedap.travelling_keys(fedap.model.groups, 0, 1)
     fedap.models = {c: {k: m[k] for k in keys} for c, m in uploads(fedap, 3).items()}
     fedap.stats = {
         c: {f"bn_{s}/{i}": RNG.uniform(0.5, 1.5, ch) for i, ch in enumerate(fedap.bn_channels) for s in ("mean", "var")}
@@ -135,22 +135,24 @@ def test_fedap_and_pfedsim_rounds_of_downlinks_equal_their_single_client_form(le
     down = fedap.downlinks([0, 1, 2, 3], 1)
     for c in range(4):
         w = fedap.weights(c)
-        want = weighted_average([fedap.models.get(j, fedap.global_arrays) for j in w], list(w.values()), keys=keys)
+        want = weighted_average(
+            [fedap.models.get(j, fedap.model.global_arrays) for j in w], list(w.values()), keys=keys
+        )
         assert set(down[c]) == set(keys)
         for k in keys:
             np.testing.assert_allclose(down[c][k], want[k], rtol=1e-5, atol=1e-7)
     pfedsim = build_strategy(
         "pfedsim", lenet, client_spec(), num_clients=4, fraction_train=1.0, method_args={"warmup": 0}
     )
-    body = pfedsim.keys(pfedsim.body)
+    body = pfedsim.model.keys(pfedsim.body)
     pfedsim.bodies = {c: {k: m[k] for k in body} for c, m in uploads(pfedsim, 3).items()}
     pfedsim.sim = np.array([[1, 0.5, 0.2, 0], [0.5, 1, 0.9, 0], [0.2, 0.9, 1, 0], [0, 0, 0, 1.0]])
     pfedsim.head_seen = {0, 1}
     down = pfedsim.downlinks([0, 2, 3], 1)
-    assert set(down[0]) == set(body) and set(down[2]) == set(down[3]) == set(pfedsim.global_arrays)  # head once
+    assert set(down[0]) == set(body) and set(down[2]) == set(down[3]) == set(pfedsim.model.global_arrays)  # head once
     for c in (0, 2, 3):
         w = pfedsim.body_weights(c)
-        warm = {k: pfedsim.global_arrays[k] for k in body}
+        warm = {k: pfedsim.model.global_arrays[k] for k in body}
         want = weighted_average([pfedsim.bodies.get(j, warm) for j in w], list(w.values()), keys=body)
         for k in body:
             np.testing.assert_allclose(down[c][k], want[k], rtol=1e-5, atol=1e-7)

@@ -1,5 +1,7 @@
 """The strategy base through an in-process Grid (no Ray): routing, validation, bytes, protocol."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
@@ -9,6 +11,7 @@ from pflower.protocol.wire import WIRE_EXTRA_PREFIX
 from pflower.server_app.runner import build
 from pflower.simulation.inprocess import InProcessGrid, personal_state
 from pflower.strategies import STRATEGIES
+from pflower.strategies.base.hooks import Uplink
 from pflower.strategies.base.strategy import PersonalizedStrategy
 from pflower.strategies.fedavg import FedAvg
 
@@ -32,14 +35,14 @@ def test_fedper_never_sends_the_classifier(compose, tiny_overrides):
     cfg, strategy = make(compose, tiny_overrides, "method=fedper")
     grid = InProcessGrid(4)
     records = run(strategy, grid)
-    classifier = set(strategy.keys(["classifier"]))
-    body = set(strategy.keys(strategy.groups[:-1]))
+    classifier = set(strategy.model.keys(["classifier"]))
+    body = set(strategy.model.keys(strategy.model.groups[:-1]))
     assert all(keys == body for keys in sent_keys(grid))
     up = [set(r.content.array_records["arrays"].keys()) for r in grid.replies if r.metadata.message_type == "train"]
     assert up and all(keys == body and not keys & classifier for keys in up)
-    body_bytes = sum(strategy.global_arrays[k].nbytes for k in body)
+    body_bytes = sum(strategy.model.global_arrays[k].nbytes for k in body)
     for r in records:
-        assert r["groups_down"] == r["groups_up"] == strategy.groups[:-1]
+        assert r["groups_down"] == r["groups_up"] == strategy.model.groups[:-1]
         n = len(r["clients"])
         assert body_bytes * n <= r["bytes_down"] < body_bytes * n * 1.05  # arrays + small headers
     # the personal classifier persisted on the client: its state holds it
@@ -52,16 +55,16 @@ def test_fedavg_sends_everything_but_bn_buffers(compose, tiny_overrides):
     grid = InProcessGrid(4)
     run(strategy, grid, rounds=1)
     keys = sent_keys(grid)
-    assert keys and all(k == set(strategy.global_arrays) for k in keys)
+    assert keys and all(k == set(strategy.model.global_arrays) for k in keys)
     assert not any("running" in key or "num_batches" in key for k in keys for key in k)
 
 
 def test_local_communicates_nothing(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=local")
-    before = {k: v.copy() for k, v in strategy.global_arrays.items()}
+    before = {k: v.copy() for k, v in strategy.model.global_arrays.items()}
     records = run(strategy, InProcessGrid(4))
     assert all(r["bytes_down"] == 0 and r["bytes_up"] == 0 for r in records)
-    assert all(np.array_equal(before[k], strategy.global_arrays[k]) for k in before)
+    assert all(np.array_equal(before[k], strategy.model.global_arrays[k]) for k in before)
     assert records[-1]["test_after_acc"] > 0.2  # they do learn locally
 
 
@@ -97,7 +100,7 @@ def test_bad_replies_are_dropped_and_the_round_goes_on(compose, tiny_overrides):
     assert set(reasons) == {0, 1, 2}
     assert "NaN" in reasons[0] and "forged" in reasons[1] and "crashed" in reasons[2]
     assert records[0]["clients"] == [3]
-    assert all(np.all(np.isfinite(v)) for v in strategy.global_arrays.values())
+    assert all(np.all(np.isfinite(v)) for v in strategy.model.global_arrays.values())
     # bytes_up counts what arrived, the rejected replies' arrays included (the crash sent none)
     arrived = [r for r in grid.replies if r.metadata.message_type == "train" and not r.has_error()]
     assert len(arrived) == 3
@@ -200,13 +203,13 @@ class EchoRole(SGDRole):
 
 
 class Echo(FedAvg):
-    role = "echo"
+    traits = dataclasses.replace(FedAvg.traits, role="echo")
 
-    def extra_downlinks(self, client_ids, server_round):
-        return {c: {"probe/x": np.full(3, float(c), np.float32)} for c in client_ids}
+    def extra_downlinks(self, client_ids, server_round, task="train"):
+        return {c: {"probe/x": np.full(3, float(c), np.float32)} for c in client_ids} if task == "train" else {}
 
-    def extra_uplink(self, client_id, server_round):
-        return {"echo/x": ((3,), np.dtype(np.float32))}
+    def uplink(self, client_id, server_round):
+        return Uplink(self.shared_groups(client_id, server_round), extra={"echo/x": ((3,), np.dtype(np.float32))})
 
     def aggregate(self, server_round, updates):
         self.echoed = {u.client_id: u.extra for u in updates}
@@ -234,9 +237,9 @@ def test_extra_arrays_reach_the_role_come_back_validated_and_count_as_bytes(comp
     assert {c: u["echo/x"].tolist() for c, u in strategy.echoed.items()} == {0: [0.0] * 3, 1: [2.0] * 3}
     reasons = {d["client"]: d["reason"] for d in records[0]["dropped"]}
     assert "NaN" in reasons[2] and "missing ['extra/echo/x']" in reasons[3]
-    model_bytes = sum(v.nbytes for v in strategy.global_arrays.values())
+    model_bytes = sum(v.nbytes for v in strategy.model.global_arrays.values())
     assert records[0]["bytes_down"] > 4 * (model_bytes + 12)  # the extras count
-    assert all(keys == set(strategy.global_arrays) | {"extra/probe/x"} for keys in sent_keys(grid))
+    assert all(keys == set(strategy.model.global_arrays) | {"extra/probe/x"} for keys in sent_keys(grid))
 
 
 def test_per_client_accuracy_is_each_clients_own_share_keyed_by_id_in_order():

@@ -28,9 +28,9 @@ def context(partition: int, partitions: int = 4) -> Context:
 
 def test_a_strategy_takes_the_users_module_and_names_its_layer_groups():
     strategy = FedCMD(Net(), client_spec(lr=0.05), num_clients=4, fraction_train=0.5, kp=2)
-    assert strategy.groups == ["conv1", "conv2", "fc1", "fc2", "fc3"]
-    assert strategy.schema().keys(["fc3"]) == ["groups.fc3.weight", "groups.fc3.bias"]
-    spec = strategy.client_spec
+    assert strategy.model.groups == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    assert strategy.model.schema().keys(["fc3"]) == ["groups.fc3.weight", "groups.fc3.bias"]
+    spec = strategy.run.client_spec
     assert spec["train"]["lr"] == 0.05 and spec["train"]["epochs"] == 1 and len(spec["run"]) == 8
 
 
@@ -116,15 +116,15 @@ def test_a_method_that_reads_a_classifier_refuses_a_conv_head_and_others_take_it
         FedCMD(ConvHead(), client_spec(), num_clients=2, kp=1)
     with pytest.raises(SetupError, match=r"'conv2' holds \{'groups.conv2.weight': \[3, 4, 3, 3\]"):
         FedPer(ConvHead(), client_spec(), num_clients=2)
-    assert FedAvg(ConvHead(), client_spec(), num_clients=2).groups == ["conv1", "conv2"]  # no classifier read
+    assert FedAvg(ConvHead(), client_spec(), num_clients=2).model.groups == ["conv1", "conv2"]  # no classifier read
 
 
 def test_the_servers_model_is_drawn_from_the_seed_and_the_users_module_is_left_alone():
     net = Net()
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    a = FedPer(net, client_spec(), num_clients=2, seed=3).global_arrays
-    b = FedPer(Net(), client_spec(), num_clients=2, seed=3).global_arrays  # another Net(), another draw
-    c = FedPer(Net(), client_spec(), num_clients=2, seed=4).global_arrays
+    a = FedPer(net, client_spec(), num_clients=2, seed=3).model.global_arrays
+    b = FedPer(Net(), client_spec(), num_clients=2, seed=3).model.global_arrays  # another Net(), another draw
+    c = FedPer(Net(), client_spec(), num_clients=2, seed=4).model.global_arrays
     assert all(np.array_equal(a[k], b[k]) for k in a)  # the same seed: the same start, whatever Net() drew
     assert not np.array_equal(a["groups.fc3.weight"], c["groups.fc3.weight"])
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # the caller's module unchanged
@@ -146,8 +146,8 @@ def test_every_method_takes_the_arguments_a_flower_user_passes_to_fedavg(method)
     rounds = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     strategy = STRATEGIES[method](model, spec, num_clients=4, **FLOWER_FEDAVG_ARGS, **rounds)
-    assert (strategy.fraction, strategy.min_clients, strategy.min_available) == (0.5, 2, 4)
-    assert strategy.sample_size() == 2
+    assert (strategy.run.fraction, strategy.run.min_clients, strategy.min_available) == (0.5, 2, 4)
+    assert strategy.run.sample_size() == 2
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,13 @@ class Sender(Protocol):
 
     def build_message(
         self, client_id: int, server_round: int, task: str, message_type: str, down: Any, extra: Any
-    ) -> Message: ...
-    def collect_replies(self, server_round: int, replies: Any, task: str) -> tuple[list[ClientUpdate], list[dict]]: ...
+    ) -> Message:
+        """One message of ``task`` for ``client_id``, entered in the ledger."""
+        ...
+
+    def collect_replies(self, server_round: int, replies: Any, task: str) -> tuple[list[ClientUpdate], list[dict]]:
+        """The valid updates to the ledger's batch, in client-id order, and the dropped replies."""
+        ...
 
 
 class Clients(Mapping[int, ClientInfo]):

@@ -9,8 +9,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 
 def make_run_dir(output_dir: str | Path, method: str, dataset: str, now: dt.datetime | None = None) -> Path:
     """``<output_dir>/<YYYY-MM-DD>/<HH-MM-SS>-<method>-<dataset>[-N]`` (never reuses a directory)."""
@@ -36,8 +34,9 @@ class RunWriter:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rounds: list[dict[str, Any]] = []
 
-    def write_config(self, cfg: DictConfig) -> None:
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    def write_config(self, record: str) -> None:
+        """The run's composed config (``RunPlan.record``) as its config.yaml."""
+        (self.run_dir / "config.yaml").write_text(record)
 
     def append_round(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(jsonable(record), sort_keys=True)

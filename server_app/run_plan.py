@@ -4,8 +4,8 @@ The composed config (a hydra ``DictConfig``) is resolved here a single time per 
 own settings (rounds, clients, timeouts, output), the engine's, the data specification every
 client is sent and the server partitions, the architectures and who runs which, and the method's
 options. The runner passes this object from step to step, and the engines and the ServerApp take
-it; below the runner nothing reads the ``DictConfig`` (it stays in the plan for the run's record,
-``config.yaml``, and for the resume check that compares it with the saved one).
+it; nothing after this reads the ``DictConfig``: the plan keeps only its YAML text (``record``),
+the run's ``config.yaml`` and what a resume compares with the saved one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pflower.federated_data import DataSpec
 from pflower.strategies.base.client_spec import for_run
@@ -105,7 +105,7 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class RunPlan:
-    cfg: DictConfig  # the composed config: the run's record (config.yaml) and the resume check
+    record: str  # the composed config as YAML: the run's config.yaml, and what a resume compares with it
     run: RunSettings
     engine: EngineSettings
     data_fields: dict[str, Any]  # the DataSpec fields as every client receives them
@@ -126,7 +126,7 @@ class RunPlan:
         archs, assign = model_archs(cfg)
         models = model_entries(cfg, (archs, assign))
         return cls(
-            cfg=cfg,
+            record=OmegaConf.to_yaml(cfg),
             run=RunSettings.of(cfg),
             engine=EngineSettings.of(cfg),
             data_fields=fields,

@@ -149,7 +149,7 @@ def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> Prep
     directory and build its strategy: a method option that cannot work (FedCMD's ``kp >= rounds``...)
     is one line (ConfigError) and leaves no run directory behind."""
     plan = RunPlan.of(cfg)  # the config resolved once; every step below reads it
-    checkpoint = resumable(plan.cfg) if plan.run.resume else None
+    checkpoint = resumable(plan) if plan.run.resume else None
     if check_partition:
         check_data(plan)
     made_root = not Path(plan.run.output_dir).expanduser().exists()
@@ -199,7 +199,7 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
             origin["data_sha256"][:16],
         )
     if checkpoint is None:
-        writer.write_config(plan.cfg)
+        writer.write_config(plan.record)
         write_provenance(run_dir, grid, data=origin)
         log(INFO, "pflower run directory: %s", run_dir)  # absolute: see also the summary's run_dir
     else:
@@ -208,7 +208,7 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
         except ValueError as exc:
             raise CheckpointError(f"cannot resume from {checkpoint.path}: {exc}") from exc
         writer.rounds = restore_metrics(run_dir, strategy.run.history)
-        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(plan.cfg))  # the new rounds, if raised
+        atomic_write(run_dir / "config.yaml", plan.record)  # the new rounds, if raised
         write_provenance(run_dir, grid, resumed_after_round=checkpoint.round, data=origin)
         log(INFO, "pflower run directory: %s (resumed after round %d)", run_dir, checkpoint.round)
     every = run.checkpoint_every
@@ -302,23 +302,24 @@ def resume_record(run_dir: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]
     return out
 
 
-def resumable(cfg: DictConfig) -> Checkpoint:
-    """The checkpoint of ``cfg.resume``, after checking that ``cfg`` continues that run unchanged."""
-    run_dir = Path(str(cfg.resume)).expanduser().resolve()
+def resumable(plan: RunPlan) -> Checkpoint:
+    """The checkpoint of ``plan.run.resume``, after checking that the plan's config continues that
+    run unchanged (its record against the run's config.yaml)."""
+    run_dir = Path(str(plan.run.resume)).expanduser().resolve()
     checkpoint = load_checkpoint(run_dir)
-    diff = config_diff(cfg, load_saved_config(run_dir))
+    diff = config_diff(OmegaConf.create(plan.record), load_saved_config(run_dir))
     if diff:
         raise ConfigError(
             f"resume={run_dir}: the config differs from the run's config.yaml in {[d[0] for d in diff][:8]}; "
             "compose it with server_app.config.compose_config([..., 'resume=<dir>']), which takes the saved one"
         )
-    if checkpoint.method != cfg.method.name:
+    if checkpoint.method != plan.method:
         raise CheckpointError(
-            f"{checkpoint.path} is a {checkpoint.method} checkpoint but the run's method is {cfg.method.name}"
+            f"{checkpoint.path} is a {checkpoint.method} checkpoint but the run's method is {plan.method}"
         )
-    if int(cfg.rounds) < checkpoint.round:
+    if plan.run.rounds < checkpoint.round:
         raise ConfigError(
-            f"resume={run_dir}: the checkpoint is at round {checkpoint.round}; rounds={cfg.rounds} is fewer"
+            f"resume={run_dir}: the checkpoint is at round {checkpoint.round}; rounds={plan.run.rounds} is fewer"
         )
     return checkpoint
 

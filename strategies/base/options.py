@@ -90,6 +90,7 @@ def _accepts(tp: Any, value: Any) -> tuple[bool, Any]:
 
 
 def type_name(tp: Any) -> str:
+    """A type as an error message and the options table write it (``float | null``)."""
     return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "").replace("NoneType", "null")
 
 
@@ -101,6 +102,7 @@ class MethodOptions:
 
     @classmethod
     def hints(cls) -> dict[str, Any]:
+        """The fields' resolved types (cached: the check of every value reads them)."""
         if cls not in MethodOptions._hints:
             MethodOptions._hints[cls] = typing.get_type_hints(cls)
         return MethodOptions._hints[cls]
@@ -118,10 +120,12 @@ class MethodOptions:
 
     @classmethod
     def names(cls) -> list[str]:
+        """The option names, in declaration order (what ``method.<name>=`` accepts)."""
         return [f.name for f in fields(cls)]
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
+        """Each option's default: the one place a default is written (the yaml starts from it)."""
         return {
             f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             for f in fields(cls)
@@ -149,6 +153,7 @@ class MethodOptions:
             ) from None
 
     def to_dict(self) -> dict[str, Any]:
+        """The values by name (the run's summary and log list them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod

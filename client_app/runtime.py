@@ -41,7 +41,9 @@ from .training import TrainArgs, evaluate, pick_device
 # Test hook (tests/e2e only, never set it on a real device): node config ``test-fault`` makes
 # this node tamper with its train replies so the server's validation can be tested on real
 # processes. Values: ``nan`` (NaN weights), ``shape`` (a wrong tensor shape), ``count`` (a
-# forged num-examples), or a comma list cycled over the rounds ("shape,nan,count").
+# forged num-examples), ``slow:<seconds>`` (a valid reply, sent that many seconds late: past
+# the round's timeout it is a late reply the server must refuse), or a comma list cycled over
+# the rounds ("shape,nan,count").
 TEST_FAULT_KEY = "test-fault"
 
 
@@ -419,8 +421,13 @@ def _tamper(fault: str, server_round: int, metrics: dict[str, float], tensors: d
         tensors[key] = np.zeros((*tensors[key].shape[:-1], tensors[key].shape[-1] + 1), tensors[key].dtype)
     elif kind == "count":
         metrics["num-examples"] = metrics["num-examples"] * 10 + 7
+    elif kind.startswith("slow:"):
+        seconds = float(kind.split(":", 1)[1])
+        log(WARNING, "%s: round %d reply held back %.1f s on purpose", TEST_FAULT_KEY, server_round, seconds)
+        time.sleep(seconds)
+        return
     elif kind != "none":
-        raise ValueError(f"unknown {TEST_FAULT_KEY} {kind!r}: use nan, shape, count or none")
+        raise ValueError(f"unknown {TEST_FAULT_KEY} {kind!r}: use nan, shape, count, slow:<seconds> or none")
     log(WARNING, "%s: round %d reply tampered with (%s) on purpose", TEST_FAULT_KEY, server_round, kind)
 
 

@@ -119,3 +119,14 @@ def tiny_overrides() -> list[str]:
         "partition.min_size=20",
         "alpha=1.0",
     ]
+
+
+@pytest.fixture
+def serverapp_identity():
+    """What a ServerApp process has set before it builds a Message (Flower's TaskIdentity; the
+    in-process grid sets the same)."""
+    from pflower.protocol.compat import TaskIdentity
+
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 0
+    TaskIdentity.task_id = 0

@@ -19,7 +19,7 @@ from flwr.serverapp.strategy import Result
 from .architectures import Architectures
 from .client_directory import ClientInfo
 from .hooks import Absorb
-from .messaging import TTL_MARGIN_S, send_and_receive
+from .messaging import TTL_MARGIN_S, late_replies, send_and_receive
 from .resume import check_client_state, clients_without_state
 from .round_log import format_round, run_elapsed
 from .run_context import RunContext
@@ -123,6 +123,9 @@ def run_rounds(
             replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
         arrays, metrics = s.aggregate_train(rnd, replies)
         record = s.run.history[-1]
+        late = late_replies(grid).take()  # replies to earlier rounds that came during this one
+        if late:
+            record["late_replies"] = late
         if lost:
             record["client_state_lost"], lost = lost, []
         if evaluate_fn is not None:

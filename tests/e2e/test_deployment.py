@@ -10,7 +10,8 @@ Three deployments are started, one per file (test_deployment.py, test_deployment
 test_deployment_methods.py: each file is an xdist work unit, so two workers build two of them at
 once), and several tests read each one's results:
 - loopback: 4 SuperNodes; node 3 tampers with its replies (wrong shape, NaN weights, forged
-  count: the `test-fault` test hook of client_app/runtime.py); node 1 is killed in the middle
+  count: the `test-fault` test hook of client_app/runtime.py) and sends one reply after its
+  round's timeout; node 1 is killed in the middle
   of round 3 and restarted with the same client id, key, data and state directories; a fifth
   SuperNode holding an unregistered key tries to join;
 - network namespaces (when this machine allows creating them): 3 SuperNodes with their own
@@ -45,6 +46,12 @@ from pflower.client_app.state import read_state_file
 
 pytestmark = pytest.mark.slow
 
+# node 3's replies, one kind a round (cycled): tampered ones the server rejects, and in round 3
+# (which waits out its timeout anyway: node 1 is killed in it) a valid reply sent 60 s late, past
+# the 45 s timeout, which the server must refuse when it arrives during a later round
+NODE3_KINDS = ["shape", "nan", "slow:60", "count", "shape", "nan"]
+NODE3_FAULTS = ",".join(NODE3_KINDS)
+
 
 # ----------------------------------------------------------------------------- loopback deployment
 
@@ -53,7 +60,7 @@ pytestmark = pytest.mark.slow
 def loopback(tmp_path_factory):
     """4 SuperNodes over loopback: tampering node 3, node 1 killed mid-round 3 and restarted, a rogue node."""
     tmp = tmp_path_factory.mktemp("loopback")
-    cluster = Cluster(tmp, nodes=4, extra_keys=1, node_config={3: {"test-fault": "shape,nan,count"}})
+    cluster = Cluster(tmp, nodes=4, extra_keys=1, node_config={3: {"test-fault": NODE3_FAULTS}})
     timings: dict = {}
     try:
         t0 = time.monotonic()
@@ -153,12 +160,16 @@ def test_supernode_without_registered_key_is_refused(loopback):
 
 def test_tampered_replies_are_rejected_and_the_global_model_is_unharmed(loopback):
     rounds = loopback["cluster"].rounds()
-    expected = {"shape": "has shape", "nan": "NaN or infinite", "count": "does not match"}
-    kinds = ["shape", "nan", "count"]
+    expected = {
+        "shape": "has shape",
+        "nan": "NaN or infinite",
+        "count": "does not match",
+        "slow:60": "no reply before the round timeout",
+    }
     for r in rounds:
         assert 3 not in r["clients"], r
         reasons = [d["reason"] for d in r["dropped"] if d["client"] == 3]
-        kind = kinds[(r["round"] - 1) % 3]
+        kind = NODE3_KINDS[(r["round"] - 1) % len(NODE3_KINDS)]
         assert len(reasons) == 1 and expected[kind] in reasons[0], (r["round"], kind, reasons)
         # what was aggregated stayed finite: every accepted client evaluates it fine next round
         assert math.isfinite(r["test_before_loss"]) and math.isfinite(r["test_after_loss"])
@@ -167,6 +178,17 @@ def test_tampered_replies_are_rejected_and_the_global_model_is_unharmed(loopback
     assert "dropped reply of client 3" in log  # the strategy logs each rejection
     summary = json.loads((loopback["cluster"].run_dir() / "summary.json").read_text())
     assert math.isfinite(summary["final_loss"]) and summary["final_acc"] > 0.5
+
+
+def test_a_reply_that_comes_after_its_round_closed_is_refused_and_logged(loopback):
+    rounds = loopback["cluster"].rounds()
+    late = [(r["round"], x["client"], x["round"], x["late_s"]) for r in rounds for x in r.get("late_replies", [])]
+    # node 3's round-3 reply (held back 60 s, the timeout is 45 s) is listed by the round it came in
+    came_in = [(at, late_s) for at, client, answered, late_s in late if (client, answered) == (3, 3)]
+    assert len(came_in) == 1 and came_in[0][0] > 3 and came_in[0][1] > 0, late
+    assert all(answered < at for at, _, answered, _ in late), late
+    assert "late reply of client 3 to round 3" in loopback["run"].text()
+    assert "reply held back 60.0 s on purpose" in loopback["cluster"].procs["supernode-3"].text()
 
 
 def test_killed_supernode_round_completes_and_restart_restores_personal_layers(loopback):

@@ -207,6 +207,20 @@ def test_the_fault_hook_produces_replies_the_server_rejects(fault, round_, match
         )
 
 
+def test_the_slow_fault_holds_a_valid_reply_back(monkeypatch):
+    from pflower.client_app import runtime
+
+    slept = []
+    monkeypatch.setattr(runtime.time, "sleep", slept.append)
+    tensors = {"w": np.ones((3, 4), np.float32)}
+    metrics = {"client-id": 0, "num-examples": 50, "test_size": 10}
+    runtime._tamper("slow:12.5", 1, metrics, tensors)
+    assert slept == [12.5]
+    assert metrics["num-examples"] == 50 and np.array_equal(tensors["w"], np.ones((3, 4), np.float32))
+    with pytest.raises(ValueError, match="slow:<seconds>"):
+        runtime._tamper("late", 1, metrics, tensors)
+
+
 def _dockerfile_sources() -> list[str]:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     return [s for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for s in line.split()[:-1]]

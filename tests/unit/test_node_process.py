@@ -196,13 +196,18 @@ class SlowGrid:
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
-def test_replies_are_collected_within_a_poll_of_their_arrival():
+def test_replies_are_collected_within_a_poll_of_their_arrival(serverapp_identity):
+    from flwr.app import Message, RecordDict
+
+    def messages(n):
+        return [Message(RecordDict(), dst_node_id=i + 1, message_type="train") for i in range(n)]
+
     grid = SlowGrid(0.3)
     t0 = time.monotonic()
-    replies = send_and_receive(grid, [object(), object()], timeout=30)
+    replies = send_and_receive(grid, messages(2), timeout=30)
     waited = time.monotonic() - t0
     assert len(replies) == 2 and waited < 0.3 + 2 * REPLY_POLL_S + 0.5  # Flower's own loop: 3 s
-    assert send_and_receive(SlowGrid(10), [object()], timeout=0.3) == []
+    assert send_and_receive(SlowGrid(10), messages(1), timeout=0.3) == []
 
 
 def test_a_grid_that_only_answers_synchronously_keeps_its_own_loop():

@@ -1,0 +1,422 @@
+"""Benchmark: one SuperLink carrying many SuperNodes, then some of them too slow for the round.
+
+Issue 62, item 3. A real SuperLink, its ServerApp SuperExec and N SuperNodes on loopback, TLS
+and node authentication on (the e2e tests' :class:`Cluster`, laid out from
+``docker/topology.yaml``), every node with warm ClientApps (``--isolation process`` beside a
+``pflower-superexec``) and started by ``pflower-supernode``. Workload: FedAvg, LeNet-5 on the
+digits (each node holds its own IID share, ``dataset=local``), ``--per-round`` clients a round,
+1 local epoch. Two runs, each on a freshly started federation:
+
+* **all on time**: ``--rounds`` rounds;
+* **slow**: the same, with ``--slow`` of the nodes holding every reply back past the round's
+  timeout (the test-only node config ``test-fault=slow:<seconds>``); then the run is resumed
+  from its checkpoint for 2 more rounds (``resume=<run dir>``) on the same federation.
+
+Every node process runs at nice 10 (``NODE_NICE``: on one machine they stand in for devices of
+their own, and the SuperLink must not starve behind them).
+
+Measured for each federation: how long it takes to come up (from the first process started to
+every SuperNode accepted by the SuperLink), and while it lasts (a sampler thread, every
+``--interval`` s):
+
+* memory per node: the PSS (proportional set size: shared pages divided among the processes
+  that map them) of the node's SuperNode, its SuperExec, the fork server and any ClientApp it
+  forked, summed; the peak over the run, per node, then the median and largest over nodes;
+* the SuperLink's CPU: its process's user + system seconds over the idle minute before the run
+  (the nodes only polling) and over the rounds, as a share of one core.
+
+The slow run's record: per round, who was aggregated, who was dropped for "no reply before the
+round timeout", which late replies the ServerApp refused (``late_replies`` in the round
+record), and how many the SuperLink refused itself (its log: the message had expired).
+
+Run: ``python -m benchmarks.many_nodes`` (``--nodes 50 --per-round 10 --rounds 5 --slow 10``).
+The e2e test ``tests/e2e/test_deployment.py`` keeps a small version (one late reply, 4 nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import markdown_table, median, publish, run_header
+from benchmarks.deployment import _cluster_module
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+IDLE_S = 60.0  # the idle window before a run: every node only polling
+# The nodes (SuperNode, SuperExec, ClientApps) run at a lower CPU priority than the SuperLink and
+# the ServerApp: on one machine they stand in for devices of their own, and the server must not
+# starve behind them. Without it, 50 nodes on 2 cores answering the join query at once (30 of them
+# starting a fresh ClientApp process each) held the cores so long that the ServerApp's TLS
+# handshake with the SuperLink timed out and the run ended before round 1.
+NODE_NICE = ["nice", "-n", "10"]
+# SuperNodes started together, each batch accepted by the SuperLink before the next starts (as a
+# fleet comes online over time). All 50 at once on 2 cores: 9 were refused. Most likely a node's activation
+# timed out on its side but registered it online at the SuperLink, so its retry was refused
+# (HTTP 412, FAILED_PRECONDITION) and Flower's SuperNode gave up after 2 tries (exit 305).
+START_BATCH = 10
+# memory a node needs, measured here (benchmarks/results/many_nodes.md: PSS at its peak): a warm
+# node (SuperNode, SuperExec, a fork server holding torch, its forked ClientApps) and a cold one
+# (SuperNode, its SuperExec; a ClientApp process of ~0.55 GiB while a message runs)
+WARM_NODE_MIB = 580
+COLD_NODE_MIB = 260
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            stack += kids
+    return out
+
+
+def pss_kib(pid: int) -> int:
+    """The process's PSS in KiB (0 when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) if found else 0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class MemorySampler(threading.Thread):
+    """Every ``interval`` s: each node's PSS (all its processes), keeping each node's peak."""
+
+    def __init__(self, roots: dict[int, list[int]], interval: float) -> None:
+        super().__init__(daemon=True)
+        self.roots, self.interval = roots, interval
+        self.peak: dict[int, int] = dict.fromkeys(roots, 0)
+        self.peak_total = 0
+        self.min_available = _meminfo("MemAvailable")  # KiB: how close the machine came to its end
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            total = 0
+            for node, pids in self.roots.items():
+                every = {p for root in pids for p in (root, *children(root))}
+                kib = sum(pss_kib(p) for p in every)
+                self.peak[node] = max(self.peak[node], kib)
+                total += kib
+            self.peak_total = max(self.peak_total, total)
+            self.min_available = min(self.min_available, _meminfo("MemAvailable"))
+            self.stop.wait(self.interval)
+
+
+def start_federation(e2e: Any, tmp: Path, nodes: int, warm: int, slow: dict[int, float]) -> Any:
+    """N SuperNodes started by pflower-supernode, the first ``warm`` with warm ClientApps (a
+    pflower-superexec each), the others starting a fresh ClientApp process per message
+    (``--isolation subprocess``); ``slow``: node -> seconds each reply is held back."""
+    node_config = {
+        i: {"torch-threads": 1, **({"test-fault": f"slow:{slow[i]:g}"} if i in slow else {})} for i in range(nodes)
+    }
+    cluster = e2e.Cluster(tmp, nodes=nodes, node_config=node_config, isolation="process")
+    node_argv = cluster.node_argv
+    launcher = str(Path(sys.executable).parent / "pflower-supernode")
+
+    def argv(i: int, **kw: Any) -> list[str]:
+        out = [launcher, *node_argv(i, **kw)[1:]]
+        if i >= warm:
+            out[out.index("--isolation") + 1] = "subprocess"
+        return [*NODE_NICE, *out]
+
+    start = cluster.start
+
+    def start_unless_cold(name: str, args: list[str], home: str, netns_index: int | None = None) -> Any:
+        kind, _, index = name.rpartition("-")
+        if kind == "clientapp" and int(index) >= warm:
+            return None  # a cold node's SuperNode starts its ClientApps itself
+        proc = start(name, [*NODE_NICE, *args] if kind == "clientapp" else args, home, netns_index)
+        i = int(index) if kind in ("supernode", "clientapp") else -1
+        last_of_node = kind == "clientapp" or (kind == "supernode" and i >= warm)
+        if last_of_node and ((i + 1) % START_BATCH == 0 or i == nodes - 1):
+            accepted(e2e, cluster, range(i - i % START_BATCH, i + 1))
+        return proc
+
+    cluster.node_argv, cluster.start = argv, start_unless_cold
+    cluster.prepare(["dataset=digits", "partition=iid"])
+    cluster.up(timeout=300)
+    return cluster
+
+
+def accepted(e2e: Any, cluster: Any, batch: range) -> None:
+    """Wait until every node of ``batch`` is accepted by the SuperLink (its log has its node id);
+    a node that gave up (Flower's exit 305) stops the benchmark with its log."""
+    procs = {i: cluster.procs[f"supernode-{i}"] for i in batch}
+    e2e.wait_for(
+        lambda: all("SuperNode ID:" in p.text() or not p.alive() for p in procs.values()),
+        300,
+        f"SuperNodes {batch.start}-{batch.stop - 1} to be accepted",
+        interval=0.5,
+    )
+    gone = [i for i, p in procs.items() if not p.alive()]
+    if gone:
+        raise RuntimeError(f"SuperNodes {gone} gave up joining:\n{procs[gone[0]].text()[-2000:]}")
+
+
+def node_roots(cluster: Any, nodes: int) -> dict[int, list[int]]:
+    kinds = ("supernode", "clientapp")
+    return {i: [cluster.procs[f"{k}-{i}"].pid for k in kinds if f"{k}-{i}" in cluster.procs] for i in range(nodes)}
+
+
+def run_rounds(e2e: Any, cluster: Any, config: str, rounds: int, deadline_s: float, log_name: str) -> dict[str, Any]:
+    """One ``flwr run``; returns its round records, wall time and the SuperLink's CPU seconds."""
+    link = cluster.procs["superlink"].pid
+    cpu0, t0 = cpu_s(link), time.monotonic()
+    run = cluster.flwr_run(config, log_name=log_name)
+    e2e.wait_for(lambda: not run.alive(), deadline_s, f"{log_name} to finish", interval=1.0)
+    wall, cpu = time.monotonic() - t0, cpu_s(link) - cpu0
+    run_dir = cluster.run_dir("fedavg")
+    records = cluster.rounds("fedavg")
+    if run.popen.returncode != 0 or len(records) != rounds:
+        raise RuntimeError(
+            f"{log_name}: exit {run.popen.returncode}, {len(records)} of {rounds} rounds:\n{run.text()[-4000:]}"
+        )
+    return {"records": records, "wall": wall, "link_cpu": cpu, "run": run, "run_dir": run_dir}
+
+
+def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) -> dict[str, Any]:
+    e2e = _cluster_module()
+    t_up = time.monotonic()
+    cluster = start_federation(e2e, tmp, args.nodes, args.warm, slow)
+    try:
+        cluster.wait_healthy(60)
+        e2e.wait_for(
+            lambda: all("SuperNode ID:" in cluster.procs[f"supernode-{i}"].text() for i in range(args.nodes)),
+            600,
+            "every SuperNode to be accepted",
+            interval=1.0,
+        )
+        up_s = time.monotonic() - t_up
+        link = cluster.procs["superlink"].pid
+        sampler = MemorySampler(node_roots(cluster, args.nodes), args.interval)
+        sampler.start()
+        time.sleep(30)  # the warm fork servers up (each imports torch once) before the idle window
+        idle0 = cpu_s(link)
+        time.sleep(IDLE_S)
+        idle_cpu = cpu_s(link) - idle0
+        timeout = args.timeout if slow else 300
+        config = cluster.topo.run_config(
+            output_dir=cluster.place.output_dir,
+            rounds=args.rounds,
+            method="fedavg",
+            fraction=args.per_round / args.nodes,
+            local_epochs=1,
+            batch_size=32,
+            overrides=f"final_eval=false round_timeout={timeout}",
+        )
+        result = run_rounds(e2e, cluster, config, args.rounds, 300 + args.rounds * (timeout + 60), "flwr-run")
+        result.update(up_s=up_s, idle_cpu=idle_cpu, timeout=timeout)
+        if slow:  # resume the run for 2 more rounds on the same federation
+            resumed_config = cluster.topo.run_config(
+                output_dir=cluster.place.output_dir,
+                rounds=args.rounds + 2,
+                method="fedavg",
+                fraction=args.per_round / args.nodes,
+                local_epochs=1,
+                batch_size=32,
+                resume=str(result["run_dir"]),
+                overrides=f"final_eval=false round_timeout={timeout}",
+            )
+            resumed = run_rounds(e2e, cluster, resumed_config, args.rounds + 2, 300 + 2 * (timeout + 60), "flwr-resume")
+            resumed["summary"] = json.loads((resumed["run_dir"] / "summary.json").read_text())
+            resumed["same_dir"] = resumed["run_dir"] == result["run_dir"]
+            result["resumed"] = resumed
+            time.sleep(max(slow.values()) - timeout + 5)  # the last slow replies reach the SuperLink
+        sampler.stop.set()
+        sampler.join()
+        result.update(
+            peak=sampler.peak,
+            peak_total=sampler.peak_total,
+            min_available=sampler.min_available,
+            link_log=cluster.procs["superlink"].text(),
+            mem_total_kib=_meminfo("MemTotal"),
+        )
+        return result
+    finally:
+        cluster.close()
+
+
+def _meminfo(key: str) -> int:
+    found = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    return int(found.group(1)) if found else 0
+
+
+def load_row(name: str, args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    recs = result["records"]
+    warm = sorted(kib for i, kib in result["peak"].items() if i < args.warm)
+    cold = sorted(kib for i, kib in result["peak"].items() if i >= args.warm)
+    rounds_s = [r["round_time_s"] for r in recs]
+
+    def per_message(key: str) -> str:
+        values = [r[key] / len(r["clients"]) for r in recs if r.get("clients") and key in r]
+        return f"{median(values):.2f}" if values else "-"
+
+    def mib(values: list[int]) -> str:
+        return f"{median(values) / 1024:.0f}, {values[-1] / 1024:.0f}" if values else "-"
+
+    return {
+        "run": name,
+        "nodes": args.nodes,
+        "clients a round": args.per_round,
+        "rounds": len(recs),
+        "federation up s": f"{result['up_s']:.0f}",
+        "round s (median)": f"{median(rounds_s):.1f}",
+        "a message: start, train, eval s": ", ".join(
+            per_message(k) for k in ("client_cold_start_s", "client_train_s", "client_eval_s")
+        ),
+        "warm nodes": len(warm),
+        "warm node PSS MiB (median, max)": mib(warm),
+        "cold node PSS MiB (median, max)": mib(cold),
+        "all nodes PSS GiB (peak)": f"{result['peak_total'] / 2**20:.1f}",
+        "machine's available GiB (lowest)": f"{result['min_available'] / 2**20:.1f}",
+        "SuperLink CPU, idle": f"{100 * result['idle_cpu'] / IDLE_S:.1f} %",
+        "SuperLink CPU, rounds": f"{100 * result['link_cpu'] / result['wall']:.1f} %",
+    }
+
+
+def slow_rows(result: dict[str, Any], slow: set[int]) -> list[dict[str, Any]]:
+    rows = []
+    for r in result["records"] + result.get("resumed", {}).get("records", [])[len(result["records"]) :]:
+        dropped = [d["client"] for d in r["dropped"] if d["reason"] == "no reply before the round timeout"]
+        on_time_dropped = [c for c in dropped if c not in slow]
+        late = r.get("late_replies", [])
+        rows.append(
+            {
+                "round": r["round"],
+                "aggregated": len(r["clients"]),
+                "slow sampled": len([c for c in [*r["clients"], *dropped] if c in slow]),
+                "dropped (no reply in time)": ", ".join(map(str, dropped)) or "-",
+                "of them not slowed": ", ".join(map(str, on_time_dropped)) or "-",
+                "late replies refused": ", ".join(
+                    f"{x['client']} (round {x['round']}, +{x['late_s']:.0f} s)" for x in late
+                )
+                or "-",
+                "round s": f"{r['round_time_s']:.1f}",
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warm", type=int, help="nodes with warm ClientApps, the first ones (default: all)")
+    parser.add_argument("--slow", type=int, default=10, help="nodes (the last ones) too slow for the round")
+    parser.add_argument(
+        "--timeout", type=float, default=90.0, help="round_timeout of the slow run (s): above an on-time round's"
+    )
+    parser.add_argument("--late", type=float, default=30.0, help="how far past the timeout a slow reply comes (s)")
+    parser.add_argument("--interval", type=float, default=2.0, help="memory sampling period (s)")
+    parser.add_argument("--only", choices=["on-time", "slow"], help="run one of the two")
+    parser.add_argument("--out", default="benchmarks/results/many_nodes.md")
+    args = parser.parse_args(argv)
+    args.warm = args.nodes if args.warm is None else min(args.warm, args.nodes)
+    need = (args.warm * WARM_NODE_MIB + (args.nodes - args.warm) * COLD_NODE_MIB) / 1024
+    have = _meminfo("MemAvailable") / 2**20
+    if need > 0.9 * have:
+        raise SystemExit(
+            f"{args.nodes} nodes ({args.warm} warm) need about {need:.1f} GiB, this machine has {have:.1f} GiB "
+            f"available: pass fewer --nodes (or --warm)"
+        )
+    started = time.time()
+    slow = {i: args.timeout + args.late for i in range(args.nodes - args.slow, args.nodes)}
+    results: dict[str, dict[str, Any]] = {}
+    for name, which in (("all on time", {}), ("slow", slow)):
+        if args.only and args.only != ("slow" if which else "on-time"):
+            continue
+        with tempfile.TemporaryDirectory(prefix="pflower-many-nodes-") as tmp:
+            results[name] = one_federation(args, which, Path(tmp))
+        print(name, json.dumps(load_row(name, args, results[name])), flush=True)
+    parts = [
+        "# Many SuperNodes on one SuperLink",
+        run_header("python -m benchmarks.many_nodes " + " ".join(argv if argv is not None else sys.argv[1:]), started),
+        f"{args.nodes} SuperNodes on loopback, TLS and node authentication on, started by "
+        f"`pflower-supernode`; nodes 0-{args.warm - 1} with warm ClientApps (`pflower-superexec`), "
+        f"the others a fresh ClientApp process per message; the nodes at nice 10, the SuperLink and "
+        f"ServerApp at 0 (the nodes stand in for devices of their own: see NODE_NICE); FedAvg, LeNet-5, "
+        f"digits (IID shares), "
+        f"{args.per_round} clients a round, 1 local epoch. Memory: PSS per node (SuperNode, SuperExec, "
+        f"fork server, forked ClientApps), the peak over the run; machine memory "
+        f"{next(iter(results.values()))['mem_total_kib'] / 2**20:.1f} GiB. SuperLink CPU: share of one "
+        f"core over the {IDLE_S:.0f} s before the run (nodes polling) and over the run.",
+        markdown_table([load_row(n, args, r) for n, r in results.items()], COLUMNS),
+    ]
+    if "slow" in results:
+        res = results["slow"]
+        slow_clients = set(slow)
+        # Flower's SuperLink: a reply to an expired message, or to a run that has finished
+        refused_by_link = len(re.findall(r"has expired|Invalid run ID for Message", res["link_log"]))
+        resumed = res["resumed"]
+        summary = resumed["summary"]
+        parts += [
+            "## The slow run",
+            f"Nodes {min(slow)}-{max(slow)} hold every train reply back {args.timeout + args.late:g} s "
+            f"(`test-fault=slow:{args.timeout + args.late:g}`); `round_timeout={res['timeout']:g}`. Rounds "
+            f"1-{args.rounds}, then resumed from the checkpoint for 2 more (rounds {args.rounds + 1}-"
+            f"{args.rounds + 2}, a new `flwr run` with `resume=<run dir>`). A late reply is listed in "
+            "the round it came in.",
+            markdown_table(slow_rows(res, slow_clients), SLOW_COLUMNS),
+            f"Late replies the SuperLink refused itself (their message had expired, or their run had "
+            f"ended): {refused_by_link}. "
+            f"Resumed: `resumed_after_rounds` {summary.get('resumed_after_rounds')}, rounds in the "
+            f"run directory's metrics.jsonl after it: {[r['round'] for r in resumed['records']]} "
+            f"({'the same' if resumed['same_dir'] else 'another'} run directory).",
+        ]
+    publish("\n\n".join(parts), args.out)
+    return 0
+
+
+COLUMNS = [
+    "run",
+    "nodes",
+    "clients a round",
+    "rounds",
+    "federation up s",
+    "round s (median)",
+    "a message: start, train, eval s",
+    "warm nodes",
+    "warm node PSS MiB (median, max)",
+    "cold node PSS MiB (median, max)",
+    "all nodes PSS GiB (peak)",
+    "machine's available GiB (lowest)",
+    "SuperLink CPU, idle",
+    "SuperLink CPU, rounds",
+]
+SLOW_COLUMNS = [
+    "round",
+    "aggregated",
+    "slow sampled",
+    "dropped (no reply in time)",
+    "of them not slowed",
+    "late replies refused",
+    "round s",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

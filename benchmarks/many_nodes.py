@@ -58,13 +58,14 @@ IDLE_S = 60.0  # the idle window before a run: every node only polling
 # handshake with the SuperLink timed out and the run ended before round 1.
 NODE_NICE = ["nice", "-n", "10"]
 # SuperNodes started together, each batch accepted by the SuperLink before the next starts (as a
-# fleet comes online over time). All 50 at once on 2 cores: 9 were refused. Most likely a node's activation
-# timed out on its side but registered it online at the SuperLink, so its retry was refused
-# (HTTP 412, FAILED_PRECONDITION) and Flower's SuperNode gave up after 2 tries (exit 305).
+# fleet comes online over time). All 50 at once on 2 cores: 9 were refused. Most likely a node's
+# activation timed out on its side but registered it online at the SuperLink, so its retry was
+# refused (HTTP 412, FAILED_PRECONDITION) and Flower's SuperNode gave up after 2 tries (exit 305).
 START_BATCH = 10
-# memory a node needs, measured here (benchmarks/results/many_nodes.md: PSS at its peak): a warm
-# node (SuperNode, SuperExec, a fork server holding torch, its forked ClientApps) and a cold one
-# (SuperNode, its SuperExec; a ClientApp process of ~0.55 GiB while a message runs)
+# memory a node needs, for the check before a run: a warm node (SuperNode, SuperExec, a fork
+# server holding torch, its forked ClientApps; benchmarks/results/many_nodes.md: 560-606 MiB PSS at
+# its peak) and a cold one idle (SuperNode and its SuperExec, no fork server: an estimate, not in
+# that table; each message it runs starts a full ClientApp process besides)
 WARM_NODE_MIB = 580
 COLD_NODE_MIB = 260
 
@@ -194,7 +195,7 @@ def run_rounds(e2e: Any, cluster: Any, config: str, rounds: int, deadline_s: flo
         raise RuntimeError(
             f"{log_name}: exit {run.popen.returncode}, {len(records)} of {rounds} rounds:\n{run.text()[-4000:]}"
         )
-    return {"records": records, "wall": wall, "link_cpu": cpu, "run": run, "run_dir": run_dir}
+    return {"records": records, "wall": wall, "link_cpu": cpu, "run_dir": run_dir}
 
 
 def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) -> dict[str, Any]:
@@ -202,14 +203,7 @@ def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) 
     t_up = time.monotonic()
     cluster = start_federation(e2e, tmp, args.nodes, args.warm, slow)
     try:
-        cluster.wait_healthy(60)
-        e2e.wait_for(
-            lambda: all("SuperNode ID:" in cluster.procs[f"supernode-{i}"].text() for i in range(args.nodes)),
-            600,
-            "every SuperNode to be accepted",
-            interval=1.0,
-        )
-        up_s = time.monotonic() - t_up
+        up_s = time.monotonic() - t_up  # every SuperNode accepted (start_federation waits, batch by batch)
         link = cluster.procs["superlink"].pid
         sampler = MemorySampler(node_roots(cluster, args.nodes), args.interval)
         sampler.start()
@@ -218,28 +212,24 @@ def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) 
         time.sleep(IDLE_S)
         idle_cpu = cpu_s(link) - idle0
         timeout = args.timeout if slow else 300
-        config = cluster.topo.run_config(
-            output_dir=cluster.place.output_dir,
-            rounds=args.rounds,
-            method="fedavg",
-            fraction=args.per_round / args.nodes,
-            local_epochs=1,
-            batch_size=32,
-            overrides=f"final_eval=false round_timeout={timeout}",
-        )
-        result = run_rounds(e2e, cluster, config, args.rounds, 300 + args.rounds * (timeout + 60), "flwr-run")
-        result.update(up_s=up_s, idle_cpu=idle_cpu, timeout=timeout)
-        if slow:  # resume the run for 2 more rounds on the same federation
-            resumed_config = cluster.topo.run_config(
+
+        def config(rounds: int, **extra: Any) -> str:
+            return cluster.topo.run_config(
                 output_dir=cluster.place.output_dir,
-                rounds=args.rounds + 2,
+                rounds=rounds,
                 method="fedavg",
                 fraction=args.per_round / args.nodes,
                 local_epochs=1,
                 batch_size=32,
-                resume=str(result["run_dir"]),
                 overrides=f"final_eval=false round_timeout={timeout}",
+                **extra,
             )
+
+        deadline = 300 + args.rounds * (timeout + 60)
+        result = run_rounds(e2e, cluster, config(args.rounds), args.rounds, deadline, "flwr-run")
+        result.update(up_s=up_s, idle_cpu=idle_cpu, timeout=timeout)
+        if slow:  # resume the run for 2 more rounds on the same federation
+            resumed_config = config(args.rounds + 2, resume=str(result["run_dir"]))
             resumed = run_rounds(e2e, cluster, resumed_config, args.rounds + 2, 300 + 2 * (timeout + 60), "flwr-resume")
             resumed["summary"] = json.loads((resumed["run_dir"] / "summary.json").read_text())
             resumed["same_dir"] = resumed["run_dir"] == result["run_dir"]

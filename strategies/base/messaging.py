@@ -2,8 +2,8 @@
 
 A reply that comes after the server stopped waiting for it (a slow device, one back from an
 outage within the message's time to live) is refused: it is never aggregated, its arrival is
-logged with the client, the round it answers and how late it is, and the next round's record
-lists it (``late_replies``). The ids the server gave up on are pulled with every later batch
+logged with the client, the round it answers and how late it is, and the record of the round
+it came in lists it (``late_replies``). The ids the server gave up on are pulled with every later batch
 until the SuperLink drops their messages (the TTL); after that the SuperLink itself refuses
 the reply ("The message it replies to ... has expired", in its log).
 """

@@ -21,7 +21,9 @@ every SuperNode accepted by the SuperLink), and while it lasts (a sampler thread
 
 * memory per node: the PSS (proportional set size: shared pages divided among the processes
   that map them) of the node's SuperNode, its SuperExec, the fork server and any ClientApp it
-  forked, summed; the peak over the run, per node, then the median and largest over nodes;
+  forked, summed; the peak over the run, per node, then the median and largest over nodes.
+  With ``--per-superexec K`` one ``pflower-superexec`` serves K SuperNodes (one fork server,
+  torch imported once for the K): its processes' PSS is divided evenly among its nodes;
 * the SuperLink's CPU: its process's user + system seconds over the idle minute before the run
   (the nodes only polling) and over the rounds, as a share of one core.
 
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +65,31 @@ NODE_NICE = ["nice", "-n", "10"]
 # activation timed out on its side but registered it online at the SuperLink, so its retry was
 # refused (HTTP 412, FAILED_PRECONDITION) and Flower's SuperNode gave up after 2 tries (exit 305).
 START_BATCH = 10
-# memory a node needs, for the check before a run: a warm node (SuperNode, SuperExec, a fork
-# server holding torch, its forked ClientApps; benchmarks/results/many_nodes.md: 560-606 MiB PSS at
-# its peak) and a cold one idle (SuperNode and its SuperExec, no fork server: an estimate, not in
-# that table; each message it runs starts a full ClientApp process besides)
+# memory a node needs, for the check before a run: a warm node with a SuperExec of its own (SuperNode,
+# SuperExec, a fork server holding torch, its forked ClientApps; benchmarks/results/many_nodes.md:
+# 560-606 MiB PSS at its peak); of it, the SuperNode process alone (115-122 MiB in the e2e
+# clusters); a cold one idle (SuperNode and its SuperExec, no fork server: an estimate, not in that
+# table; each message it runs starts a full ClientApp process besides); a ClientApp forked for a
+# round, at most --per-round at once (an estimate)
 WARM_NODE_MIB = 580
+SUPERNODE_MIB = 125
 COLD_NODE_MIB = 260
+FORKED_APP_MIB = 150
+
+
+def memory_needed_mib(nodes: int, warm: int, per_superexec: int, per_round: int) -> float:
+    """What a federation should need at its peak, from the constants above: one warm node with
+    its own SuperExec as measured; a shared SuperExec (fork server included) counted once for its
+    group, and the ClientApps of a round on top."""
+    if per_superexec == 1:
+        return warm * WARM_NODE_MIB + (nodes - warm) * COLD_NODE_MIB
+    superexecs = len(superexec_groups(warm, per_superexec))
+    return (
+        warm * SUPERNODE_MIB
+        + superexecs * (WARM_NODE_MIB - SUPERNODE_MIB)
+        + min(per_round, warm) * FORKED_APP_MIB
+        + (nodes - warm) * COLD_NODE_MIB
+    )
 
 
 def children(pid: int) -> list[int]:
@@ -102,55 +124,79 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-class MemorySampler(threading.Thread):
-    """Every ``interval`` s: each node's PSS (all its processes), keeping each node's peak."""
+def node_shares(owners: dict[int, list[int]], kib_of_tree: dict[int, int]) -> dict[int, float]:
+    """Each node's memory: every process tree (by its root pid) divided evenly among the nodes
+    that own it (a SuperNode: one; a SuperExec serving K SuperNodes: K)."""
+    out: dict[int, float] = {}
+    for root, nodes in owners.items():
+        for node in nodes:
+            out[node] = out.get(node, 0.0) + kib_of_tree.get(root, 0) / len(nodes)
+    return out
 
-    def __init__(self, roots: dict[int, list[int]], interval: float) -> None:
+
+class MemorySampler(threading.Thread):
+    """Every ``interval`` s: each node's PSS (:func:`node_shares` of its process trees), keeping
+    each node's peak; ``owners``: root pid -> the nodes its process tree serves."""
+
+    def __init__(self, owners: dict[int, list[int]], interval: float) -> None:
         super().__init__(daemon=True)
-        self.roots, self.interval = roots, interval
-        self.peak: dict[int, int] = dict.fromkeys(roots, 0)
+        self.owners, self.interval = owners, interval
+        self.peak: dict[int, float] = dict.fromkeys({n for nodes in owners.values() for n in nodes}, 0.0)
+        self.peak_tree: dict[int, int] = dict.fromkeys(owners, 0)  # root pid -> its process tree's peak
         self.peak_total = 0
         self.min_available = _meminfo("MemAvailable")  # KiB: how close the machine came to its end
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            total = 0
-            for node, pids in self.roots.items():
-                every = {p for root in pids for p in (root, *children(root))}
-                kib = sum(pss_kib(p) for p in every)
+            trees = {root: sum(pss_kib(p) for p in {root, *children(root)}) for root in self.owners}
+            for root, kib in trees.items():
+                self.peak_tree[root] = max(self.peak_tree[root], kib)
+            for node, kib in node_shares(self.owners, trees).items():
                 self.peak[node] = max(self.peak[node], kib)
-                total += kib
-            self.peak_total = max(self.peak_total, total)
+            self.peak_total = max(self.peak_total, sum(trees.values()))
             self.min_available = min(self.min_available, _meminfo("MemAvailable"))
             self.stop.wait(self.interval)
 
 
-def start_federation(e2e: Any, tmp: Path, nodes: int, warm: int, slow: dict[int, float]) -> Any:
+def superexec_groups(warm: int, per_superexec: int) -> list[range]:
+    """The warm nodes in groups of ``per_superexec``, one pflower-superexec a group."""
+    return [range(start, min(start + per_superexec, warm)) for start in range(0, warm, per_superexec)]
+
+
+def start_federation(e2e: Any, tmp: Path, nodes: int, warm: int, slow: dict[int, float], per_superexec: int = 1) -> Any:
     """N SuperNodes started by pflower-supernode, the first ``warm`` with warm ClientApps (a
-    pflower-superexec each), the others starting a fresh ClientApp process per message
-    (``--isolation subprocess``); ``slow``: node -> seconds each reply is held back."""
+    pflower-superexec for every ``per_superexec`` of them, started with the group's last node),
+    the others starting a fresh ClientApp process per message (``--isolation subprocess``);
+    ``slow``: node -> seconds each reply is held back."""
     node_config = {
         i: {"torch-threads": 1, **({"test-fault": f"slow:{slow[i]:g}"} if i in slow else {})} for i in range(nodes)
     }
     cluster = e2e.Cluster(tmp, nodes=nodes, node_config=node_config, isolation="process")
+    # pflower-supernode with its fast poll and Flower's 30 s heartbeat, as in the first table
+    cluster.topo = replace(cluster.topo, launcher="pflower-supernode", heartbeat_interval=None, steady_poll=False)
     node_argv = cluster.node_argv
-    launcher = str(Path(sys.executable).parent / "pflower-supernode")
 
     def argv(i: int, **kw: Any) -> list[str]:
-        out = [launcher, *node_argv(i, **kw)[1:]]
+        out = list(node_argv(i, **kw))
         if i >= warm:
             out[out.index("--isolation") + 1] = "subprocess"
         return [*NODE_NICE, *out]
 
     start = cluster.start
+    group_of = {i: group for group in superexec_groups(warm, per_superexec) for i in group}
 
     def start_unless_cold(name: str, args: list[str], home: str, netns_index: int | None = None) -> Any:
         kind, _, index = name.rpartition("-")
-        if kind == "clientapp" and int(index) >= warm:
-            return None  # a cold node's SuperNode starts its ClientApps itself
-        proc = start(name, [*NODE_NICE, *args] if kind == "clientapp" else args, home, netns_index)
         i = int(index) if kind in ("supernode", "clientapp") else -1
+        proc = None
+        if kind != "clientapp":
+            proc = start(name, args, home, netns_index)
+        elif i < warm and i == group_of[i][-1]:  # (a cold node's SuperNode starts its ClientApps itself)
+            # one pflower-superexec for the group, once its last SuperNode is up
+            ports = ",".join(f"127.0.0.1:{cluster.runtime_ports[j]}" for j in group_of[i])
+            args = [*args[:2], ports, *args[3:]]  # pflower-superexec --runtime-api-address A,B,... --insecure
+            proc = start(name, [*NODE_NICE, *args], home, netns_index)
         last_of_node = kind == "clientapp" or (kind == "supernode" and i >= warm)
         if last_of_node and ((i + 1) % START_BATCH == 0 or i == nodes - 1):
             accepted(e2e, cluster, range(i - i % START_BATCH, i + 1))
@@ -177,9 +223,12 @@ def accepted(e2e: Any, cluster: Any, batch: range) -> None:
         raise RuntimeError(f"SuperNodes {gone} gave up joining:\n{procs[gone[0]].text()[-2000:]}")
 
 
-def node_roots(cluster: Any, nodes: int) -> dict[int, list[int]]:
-    kinds = ("supernode", "clientapp")
-    return {i: [cluster.procs[f"{k}-{i}"].pid for k in kinds if f"{k}-{i}" in cluster.procs] for i in range(nodes)}
+def node_owners(cluster: Any, nodes: int, warm: int, per_superexec: int) -> dict[int, list[int]]:
+    """Root pid -> the nodes it serves: each SuperNode its own, each pflower-superexec its group."""
+    owners = {cluster.procs[f"supernode-{i}"].pid: [i] for i in range(nodes)}
+    for group in superexec_groups(warm, per_superexec):
+        owners[cluster.procs[f"clientapp-{group[-1]}"].pid] = list(group)
+    return owners
 
 
 def run_rounds(e2e: Any, cluster: Any, config: str, rounds: int, deadline_s: float, log_name: str) -> dict[str, Any]:
@@ -201,11 +250,11 @@ def run_rounds(e2e: Any, cluster: Any, config: str, rounds: int, deadline_s: flo
 def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) -> dict[str, Any]:
     e2e = _cluster_module()
     t_up = time.monotonic()
-    cluster = start_federation(e2e, tmp, args.nodes, args.warm, slow)
+    cluster = start_federation(e2e, tmp, args.nodes, args.warm, slow, args.per_superexec)
     try:
         up_s = time.monotonic() - t_up  # every SuperNode accepted (start_federation waits, batch by batch)
         link = cluster.procs["superlink"].pid
-        sampler = MemorySampler(node_roots(cluster, args.nodes), args.interval)
+        sampler = MemorySampler(node_owners(cluster, args.nodes, args.warm, args.per_superexec), args.interval)
         sampler.start()
         time.sleep(30)  # the warm fork servers up (each imports torch once) before the idle window
         idle0 = cpu_s(link)
@@ -237,8 +286,11 @@ def one_federation(args: argparse.Namespace, slow: dict[int, float], tmp: Path) 
             time.sleep(max(slow.values()) - timeout + 5)  # the last slow replies reach the SuperLink
         sampler.stop.set()
         sampler.join()
+        supernodes = {cluster.procs[f"supernode-{i}"].pid for i in range(args.nodes)}
         result.update(
             peak=sampler.peak,
+            supernode_peaks=sorted(k for r, k in sampler.peak_tree.items() if r in supernodes),
+            superexec_peaks=sorted(k for r, k in sampler.peak_tree.items() if r not in supernodes),
             peak_total=sampler.peak_total,
             min_available=sampler.min_available,
             link_log=cluster.procs["superlink"].text(),
@@ -278,7 +330,12 @@ def load_row(name: str, args: argparse.Namespace, result: dict[str, Any]) -> dic
             per_message(k) for k in ("client_cold_start_s", "client_train_s", "client_eval_s")
         ),
         "warm nodes": len(warm),
+        "SuperExecs": len(result["superexec_peaks"]),
         "warm node PSS MiB (median, max)": mib(warm),
+        "of it: SuperNode, SuperExec MiB (medians)": (
+            f"{median(result['supernode_peaks']) / 1024:.0f}, "
+            + (f"{median(result['superexec_peaks']) / 1024:.0f}" if result["superexec_peaks"] else "-")
+        ),
         "cold node PSS MiB (median, max)": mib(cold),
         "all nodes PSS GiB (peak)": f"{result['peak_total'] / 2**20:.1f}",
         "machine's available GiB (lowest)": f"{result['min_available'] / 2**20:.1f}",
@@ -322,11 +379,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--late", type=float, default=30.0, help="how far past the timeout a slow reply comes (s)")
     parser.add_argument("--interval", type=float, default=2.0, help="memory sampling period (s)")
+    parser.add_argument(
+        "--per-superexec",
+        type=int,
+        default=1,
+        help="warm SuperNodes one pflower-superexec serves (one fork server for them all; default 1: one a node)",
+    )
     parser.add_argument("--only", choices=["on-time", "slow"], help="run one of the two")
     parser.add_argument("--out", default="benchmarks/results/many_nodes.md")
     args = parser.parse_args(argv)
     args.warm = args.nodes if args.warm is None else min(args.warm, args.nodes)
-    need = (args.warm * WARM_NODE_MIB + (args.nodes - args.warm) * COLD_NODE_MIB) / 1024
+    if args.per_superexec < 1:
+        raise SystemExit(f"--per-superexec {args.per_superexec}: give 1 or more SuperNodes a SuperExec")
+    need = memory_needed_mib(args.nodes, args.warm, args.per_superexec, args.per_round) / 1024
     have = _meminfo("MemAvailable") / 2**20
     if need > 0.9 * have:
         raise SystemExit(
@@ -342,11 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pflower-many-nodes-") as tmp:
             results[name] = one_federation(args, which, Path(tmp))
         print(name, json.dumps(load_row(name, args, results[name])), flush=True)
+    layout = (
+        "a `pflower-superexec` each"
+        if args.per_superexec == 1
+        else f"one `pflower-superexec` for every {args.per_superexec} SuperNodes: one fork server for them"
+    )
     parts = [
         "# Many SuperNodes on one SuperLink",
         run_header("python -m benchmarks.many_nodes " + " ".join(argv if argv is not None else sys.argv[1:]), started),
         f"{args.nodes} SuperNodes on loopback, TLS and node authentication on, started by "
-        f"`pflower-supernode`; nodes 0-{args.warm - 1} with warm ClientApps (`pflower-superexec`), "
+        f"`pflower-supernode`; nodes 0-{args.warm - 1} with warm ClientApps ({layout}), "
         f"the others a fresh ClientApp process per message; the nodes at nice 10, the SuperLink and "
         f"ServerApp at 0 (the nodes stand in for devices of their own: see NODE_NICE); FedAvg, LeNet-5, "
         f"digits (IID shares), "
@@ -390,7 +460,9 @@ COLUMNS = [
     "round s (median)",
     "a message: start, train, eval s",
     "warm nodes",
+    "SuperExecs",
     "warm node PSS MiB (median, max)",
+    "of it: SuperNode, SuperExec MiB (medians)",
     "cold node PSS MiB (median, max)",
     "all nodes PSS GiB (peak)",
     "machine's available GiB (lowest)",

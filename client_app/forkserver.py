@@ -15,6 +15,12 @@ of its own)::
     flower-supernode ... --isolation process --port 9094
     pflower-superexec --runtime-api-address 127.0.0.1:9094 --insecure
 
+One ``pflower-superexec`` may serve several SuperNodes on the same host (a gateway for several
+devices, a test bench): ``--runtime-api-address`` repeated or comma-separated. It then runs
+Flower's task loop once per SuperNode, each in a thread of its own, and forks every ClientApp
+from its one fork server: torch is imported once for all of them instead of once a node
+(benchmarks/results/many_nodes.md measures what that saves). A loop that ends stops them all.
+
 Why a fork server and not a fork of this process: the SuperExec holds an HTTP client and
 threads; forking a threaded process can deadlock the child. The fork server is a separate,
 single-threaded process that only imports; it never runs torch, so no OpenMP pool or CUDA
@@ -26,10 +32,15 @@ partition cache (``federated_data/node_cache.py``) covers the data.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 # imported by the fork server once, before it forks any ClientApp (import names, comma-separated
@@ -37,6 +48,9 @@ from typing import Any
 # run's FAB, as Flower does, so the code that runs is the code that was submitted.
 DEFAULT_PRELOAD = ("torch", "numpy", "flwr.supernode.runtime.run_clientapp")
 PRELOAD_FLAG = "--preload"
+# Flower's flag for the SuperNode's Runtime API (and its old name); pflower-superexec takes it
+# repeated or comma-separated, one address per SuperNode it serves
+ADDRESS_FLAGS = ("--runtime-api-address", "--appio-api-address")
 # this project's one import name (pyproject.toml): a forked child drops any copy it inherited,
 # so that Flower's loader imports it from the run's FAB, as in a fresh flwr-clientapp process
 APP_PACKAGES = frozenset({"pflower"})
@@ -59,8 +73,12 @@ def _run_clientapp_task(
     parent_pid: int | None,
     runtime_dependency_install: bool,
     suppress_output: bool,
+    flwr_home: str | None = None,
 ) -> None:
-    """The body of one forked ClientApp process: what ``flwr-clientapp --token ...`` runs."""
+    """The body of one forked ClientApp process: what ``flwr-clientapp --token ...`` runs;
+    ``flwr_home``: where it installs the run's FAB (one directory per SuperNode served)."""
+    if flwr_home is not None:
+        os.environ["FLWR_HOME"] = flwr_home
     if suppress_output:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -104,6 +122,12 @@ class ForkserverExecutor:
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(self.preload))
         self._running: list[Any] = []
+        self._lock = threading.Lock()  # several task loops (one per SuperNode served) share it
+        # Runtime API address -> the FLWR_HOME its ClientApps install FABs into. Flower's install
+        # returns early when the app's directory exists, while another process may still be
+        # copying into it: two SuperNodes' ClientApps forked at once for the same run must not
+        # share one (serve_several sets this; one SuperNode: the process's own FLWR_HOME)
+        self.homes: dict[str, str] = {}
 
     def warm_up(self, timeout: float = 120.0) -> None:
         """Start the fork server now (not on the first message) and check its imports."""
@@ -137,19 +161,22 @@ class ForkserverExecutor:
                 spec.parent_pid,
                 spec.runtime_dependency_install,
                 spec.suppress_output,
+                self.homes.get(spec.runtime_api_address),
             ),
             name=f"flwr-clientapp-task-{spec.task_id}",
         )
-        try:
-            proc.start()
-        except OSError as err:  # the fork server died or cannot fork: Flower expires the task
-            return LaunchResult.failed(f"forking a ClientApp failed: {err}")
-        self._running.append(proc)
+        with self._lock:
+            try:
+                proc.start()
+            except OSError as err:  # the fork server died or cannot fork: Flower expires the task
+                return LaunchResult.failed(f"forking a ClientApp failed: {err}")
+            self._running.append(proc)
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
         """Forget finished ClientApps (the fork server reaps them)."""
-        self._running = [p for p in self._running if p.is_alive()]
+        with self._lock:
+            self._running = [p for p in self._running if p.is_alive()]
 
     def close(self) -> None:
         """Leave running ClientApps to finish, as Flower's subprocess executor does."""
@@ -184,6 +211,97 @@ def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
     return preload, rest
 
 
+def split_addresses(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Take every ``--runtime-api-address`` value (repeated, or comma-separated) out of the
+    command line: (the addresses in order, the rest)."""
+    addresses: list[str] = []
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag = next((f for f in ADDRESS_FLAGS if arg == f or arg.startswith(f + "=")), None)
+        if flag is None:
+            rest.append(arg)
+            i += 1
+            continue
+        if arg == flag:
+            if i + 1 >= len(args):
+                raise SystemExit(f"pflower-superexec: {flag} needs an address (host:port, or several comma-separated)")
+            value, i = args[i + 1], i + 2
+        else:
+            value, i = arg.split("=", 1)[1], i + 1
+        addresses += [a.strip() for a in value.split(",") if a.strip()]
+    duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
+    if duplicates:
+        raise SystemExit(f"pflower-superexec: {', '.join(duplicates)} given twice: serve each SuperNode once")
+    return addresses, rest
+
+
+def fan_out(
+    addresses: Sequence[str],
+    run_one: Callable[..., None],
+    stop_all: Callable[[], None],
+    log: logging.Logger | None = None,
+) -> Callable[..., None]:
+    """``run_superexec(**kwargs)`` for several SuperNodes: the first address's loop in this
+    (the main) thread, as Flower runs it (its signal handlers and health server are the
+    process's), every other address's in a thread of its own with the same settings and no
+    health server. A thread's loop that ends, normally or not, is logged and ``stop_all()`` is
+    called: one SuperNode left unserved is not a state to run on in silence."""
+    log = log or logging.getLogger("pflower.superexec")
+
+    def run_all(**kwargs: Any) -> None:
+        for address in addresses[1:]:
+
+            def serve(address: str = address) -> None:
+                try:
+                    run_one(**{**kwargs, "runtime_api_address": address, "health_server_address": None})
+                    why = "ended"
+                except BaseException as err:  # SystemExit from Flower's flwr_exit too
+                    why = f"ended with {type(err).__name__}: {err}"
+                log.error("pflower-superexec: the task loop for SuperNode %s %s; stopping every loop", address, why)
+                stop_all()
+
+            threading.Thread(target=serve, name=f"superexec-{address}", daemon=True).start()
+        run_one(**{**kwargs, "runtime_api_address": addresses[0]})
+
+    return run_all
+
+
+def thread_aware(register: Callable[..., None], add_exit_handler: Callable[[Callable[[], None]], None]) -> Callable:
+    """Flower's ``register_signal_handlers`` for loops in threads: the main thread's call
+    registers the signals as Flower does; a thread's (where ``signal.signal`` raises) adds its
+    exit handlers (its client's close) to Flower's list, so one SIGTERM closes every loop."""
+
+    def register_signal_handlers(*args: Any, exit_handlers: Sequence[Callable[[], None]] | None = None, **kwargs: Any):
+        if threading.current_thread() is threading.main_thread():
+            return register(*args, exit_handlers=list(exit_handlers or []), **kwargs)
+        for handler in exit_handlers or []:
+            add_exit_handler(handler)
+        return None
+
+    return register_signal_handlers
+
+
+def node_homes(addresses: Sequence[str], flwr_home: Path) -> dict[str, str]:
+    """One FLWR_HOME per SuperNode served, under the process's: ``<home>/superexec-<host>-<port>``."""
+    return {a: str(flwr_home / ("superexec-" + re.sub(r"[^A-Za-z0-9.]+", "-", a).strip("-"))) for a in addresses}
+
+
+def serve_several(addresses: Sequence[str], executor: ForkserverExecutor) -> None:
+    """Make Flower's ``flower-superexec`` run one task loop per SuperNode address (:func:`fan_out`),
+    each SuperNode's ClientApps installing FABs in a FLWR_HOME of their own (:func:`node_homes`)."""
+    from pflower.protocol.compat import superexec
+
+    flower = superexec()
+    executor.homes = node_homes(addresses, flower.flwr_home())
+    flower.loop.register_signal_handlers = thread_aware(flower.loop.register_signal_handlers, flower.add_exit_handler)
+    flower.cli.run_superexec = fan_out(
+        addresses, flower.cli.run_superexec, lambda: os.kill(os.getpid(), signal.SIGTERM)
+    )
+
+
 def install(executor: ForkserverExecutor) -> None:
     """Make Flower's SuperExec loop start its subprocess-type tasks with ``executor``."""
     from pflower.protocol.compat import superexec
@@ -209,13 +327,19 @@ def install(executor: ForkserverExecutor) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``pflower-superexec [--preload m1,m2] <flower-superexec flags>``."""
+    """``pflower-superexec [--preload m1,m2] --runtime-api-address A[,B...] <flower-superexec flags>``."""
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
+    addresses, rest = split_addresses(rest)
+    if addresses:  # Flower's parser sees one address; a second one and more are served by fan_out
+        rest = [ADDRESS_FLAGS[0], addresses[0], *rest]
     executor = ForkserverExecutor(preload)
+    if len(addresses) > 1:
+        serve_several(addresses, executor)
     if "-h" in rest or "--help" in rest:  # our flag first, then flower-superexec's help
         print(
             __doc__.split("\n\n")[0] + f"\n\n{PRELOAD_FLAG} M1,M2  modules the fork server imports once "
-            f"(default: {','.join(DEFAULT_PRELOAD)})\nEvery other flag is flower-superexec's:\n"
+            f"(default: {','.join(DEFAULT_PRELOAD)})\n{ADDRESS_FLAGS[0]} A,B  one address or several: one task "
+            "loop per SuperNode, one fork server for all\nEvery other flag is flower-superexec's:\n"
         )
     else:
         try:

@@ -13,10 +13,22 @@ the ClientApp's reply is sent, so the window starts when the reply has left.)
 
 What it costs the SuperLink: an idle node sends one pull every 3 s, as before; a node in a
 round, one every 0.25 s for the 10 s after each reply (4 a second, then back to one every 3 s).
+
+``--heartbeat-interval S`` (pflower's one flag; 10-1800 s, Flower's own 30 s when absent): how
+often the node tells the SuperLink it is alive. The SuperLink marks a node offline after two
+intervals without one, so a device that dies is noticed after 2 S (60 s with Flower's 30), and a
+node restarted after a crash is let in again only then. A shorter interval costs one small
+request every 0.8 (S - 5) s per node.
+
+``--steady-poll`` keeps Flower's 3 s wait at all times (only the heartbeat flag then acts): for
+nodes that share their host's cores with each other and the SuperLink (a demo or test bench on
+one machine), where four pulls a second from every node compete with the training (measured in
+docs/deployment.md, "Polling": no gain with three nodes on two cores).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +90,56 @@ def install(poll: AdaptivePoll | None = None) -> AdaptivePoll:
     return poll
 
 
+HEARTBEAT_FLAG = "--heartbeat-interval"
+
+
+def split_heartbeat(argv: list[str]) -> tuple[float | None, list[str]]:
+    """Take ``--heartbeat-interval S`` (or ``=S``) out of the command line: (S or None, the rest,
+    which is ``flower-supernode``'s). A value the SuperLink would refuse stops here, naming the range."""
+    hb = compat.supernode_heartbeat()
+    rest: list[str] = []
+    seconds: float | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg != HEARTBEAT_FLAG and not arg.startswith(HEARTBEAT_FLAG + "="):
+            rest.append(arg)
+            i += 1
+            continue
+        if arg == HEARTBEAT_FLAG:
+            value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 2
+        else:
+            value, i = arg.split("=", 1)[1], i + 1
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if not hb.low <= seconds <= hb.high:
+            raise SystemExit(
+                f"pflower-supernode: {HEARTBEAT_FLAG} {value!r}: give seconds between {hb.low} and {hb.high} "
+                "(the SuperLink refuses others; Flower's default is 30)"
+            )
+    return seconds, rest
+
+
+def set_heartbeat(seconds: float) -> None:
+    """Make this process's SuperNode announce and send heartbeats every ``seconds``."""
+    hb = compat.supernode_heartbeat()
+    for module in hb.modules:
+        setattr(module, hb.name, seconds)
+
+
+STEADY_FLAG = "--steady-poll"
+
+
 def main() -> None:
-    """``pflower-supernode``: ``flower-supernode`` with :func:`install`'s poll."""
-    install()
+    """``pflower-supernode [--heartbeat-interval S] [--steady-poll]``: ``flower-supernode`` with
+    :func:`install`'s poll (unless ``--steady-poll``) and the heartbeat interval given."""
+    seconds, args = split_heartbeat(sys.argv[1:])
+    steady = STEADY_FLAG in args
+    sys.argv[1:] = [a for a in args if a != STEADY_FLAG]
+    if seconds is not None:
+        set_heartbeat(seconds)
+    if not steady:
+        install()
     compat.supernode_loop().flower_supernode()

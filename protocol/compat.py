@@ -67,6 +67,25 @@ def supernode_loop() -> SimpleNamespace:
     )
 
 
+def supernode_heartbeat() -> SimpleNamespace:
+    """Where a SuperNode's heartbeat interval lives: Flower hard-codes 30 s
+    (``HEARTBEAT_DEFAULT_INTERVAL``), which the node sends to the SuperLink at activation and with
+    every heartbeat (the SuperLink marks it offline after ``HEARTBEAT_PATIENCE`` intervals) and
+    which paces its heartbeat thread; both modules read the name when they use it. The range is
+    the one the SuperLink accepts."""
+    import flwr.supercore.heartbeat as sender
+    import flwr.supernode.fleet_http_connection as connection
+    from flwr.common.constant import HEARTBEAT_MAX_INTERVAL, HEARTBEAT_MIN_INTERVAL, HEARTBEAT_PATIENCE
+
+    return SimpleNamespace(
+        modules=(connection, sender),
+        name="HEARTBEAT_DEFAULT_INTERVAL",
+        low=HEARTBEAT_MIN_INTERVAL,
+        high=HEARTBEAT_MAX_INTERVAL,
+        patience=HEARTBEAT_PATIENCE,
+    )
+
+
 def parse_run_config(values: list[str]) -> dict[str, Any]:
     """``flwr run --run-config`` values parsed as Flower parses them (``k=v`` TOML pairs or a
     ``.toml`` file): what ``pflower run`` checks before it starts anything."""
@@ -90,13 +109,20 @@ def clientapp_runtime() -> SimpleNamespace:
 def superexec() -> SimpleNamespace:
     """Flower's SuperExec parts the warm ClientApps plug into (client_app.forkserver): its subprocess
     executor, the spec of a task it launches, task and executor types, a launch's result, the
-    loop module whose ``get_executor`` pflower wraps, and the ``flower-superexec`` entry point."""
-    from flwr.supercore.cli.flower_superexec import flower_superexec
+    loop module whose ``get_executor`` (and, serving several SuperNodes, ``register_signal_handlers``)
+    pflower wraps, the command's module whose ``run_superexec`` it fans out, Flower's
+    ``add_exit_handler``, where its FLWR_HOME is, and the ``flower-superexec`` entry point."""
+    import importlib
+
     from flwr.supercore.constant import ExecutorType, TaskType
+    from flwr.supercore.exit import add_exit_handler
     from flwr.supercore.superexec import run_superexec as loop
     from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
     from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
+    from flwr.supercore.utils import get_flwr_home
 
+    # the command's module (its package re-exports the function under the same name)
+    cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
     return SimpleNamespace(
         SubprocessExecutor=SubprocessExecutor,
         ExecutionSpec=ExecutionSpec,
@@ -104,7 +130,10 @@ def superexec() -> SimpleNamespace:
         ExecutorType=ExecutorType,
         LaunchResult=LaunchResult,
         loop=loop,
-        flower_superexec=flower_superexec,
+        cli=cli,
+        add_exit_handler=add_exit_handler,
+        flwr_home=get_flwr_home,
+        flower_superexec=cli.flower_superexec,
     )
 
 

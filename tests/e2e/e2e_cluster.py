@@ -206,11 +206,16 @@ class Cluster:
         netns: NetNS | None = None,
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
         isolation: str | None = None,
+        shared_superexec: bool = False,
     ) -> None:
         self.tmp = Path(tmp)
         self.topo = replace(topology.load(), nodes=nodes)
         if isolation is not None:  # "process": every node gets its own pflower-superexec (warm ClientApps)
             self.topo = replace(self.topo, node_isolation=isolation)
+        # one pflower-superexec (named clientapp-0) serving every node's Runtime API, as on a host
+        # running several SuperNodes; loopback only (a network namespace per node has its own)
+        assert not (shared_superexec and netns), "a shared SuperExec reaches its nodes on one host's loopback"
+        self.shared_superexec = shared_superexec
         self.netns = netns
         host = netns.gateway if netns else "127.0.0.1"
         self.runtime_ports = {i: (9094 if netns else free_port()) for i in range(nodes + extra_keys)}
@@ -280,6 +285,12 @@ class Cluster:
                 self.registration = proc.stdout
             elif svc.role == "supernode":
                 self.start_node(svc.client_id)
+            elif svc.role == "clientapp" and self.shared_superexec:
+                if svc.client_id == 0:  # every node's Runtime API, comma-separated: one task loop each
+                    ports = ",".join(f"127.0.0.1:{self.runtime_ports[i]}" for i in range(self.topo.nodes))
+                    argv = list(svc.argv)
+                    argv[argv.index("--runtime-api-address") + 1] = ports
+                    self.start(svc.name, argv, "clientapps")
             elif svc.role == "clientapp":  # the node's own SuperExec, in its namespace, with its FLWR_HOME
                 self.start(svc.name, svc.argv, f"supernode-{svc.client_id}", netns_index=svc.client_id)
             else:

@@ -104,9 +104,9 @@ METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a s
 @pytest.fixture(scope="module")
 def methods(tmp_path_factory):
     """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment.
-    The nodes run in ``--isolation process`` beside a ``pflower-superexec`` each: every message's ClientApp
-    is forked from a process that imported torch once (the other deployments here use Flower's default,
-    a fresh process per message)."""
+    The nodes run in ``--isolation process`` beside one ``pflower-superexec`` serving both (``clientapp-0``,
+    a task loop per node): every message's ClientApp is forked from a process that imported torch once
+    (the other deployments here use Flower's default, a fresh process per message)."""
     tmp = tmp_path_factory.mktemp("methods")
     cluster = Cluster(
         tmp,
@@ -114,6 +114,7 @@ def methods(tmp_path_factory):
         # num-partitions: what the example app's data function reads on a SuperNode
         node_config={i: {"cache-dir": str(tmp / "cache"), "num-partitions": METHOD_NODES} for i in range(METHOD_NODES)},
         isolation="process",
+        shared_superexec=True,
     )
     try:
         cluster.prepare(DATA)
@@ -204,6 +205,12 @@ def test_warm_clientapps_start_without_importing_torch_again(methods):
     torch_import = time.monotonic() - t0
     assert statistics.median(cold) < torch_import, (cold, torch_import)
     assert "Traceback" not in apps_log, apps_log[-3000:]
+    # one SuperExec served both nodes, each node's ClientApps installing the runs' apps in a home of its own
+    cluster = methods["cluster"]
+    homes = cluster.tmp / "flwr" / "clientapps"
+    for i in range(METHOD_NODES):
+        apps = list((homes / f"superexec-127.0.0.1-{cluster.runtime_ports[i]}" / "apps").iterdir())
+        assert len(apps) >= 2, apps  # pflower's FAB (the methods' runs) and the example app's
 
 
 def test_kapc_bls_coaches_and_cuts_bytes_over_a_real_deployment(methods):
@@ -254,7 +261,8 @@ def test_fedmd_shares_only_scores_over_a_real_deployment(methods):
 
 def test_a_supernode_holding_image_folders_trains_in_every_run(methods):
     cluster = methods["cluster"]
-    logs = "".join(proc.text() for name, proc in cluster.procs.items() if name.endswith(f"-{IMAGE_NODE}"))
+    # the node's SuperNode and the SuperExec that forks every node's ClientApps
+    logs = "".join(p.text() for name, p in cluster.procs.items() if name in (f"supernode-{IMAGE_NODE}", "clientapp-0"))
     assert f"client {IMAGE_NODE}: " in logs and "images from the image folders under" in logs, logs[-3000:]
     for method in ("fedcpmd", "kapc_bls"):
         assert all(IMAGE_NODE in r["clients"] for r in cluster.rounds(method)), method

@@ -161,3 +161,105 @@ def test_the_command_exits_with_the_fix_when_a_preload_module_is_missing():
     )
     assert out.returncode != 0
     assert "could not import ['no_such_module_xyz']" in out.stderr and "--preload" in out.stderr
+
+
+# ----------------------------------------------------------------------------- several SuperNodes
+
+
+def test_addresses_are_taken_repeated_or_comma_separated_and_every_other_flag_is_flowers():
+    assert forkserver.split_addresses(["--runtime-api-address", "a:1,b:2", "--insecure"]) == (
+        ["a:1", "b:2"],
+        ["--insecure"],
+    )
+    assert forkserver.split_addresses(["--runtime-api-address=a:1", "--appio-api-address", "b:2", "-x"]) == (
+        ["a:1", "b:2"],
+        ["-x"],
+    )
+    assert forkserver.split_addresses(["--insecure"]) == ([], ["--insecure"])  # Flower's parser says it is required
+    with pytest.raises(SystemExit, match="needs an address"):
+        forkserver.split_addresses(["--runtime-api-address"])
+    with pytest.raises(SystemExit, match="a:1 given twice"):
+        forkserver.split_addresses(["--runtime-api-address", "a:1,b:2", "--runtime-api-address", "a:1"])
+
+
+def test_each_supernode_served_installs_fabs_in_a_home_of_its_own(tmp_path):
+    homes = forkserver.node_homes(["127.0.0.1:9094", "[::1]:9095"], tmp_path)
+    assert homes == {
+        "127.0.0.1:9094": str(tmp_path / "superexec-127.0.0.1-9094"),
+        "[::1]:9095": str(tmp_path / "superexec-1-9095"),
+    }
+
+
+def test_the_first_address_runs_in_the_main_thread_with_the_health_server_the_others_in_threads():
+    import threading
+
+    calls, stopped = [], []
+    done = threading.Event()
+
+    def run_one(**kwargs):
+        calls.append((kwargs["runtime_api_address"], kwargs["health_server_address"], threading.current_thread()))
+        if kwargs["runtime_api_address"] == "c:3":
+            done.set()
+
+    run_all = forkserver.fan_out(["a:1", "b:2", "c:3"], run_one, lambda: stopped.append(True))
+    run_all(runtime_api_address="a:1", health_server_address="h:9", insecure=True)
+    assert done.wait(10)
+    main = [c for c in calls if c[2] is threading.main_thread()]
+    assert [(a, h) for a, h, _ in main] == [("a:1", "h:9")]
+    assert sorted((a, h) for a, h, t in calls if t is not threading.main_thread()) == [("b:2", None), ("c:3", None)]
+
+
+def test_a_loop_that_ends_in_a_thread_is_logged_and_stops_every_loop(caplog):
+    import threading
+
+    stopped = threading.Event()
+
+    def run_one(**kwargs):
+        if kwargs["runtime_api_address"] == "b:2":
+            raise SystemExit(1)  # Flower's flwr_exit, say the SuperNode's Runtime API went away
+
+    run_all = forkserver.fan_out(["a:1", "b:2"], run_one, stopped.set)
+    with caplog.at_level("ERROR", logger="pflower.superexec"):
+        run_all(runtime_api_address="a:1", health_server_address=None)
+        assert stopped.wait(10)
+    assert "the task loop for SuperNode b:2 ended with SystemExit: 1; stopping every loop" in caplog.text
+
+
+def test_signal_handlers_are_registered_once_and_every_loops_exit_handlers_join_them():
+    import threading
+
+    registered, added = [], []
+    register = forkserver.thread_aware(lambda *a, **kw: registered.append(kw["exit_handlers"]), added.append)
+    register(event_type="leave", exit_handlers=["close a"])
+    thread = threading.Thread(target=register, kwargs={"event_type": "leave", "exit_handlers": ["close b"]})
+    thread.start()
+    thread.join()
+    assert registered == [["close a"]] and added == ["close b"]
+
+
+def test_one_command_serves_several_supernodes_through_flowers_own_command(monkeypatch):
+    """serve_several wires fan_out into Flower's flower-superexec (its parsed settings reach every
+    loop) and its signal registration; the executor learns each node's FLWR_HOME."""
+    import importlib
+    import threading
+
+    from flwr.supercore.superexec import run_superexec as loop
+
+    cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    seen, done = [], threading.Event()
+
+    def fake_run(**kwargs):
+        seen.append((kwargs["runtime_api_address"], kwargs["insecure"]))
+        if len(seen) == 2:
+            done.set()
+        if threading.current_thread() is not threading.main_thread():
+            threading.Event().wait()  # a loop serves until the process ends (one that returns stops them all)
+
+    monkeypatch.setattr(cli, "run_superexec", fake_run)
+    monkeypatch.setattr(loop, "register_signal_handlers", loop.register_signal_handlers)
+    monkeypatch.setenv("FLWR_HOME", "/tmp/flwr-home")
+    executor = forkserver.ForkserverExecutor(("colorsys",))
+    forkserver.serve_several(["a:1", "b:2"], executor)
+    cli.run_superexec(runtime_api_address="a:1", insecure=True, health_server_address=None)
+    assert done.wait(10) and sorted(seen) == [("a:1", True), ("b:2", True)]
+    assert executor.homes == {"a:1": "/tmp/flwr-home/superexec-a-1", "b:2": "/tmp/flwr-home/superexec-b-2"}

@@ -3,6 +3,8 @@ message, Flower's 3 s when idle; every other sleep untouched; installed into Flo
 
 from __future__ import annotations
 
+import pytest
+
 from pflower.client_app import supernode
 from pflower.protocol import compat
 
@@ -66,3 +68,50 @@ def test_a_pflower_supernode_counts_as_a_supernode_for_the_thread_share(tmp_path
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(argv))
     assert node.supernodes_on_host(tmp_path) == 2
+
+
+def test_the_heartbeat_flag_is_taken_out_and_a_value_the_superlink_refuses_stops_here():
+    assert supernode.split_heartbeat(["--superlink", "a:1", "--heartbeat-interval", "10", "--insecure"]) == (
+        10.0,
+        ["--superlink", "a:1", "--insecure"],
+    )
+    assert supernode.split_heartbeat(["--heartbeat-interval=45.5"]) == (45.5, [])
+    assert supernode.split_heartbeat(["--insecure"]) == (None, ["--insecure"])  # Flower's 30 s
+    for bad in ("5", "1801", "soon", "nan"):
+        with pytest.raises(SystemExit, match=f"--heartbeat-interval '{bad}': give seconds between 10 and 1800"):
+            supernode.split_heartbeat(["--heartbeat-interval", bad])
+    with pytest.raises(SystemExit, match="give seconds between"):
+        supernode.split_heartbeat(["--heartbeat-interval"])
+
+
+def test_the_interval_reaches_what_the_node_announces_and_how_often_it_sends(monkeypatch):
+    import flwr.supercore.heartbeat as sender
+    import flwr.supernode.fleet_http_connection as connection
+
+    for module in (connection, sender):
+        monkeypatch.setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", module.HEARTBEAT_DEFAULT_INTERVAL)
+    assert connection.HEARTBEAT_DEFAULT_INTERVAL == 30  # Flower's, announced at activation
+    supernode.set_heartbeat(10)
+    assert connection.HEARTBEAT_DEFAULT_INTERVAL == sender.HEARTBEAT_DEFAULT_INTERVAL == 10
+    # the sender's wait between heartbeats, computed as Flower's thread computes it: (10 - 5) x 0.7-0.9
+    waits = []
+    beat = sender.HeartbeatSender(lambda: True)
+    monkeypatch.setattr(beat._stop_event, "wait", lambda s: waits.append(s) or beat._stop_event.set())
+    beat._run()
+    assert 3.5 <= waits[0] <= 4.5
+
+
+def test_the_command_takes_its_own_flags_out_and_steady_poll_leaves_flowers_loop_alone(monkeypatch):
+    import sys
+
+    for steady in (False, True):
+        ran, installed, beats = [], [], []
+        fake = type("Loop", (), {"flower_supernode": staticmethod(lambda: ran.append(list(sys.argv[1:])))})
+        monkeypatch.setattr(compat, "supernode_loop", lambda: fake)
+        monkeypatch.setattr(supernode, "install", lambda: installed.append(True))
+        monkeypatch.setattr(supernode, "set_heartbeat", beats.append)
+        flags = ["--heartbeat-interval", "10", *(["--steady-poll"] if steady else [])]
+        monkeypatch.setattr(sys, "argv", ["pflower-supernode", "--superlink", "a:1", *flags, "--insecure"])
+        supernode.main()
+        assert ran == [["--superlink", "a:1", "--insecure"]] and beats == [10.0]
+        assert installed == ([] if steady else [True])

@@ -44,9 +44,10 @@ def namespaced(tmp_path_factory):
         t0 = time.monotonic()
         cluster.up()
         timings["up_s"] = time.monotonic() - t0
-        # enough rounds after the rejoin on a fast machine too: node 2 is back at most ~85 s after
-        # the cut (offline after 2 missed heartbeats, <= 60 s; then flwr's backoff, <= 20 s + 5 s)
-        rounds = 8
+        # enough rounds after the rejoin on a fast machine too: node 2 is back at most ~45 s after
+        # the cut (offline after 2 missed heartbeats, <= 20 s with the topology's 10 s interval;
+        # then flwr's backoff, <= 20 s + 5 s); rounds take 15-25 s here
+        rounds = 6
         run, t_run, deadline = run_until_node_has_round(cluster, rounds, node=2, rnd=2)
         t_cut = time.monotonic()
         netns.cut(2)

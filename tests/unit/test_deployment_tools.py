@@ -366,3 +366,24 @@ def test_a_wheel_built_from_source_has_the_same_bytes_every_time(tmp_path):
 def _program(path: str) -> str:
     """``/venv/bin/python3.11`` and ``python`` are the same program (a venv's pytest runs python3)."""
     return re.sub(r"[\d.]+$", "", path.rsplit("/", 1)[-1])
+
+
+def test_the_supernode_launcher_and_its_heartbeat_come_from_the_topology(tmp_path):
+    topo = topology.load()
+    node = topology.supernode_argv(topo, local_placement(tmp_path), 0)
+    assert node[0] == "pflower-supernode" and node[node.index("--heartbeat-interval") + 1] == "10"
+    assert "--steady-poll" in node  # every node of the demo shares one host's cores
+    flowers = topology.supernode_argv(
+        replace(topo, launcher="flower-supernode", heartbeat_interval=None, steady_poll=False),
+        local_placement(tmp_path),
+        0,
+    )
+    assert flowers[0] == "flower-supernode" and "--heartbeat-interval" not in flowers and "--steady-poll" not in flowers
+    text = topology.DEFAULT_TOPOLOGY.read_text()
+    bad = tmp_path / "topology.yaml"
+    bad.write_text(text.replace("launcher: pflower-supernode", "launcher: flower-supernode"))
+    with pytest.raises(ValueError, match="heartbeat_interval needs launcher: pflower-supernode"):
+        topology.load(bad)
+    bad.write_text(text.replace("launcher: pflower-supernode", "launcher: supernode"))
+    with pytest.raises(ValueError, match="supernodes.launcher 'supernode': give one of"):
+        topology.load(bad)

@@ -1,5 +1,6 @@
 """`pflower sim -m ... --jobs 2`: a sweep's runs two at a time write what the same sweep writes
-run by run (each run is its own process, run directory and seed)."""
+run by run (each run is its own process and run directory). Two runs, both at once: the seeds'
+side of a sweep is tested on the Ray cluster (test_ray_cluster.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ BIN = Path(sys.executable).parent
 SWEEP = [
     "-m",
     "method=fedavg,fedper",
-    "seed=1,2",
+    "seed=2",
     "num_clients=4",
     "rounds=2",
     "local_epochs=1",
@@ -56,7 +57,7 @@ def test_a_sweep_two_at_a_time_equals_the_sweep_run_by_run(tmp_path):
         timeout=900,
     )
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    assert "[run 4/4] ended with exit status 0" in two.stdout and "the sweep's 4 runs ended, 2 at a time" in two.stdout
+    assert "[run 2/2] ended with exit status 0" in two.stdout and "the sweep's 2 runs ended, 2 at a time" in two.stdout
     expected, got = runs_by_setting(tmp_path / "serial"), runs_by_setting(tmp_path / "jobs")
-    assert set(expected) == {("fedavg", 1), ("fedavg", 2), ("fedper", 1), ("fedper", 2)}
+    assert set(expected) == {("fedavg", 2), ("fedper", 2)}
     assert got == expected

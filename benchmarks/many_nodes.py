@@ -416,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         "# Many SuperNodes on one SuperLink",
         run_header("python -m benchmarks.many_nodes " + " ".join(argv if argv is not None else sys.argv[1:]), started),
         f"{args.nodes} SuperNodes on loopback, TLS and node authentication on, started by "
-        f"`pflower-supernode`; nodes 0-{args.warm - 1} with warm ClientApps ({layout}), "
-        f"the others a fresh ClientApp process per message; the nodes at nice 10, the SuperLink and "
+        f"`pflower-supernode` (its fast poll, Flower's 30 s heartbeat); nodes 0-{args.warm - 1} with warm "
+        f"ClientApps ({layout}), "
+        + ("the others a fresh ClientApp process per message; " if args.warm < args.nodes else "")
+        + "the nodes at nice 10, the SuperLink and "
         f"ServerApp at 0 (the nodes stand in for devices of their own: see NODE_NICE); FedAvg, LeNet-5, "
         f"digits (IID shares), "
         f"{args.per_round} clients a round, 1 local epoch. Memory: PSS per node (SuperNode, SuperExec, "

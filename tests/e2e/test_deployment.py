@@ -47,9 +47,11 @@ from pflower.client_app.state import read_state_file
 pytestmark = pytest.mark.slow
 
 # node 3's replies, one kind a round (cycled): tampered ones the server rejects, and in round 3
-# (which waits out its timeout anyway: node 1 is killed in it) a valid reply sent 60 s late, past
-# the 45 s timeout, which the server must refuse when it arrives during a later round
-NODE3_KINDS = ["shape", "nan", "slow:60", "count", "shape", "nan"]
+# (which waits out its timeout anyway: node 1 is killed in it) a valid reply held back 48 s after
+# its ClientApp started (so past the 45 s timeout), which the server must refuse when it arrives
+# during a later round. Not longer: the node runs one message at a time, so its round-4 message
+# starts only then and must still beat round 4's timeout (held 60 s, it missed it in a clean-clone run)
+NODE3_KINDS = ["shape", "nan", "slow:48", "count", "shape", "nan"]
 NODE3_FAULTS = ",".join(NODE3_KINDS)
 
 
@@ -166,7 +168,7 @@ def test_tampered_replies_are_rejected_and_the_global_model_is_unharmed(loopback
         "shape": "has shape",
         "nan": "NaN or infinite",
         "count": "does not match",
-        "slow:60": "no reply before the round timeout",
+        "slow:48": "no reply before the round timeout",
     }
     for r in rounds:
         assert 3 not in r["clients"], r
@@ -185,12 +187,12 @@ def test_tampered_replies_are_rejected_and_the_global_model_is_unharmed(loopback
 def test_a_reply_that_comes_after_its_round_closed_is_refused_and_logged(loopback):
     rounds = loopback["cluster"].rounds()
     late = [(r["round"], x["client"], x["round"], x["late_s"]) for r in rounds for x in r.get("late_replies", [])]
-    # node 3's round-3 reply (held back 60 s, the timeout is 45 s) is listed by the round it came in
+    # node 3's round-3 reply (held 48 s from its ClientApp's start; timeout 45 s): listed by the round it came in
     came_in = [(at, late_s) for at, client, answered, late_s in late if (client, answered) == (3, 3)]
     assert len(came_in) == 1 and came_in[0][0] > 3 and came_in[0][1] > 0, late
     assert all(answered < at for at, _, answered, _ in late), late
     assert "late reply of client 3 to round 3" in loopback["run"].text()
-    assert "reply held back 60.0 s on purpose" in loopback["cluster"].procs["supernode-3"].text()
+    assert "reply held back 48.0 s on purpose" in loopback["cluster"].procs["supernode-3"].text()
 
 
 def test_killed_supernode_round_completes_and_restart_restores_personal_layers(loopback):

@@ -188,50 +188,47 @@ class ForkserverExecutor:
         return len(self._running)
 
 
-def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
-    """Take ``--preload a,b`` (or ``--preload=a,b``) out of the command line; the rest is
-    ``flower-superexec``'s."""
+def take_option(
+    argv: Sequence[str], flags: Sequence[str], needs: str, program: str = "pflower-superexec"
+) -> tuple[list[str], list[str]]:
+    """Take every ``FLAG VALUE`` and ``FLAG=VALUE`` of ``flags`` out of a command line: (the values
+    in order, the rest, left for Flower's parser). A flag without its value exits saying it
+    ``needs`` one."""
+    values: list[str] = []
     rest: list[str] = []
-    preload: tuple[str, ...] = DEFAULT_PRELOAD
     args = list(argv)
     i = 0
     while i < len(args):
         arg = args[i]
-        if arg == PRELOAD_FLAG or arg.startswith(PRELOAD_FLAG + "="):
-            if arg == PRELOAD_FLAG:
-                if i + 1 >= len(args):
-                    raise SystemExit(f"pflower-superexec: {PRELOAD_FLAG} needs a comma-separated list of modules")
-                value, i = args[i + 1], i + 2
-            else:
-                value, i = arg.split("=", 1)[1], i + 1
-            preload = tuple(m.strip() for m in value.split(",") if m.strip())
-            continue
-        rest.append(arg)
-        i += 1
-    return preload, rest
+        flag = next((f for f in flags if arg == f or arg.startswith(f + "=")), None)
+        if flag is None:
+            rest.append(arg)
+            i += 1
+        elif arg == flag:
+            if i + 1 >= len(args):
+                raise SystemExit(f"{program}: {flag} needs {needs}")
+            values.append(args[i + 1])
+            i += 2
+        else:
+            values.append(arg.split("=", 1)[1])
+            i += 1
+    return values, rest
+
+
+def split_preload(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Take ``--preload a,b`` (or ``--preload=a,b``; the last one given counts) out of the command
+    line; the rest is ``flower-superexec``'s."""
+    values, rest = take_option(argv, [PRELOAD_FLAG], "a comma-separated list of modules")
+    if not values:
+        return DEFAULT_PRELOAD, rest
+    return tuple(m.strip() for m in values[-1].split(",") if m.strip()), rest
 
 
 def split_addresses(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Take every ``--runtime-api-address`` value (repeated, or comma-separated) out of the
     command line: (the addresses in order, the rest)."""
-    addresses: list[str] = []
-    rest: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        flag = next((f for f in ADDRESS_FLAGS if arg == f or arg.startswith(f + "=")), None)
-        if flag is None:
-            rest.append(arg)
-            i += 1
-            continue
-        if arg == flag:
-            if i + 1 >= len(args):
-                raise SystemExit(f"pflower-superexec: {flag} needs an address (host:port, or several comma-separated)")
-            value, i = args[i + 1], i + 2
-        else:
-            value, i = arg.split("=", 1)[1], i + 1
-        addresses += [a.strip() for a in value.split(",") if a.strip()]
+    values, rest = take_option(argv, ADDRESS_FLAGS, "an address (host:port, or several comma-separated)")
+    addresses = [a.strip() for value in values for a in value.split(",") if a.strip()]
     duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
     if duplicates:
         raise SystemExit(f"pflower-superexec: {', '.join(duplicates)} given twice: serve each SuperNode once")

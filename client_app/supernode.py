@@ -96,29 +96,22 @@ HEARTBEAT_FLAG = "--heartbeat-interval"
 def split_heartbeat(argv: list[str]) -> tuple[float | None, list[str]]:
     """Take ``--heartbeat-interval S`` (or ``=S``) out of the command line: (S or None, the rest,
     which is ``flower-supernode``'s). A value the SuperLink would refuse stops here, naming the range."""
+    from pflower.client_app.forkserver import take_option
+
     hb = compat.supernode_heartbeat()
-    rest: list[str] = []
-    seconds: float | None = None
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg != HEARTBEAT_FLAG and not arg.startswith(HEARTBEAT_FLAG + "="):
-            rest.append(arg)
-            i += 1
-            continue
-        if arg == HEARTBEAT_FLAG:
-            value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 2
-        else:
-            value, i = arg.split("=", 1)[1], i + 1
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = float("nan")
-        if not hb.low <= seconds <= hb.high:
-            raise SystemExit(
-                f"pflower-supernode: {HEARTBEAT_FLAG} {value!r}: give seconds between {hb.low} and {hb.high} "
-                "(the SuperLink refuses others; Flower's default is 30)"
-            )
+    values, rest = take_option(argv, [HEARTBEAT_FLAG], f"seconds between {hb.low} and {hb.high}", "pflower-supernode")
+    if not values:
+        return None, rest
+    value = values[-1]
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not hb.low <= seconds <= hb.high:
+        raise SystemExit(
+            f"pflower-supernode: {HEARTBEAT_FLAG} {value!r}: give seconds between {hb.low} and {hb.high} "
+            "(the SuperLink refuses others; Flower's default is 30)"
+        )
     return seconds, rest
 
 

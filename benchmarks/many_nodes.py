@@ -51,6 +51,7 @@ from typing import Any
 
 from benchmarks.common import markdown_table, median, publish, run_header
 from benchmarks.deployment import _cluster_module
+from benchmarks.memory import children_map, process_tree, rss_pss
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 60.0  # the idle window before a run: every node only polling
@@ -92,32 +93,6 @@ def memory_needed_mib(nodes: int, warm: int, per_superexec: int, per_round: int)
     )
 
 
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
-    out: list[int] = []
-    stack = [pid]
-    while stack:
-        p = stack.pop()
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                kids = [int(k) for k in task.read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            stack += kids
-    return out
-
-
-def pss_kib(pid: int) -> int:
-    """The process's PSS in KiB (0 when it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    found = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
-    return int(found.group(1)) if found else 0
-
-
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -149,7 +124,8 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            trees = {root: sum(pss_kib(p) for p in {root, *children(root)}) for root in self.owners}
+            kids = children_map()  # one scan of /proc for every tree
+            trees = {root: sum(rss_pss(p)[1] for p in process_tree(root, kids)) // 1024 for root in self.owners}
             for root, kib in trees.items():
                 self.peak_tree[root] = max(self.peak_tree[root], kib)
             for node, kib in node_shares(self.owners, trees).items():

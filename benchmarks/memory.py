@@ -28,8 +28,10 @@ def children_map() -> dict[int, list[int]]:
     return kids
 
 
-def process_tree(root: int) -> list[int]:
-    kids, out, todo = children_map(), [], [root]
+def process_tree(root: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+    """``root`` and every descendant; ``kids``: a :func:`children_map` already read (one scan of
+    /proc for many trees)."""
+    kids, out, todo = children_map() if kids is None else kids, [], [root]
     while todo:
         pid = todo.pop()
         out.append(pid)

@@ -122,8 +122,13 @@ def test_supernode_with_cut_network_is_dropped_like_a_killed_one(namespaced):
     # once its link is back the node reconnects by itself (same node id: no re-registration) and
     # takes part in every round that starts after the SuperLink lists it online again (round k+1
     # may have sampled before), and in the final evaluation
+    # (Flower logs "Connection successful after ..." only when a call failed and was retried; a
+    # call in flight at the cut may instead hang and complete over the restored link, so the
+    # node's log is not the evidence: the SuperLink listing the same node id online again is,
+    # and the same process, never restarted, serving the later rounds.)
     k = namespaced["rounds_before_rejoin"]
-    assert "Connection successful after" in cluster.procs["supernode-2"].text()
+    assert cluster.procs["supernode-2"].alive(), cluster.procs["supernode-2"].text()[-2000:]
+    assert cluster.procs["supernode-2"].text().count("Starting Flower SuperNode") == 1
     later = cluster.rounds()[k + 1 :]
     assert later, f"node 2 was online again only after round {k} of {namespaced['rounds']}: no later round to check"
     for r in later:

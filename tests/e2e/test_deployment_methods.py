@@ -1,6 +1,6 @@
 """End-to-end deployment, the newer methods: 2 SuperNodes over loopback, TLS and node auth, no
-faults, the methods' runs two at a time on the same deployment (test_deployment.py says what the
-deployments share)."""
+faults, each method's run one after the other on the same deployment (test_deployment.py says
+what the deployments share)."""
 
 from __future__ import annotations
 
@@ -101,14 +101,6 @@ def as_image_folders(node_dir: Path) -> None:
 METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
 
 
-def method_batches() -> list[list[str]]:
-    """The runs two at a time on the one deployment: most of a short run's wall is waiting (its
-    ServerApp's start, the nodes' polls), which another run's messages fill. The first run goes
-    alone: it installs pflower's FAB on each node, which two runs of it must not race to do."""
-    names = [*METHOD_RUNS, "example"]
-    return [names[:1]] + [names[i : i + 2] for i in range(1, len(names), 2)]
-
-
 @pytest.fixture(scope="module")
 def methods(tmp_path_factory):
     """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment.
@@ -128,31 +120,19 @@ def methods(tmp_path_factory):
         cluster.prepare(DATA)
         as_image_folders(Path(cluster.place.node_data(IMAGE_NODE)))
         cluster.up()
-        t_runs = time.monotonic()
         runs = {}
-        for batch in method_batches():
-            started = []
-            for method in batch:
-                t0 = time.monotonic()
-                if method == "example":  # a Flower app of a user's own: quickstart-pytorch switched to FedCMD
-                    run = cluster.flwr_run(
-                        None, log_name="flwr-run-example", app=ROOT / "examples" / "quickstart-fedcmd"
-                    )
-                else:
-                    rounds, extra, overrides = METHOD_RUNS[method]
-                    run = cluster.flwr_run(
-                        run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra),
-                        log_name=f"flwr-run-{method}",
-                    )
-                started.append((method, run, t0))
-            for method, run, t0 in started:
-                finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
-                runs[method] = (run, time.monotonic() - t0)
-        write_timings(
-            cluster,
-            {"set_up_runs_s": round(time.monotonic() - t_runs, 1)}
-            | {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()},
-        )
+        for method, (rounds, extra, overrides) in METHOD_RUNS.items():
+            t0 = time.monotonic()
+            run = cluster.flwr_run(
+                run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}"
+            )
+            finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
+            runs[method] = (run, time.monotonic() - t0)
+        t0 = time.monotonic()  # a Flower app of a user's own: quickstart-pytorch switched to FedCMD
+        example = cluster.flwr_run(None, log_name="flwr-run-example", app=ROOT / "examples" / "quickstart-fedcmd")
+        finish(cluster, example, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
+        runs["example"] = (example, time.monotonic() - t0)
+        write_timings(cluster, {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()})
         yield {"cluster": cluster, "runs": {m: r for m, (r, _) in runs.items()}}
     finally:
         cluster.close()

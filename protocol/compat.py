@@ -89,9 +89,28 @@ def supernode_heartbeat() -> SimpleNamespace:
 def parse_run_config(values: list[str]) -> dict[str, Any]:
     """``flwr run --run-config`` values parsed as Flower parses them (``k=v`` TOML pairs or a
     ``.toml`` file): what ``pflower run`` checks before it starts anything."""
+    import click
     from flwr.common.config import parse_config_args
 
-    return parse_config_args(values)
+    try:
+        return parse_config_args(values)
+    except click.ClickException as exc:  # Flower's CLI error: one line here, not a traceback
+        bad = [v for v in values if not _parses(v)]
+        shown = f" {bad[0]!r}" if bad else ""
+        raise ValueError(
+            f"--run-config{shown} is not Flower's run-config syntax: space-separated key=value pairs whose values "
+            "are TOML (a string in quotes: \"method='fedper' lr=0.01\"), or a .toml file"
+        ) from exc
+
+
+def _parses(value: str) -> bool:
+    from flwr.common.config import parse_config_args
+
+    try:
+        parse_config_args([value])
+        return True
+    except Exception:  # noqa: BLE001 - any refusal counts as not parsing
+        return False
 
 
 def clientapp_runtime() -> SimpleNamespace:

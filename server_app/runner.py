@@ -24,10 +24,12 @@ from pflower.models import LayeredNet, build_model
 from pflower.strategies import PersonalizedStrategy, build_strategy
 from pflower.strategies.base.checkpoint import Checkpoint, CheckpointError, encode, load_checkpoint, save_checkpoint
 from pflower.strategies.base.evaluation import summarize
+from pflower.strategies.base.replies import ClientsFailed
 from pflower.strategies.base.round_log import format_value
 
 from .config import ConfigError, config_diff, load_saved_config
 from .failures import discard_unstarted_run
+from .interrupt import RunInterrupted, checkpointed_round
 from .progress import RunProgress, Sweep
 from .provenance import write_provenance
 from .results import RunWriter, atomic_write, jsonable, make_run_dir
@@ -180,6 +182,20 @@ def run_experiment(
     prepared = cfg if isinstance(cfg, PreparedRun) else prepare_run(cfg, check_partition)
     try:
         return _run_in(prepared, grid, sweep)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the checkpoint stays; the command says how to go on
+        prepared.discard()
+        if isinstance(exc, RunInterrupted):
+            raise
+        kept = prepared.run_dir if prepared.run_dir.is_dir() else None
+        raise RunInterrupted(kept, checkpointed_round(kept) if kept else None) from None
+    except ClientsFailed as exc:  # pflower's own run has a checkpoint to go on from; a library user's strategy not
+        prepared.discard()
+        done = checkpointed_round(prepared.run_dir) if prepared.run_dir.is_dir() else None
+        if done is None:
+            raise
+        raise ClientsFailed(
+            f"{exc}; the run continues from its checkpoint of round {done} with resume={prepared.run_dir}"
+        ) from exc
     except BaseException:
         prepared.discard()
         raise

@@ -23,6 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .interrupt import (
+    EXIT_INTERRUPTED,
+    RunInterrupted,
+    checkpointed_round,
+    ctrl_c_stops_the_run,
+    descendants,
+    end_processes,
+    interrupted_line,
+)
 from .provenance import code_files
 
 
@@ -339,11 +348,14 @@ def run_status(run_id: str, env: dict[str, str], cwd: Path) -> str:
 
 
 RUN_USAGE = """usage: pflower run [flwr run options ...]
-  `flwr run . --stream` from this checkout, through a local SuperLink of its own (its FLWR_HOME under
-  ~/.cache/pflower/superlinks/, its own ports), exiting with the run's status: 0 when the run
-  completed, 1 when it failed or was stopped (`flwr run --stream` exits 0 either way), 2 for a bad
-  setting (checked before anything starts). Without --federation-config "num-supernodes=N", N is
-  the run's num_clients.
+  `flwr run . --stream` from this checkout, exiting with the run's status: 0 when the run completed,
+  1 when it failed or was stopped (`flwr run --stream` exits 0 either way), 2 for a bad setting or
+  missing data (checked before anything starts), 130 after Ctrl-C (the run stopped on the SuperLink,
+  its processes ended, its checkpoint kept; the line printed says how to continue).
+  With FLWR_HOME set: that FLWR_HOME's local SuperLink and config.toml, as `flwr run .` uses them.
+  Without: a local SuperLink of this checkout's own (FLWR_HOME under ~/.cache/pflower/superlinks/,
+  its own ports). Without --federation-config "num-supernodes=N", N is the run's num_clients (a
+  config.toml's num-supernodes is kept when it equals num_clients; otherwise a line says why not).
   The SuperLink stays up for the next run; `pflower superlink stop` (in this folder) stops it.
   e.g. pflower run --run-config "method='fedper' rounds=5" --federation-config "num-supernodes=20" """
 
@@ -361,39 +373,110 @@ def _option_values(argv: list[str], *names: str) -> list[str]:
     return out
 
 
-def checked_flwr_args(argv: list[str], checkout: Path) -> list[str]:
-    """``flwr run``'s options, checked and completed before anything starts.
+def user_federation(home: Path) -> tuple[dict[str, object], str]:
+    """The simulation options of the default SuperLink connection in ``<home>/config.toml`` (Flower's
+    own configuration: ``[superlink.<name>.options]``, with ``num-supernodes`` and
+    ``backend.client-resources.num-cpus``), flattened, and where they were read; empty when the file
+    or the options are absent."""
+    import tomllib
+
+    path = home / "config.toml"
+    try:
+        toml = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}, str(path)
+    links = toml.get("superlink") if isinstance(toml.get("superlink"), dict) else {}
+    name = links.get("default")
+    options = links.get(name, {}).get("options", {}) if isinstance(links.get(name), dict) else {}
+    if not isinstance(options, dict):
+        return {}, str(path)
+    resources = (
+        options.get("backend", {}).get("client-resources", {}) if isinstance(options.get("backend"), dict) else {}
+    )
+    flat: dict[str, object] = {}
+    if "num-supernodes" in options:
+        flat["num-supernodes"] = options["num-supernodes"]
+    if isinstance(resources, dict) and "num-cpus" in resources:
+        flat["client-resources-num-cpus"] = resources["num-cpus"]
+    return flat, f"{path}, connection {name!r}"
+
+
+def checked_flwr_args(argv: list[str], checkout: Path, home: Path | None = None) -> tuple[list[str], list[str]]:
+    """``flwr run``'s options, checked and completed before anything starts, and the lines to say.
 
     The run config (``pyproject``'s ``[tool.flwr.app.config]`` with the ``--run-config`` values) is
-    composed and its strategy built here, as the ServerApp would, so a bad key or value fails in
-    seconds with one line and exit status 2 instead of after a SuperLink start (``ValueError``).
-    Without ``num-supernodes`` in ``--federation-config``, it is set to the run's ``num_clients``
-    (with ``client-resources-num-cpus=1``: two clients train at once on 2 cores), so the default
-    run needs no options. Checked only where this pflower's own ``conf/`` is the checkout's."""
+    composed and its strategy built here, as the ServerApp would, and its data partition made, so a
+    bad key or value, a missing data folder or more clients than the data holds fails in seconds
+    with one line and exit status 2 instead of after a SuperLink start (``ValueError``).
+
+    Without ``num-supernodes`` in ``--federation-config``, the federation's SuperNodes are the run's
+    ``num_clients`` (with ``client-resources-num-cpus=1``: two clients train at once on 2 cores),
+    so the default run needs no options. Where the Flower configuration of ``home`` (the user's
+    ``$FLWR_HOME/config.toml``) sets them, its values are kept when they fit the run; a
+    ``num-supernodes`` that differs from ``num_clients`` (one SuperNode per client: the ServerApp
+    refuses any other count) is replaced, and a line says so. Checked only where this pflower's
+    own ``conf/`` is the checkout's."""
     import tomllib
 
     from pflower.conf import __file__ as conf_init
     from pflower.protocol.compat import parse_run_config
 
     from .config import compose_config, overrides_from_run_config
-    from .runner import check_strategy
+    from .runner import check_data, check_strategy
 
     if Path(conf_init).resolve().parent != (checkout / "conf").resolve():
-        return argv  # another checkout's code: its own ServerApp checks it
+        return argv, []  # another checkout's code: its own ServerApp checks it
     try:
         declared = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
         given = parse_run_config(_option_values(argv, "--run-config", "-c"))
     except (KeyError, OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"--run-config or pyproject.toml's [tool.flwr.app.config] cannot be read ({exc})") from exc
+        raise ValueError(f"pyproject.toml's [tool.flwr.app.config] cannot be read ({exc})") from exc
     cfg = compose_config(overrides_from_run_config({**declared, **given}))
     check_strategy(cfg)
+    if not cfg.get("resume"):
+        check_data(cfg)  # the data folder and the partition, as `pflower sim` checks them
+    said: list[str] = []
     federation = " ".join(_option_values(argv, "--federation-config"))
     if "num-supernodes" not in federation:
-        extra = f"num-supernodes={int(cfg.num_clients)}"
-        if "client-resources-num-cpus" not in federation:
-            extra += " client-resources-num-cpus=1"
-        argv += ["--federation-config", extra]
-    return argv
+        theirs, where = user_federation(home) if home is not None else ({}, "")
+        clients = int(cfg.num_clients)
+        extra = []
+        if theirs.get("num-supernodes") != clients:
+            extra.append(f"num-supernodes={clients}")
+            if "num-supernodes" in theirs:
+                said.append(
+                    f"pflower run: {clients} SuperNodes (the run's num_clients), not the {theirs['num-supernodes']} "
+                    f"of {where}: each client is one SuperNode; set num_clients={theirs['num-supernodes']} "
+                    "to run on yours"
+                )
+        if "client-resources-num-cpus" not in federation and "client-resources-num-cpus" not in theirs:
+            extra.append("client-resources-num-cpus=1")
+        if extra:
+            argv += ["--federation-config", " ".join(extra)]
+    return argv, said
+
+
+def run_env(checkout: Path, base: dict[str, str] | None = None) -> tuple[dict[str, str], str | None]:
+    """The environment ``pflower run`` runs ``flwr run`` in, and the line that says which SuperLink.
+
+    A ``FLWR_HOME`` the user set is theirs to keep: its local SuperLink and ``config.toml`` are used
+    as ``flwr run .`` would (with the ``FLWR_LOCAL_*`` ports the environment gives, or Flower's
+    defaults); a SuperLink there started from another checkout is refused by the ServerApp with the
+    fix. Without one, the checkout gets a SuperLink of its own (:func:`checkout_env`), so two
+    checkouts never run each other's code."""
+    base = dict(os.environ if base is None else base)
+    if not base.get("FLWR_HOME"):
+        return checkout_env(checkout, base), None
+    env = dict(base)
+    env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    here = str(Path(sys.executable).parent)
+    if here not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), here) if p)
+    home = Path(env["FLWR_HOME"]).expanduser().resolve()
+    return env, (
+        f"pflower run: your FLWR_HOME={home} and its local SuperLink (HTTP API port "
+        f"{env.get('FLWR_LOCAL_SUPERLINK_HTTP_API_PORT', '39091')}); without FLWR_HOME this checkout gets its own"
+    )
 
 
 def run_main(argv: list[str], checkout: Path | None = None) -> int:
@@ -408,36 +491,55 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        argv = checked_flwr_args(list(argv), checkout)
-    except ValueError as exc:  # a bad key or value: one line, before any SuperLink or run starts
+    from .failures import USER_ERRORS
+
+    users = os.environ.get("FLWR_HOME")
+    try:  # nothing is written or started before this check
+        argv, said = checked_flwr_args(
+            list(argv), checkout, Path(users).expanduser().resolve() if users else checkout_home(checkout)
+        )
+    except (ValueError, *USER_ERRORS) as exc:  # a bad key or value: one line, before any SuperLink or run starts
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
-    env = checkout_env(checkout)
-    home = Path(env["FLWR_HOME"])
-    if not any(s.flwr_home is not None and s.flwr_home.resolve() == home.resolve() for s in local_superlinks()):
-        said = recover_state(home)
-        if said:
-            print(said, file=sys.stderr)
+    env, which = run_env(checkout)
+    home = Path(env["FLWR_HOME"]).expanduser().resolve()
+    for line in [which, *said]:
+        if line:
+            print(line, file=sys.stderr)
+    running = any(s.flwr_home is not None and s.flwr_home.resolve() == home for s in local_superlinks())
+    if which is None and not running:  # only this checkout's own home is pflower's to repair
+        recovered = recover_state(home)
+        if recovered:
+            print(recovered, file=sys.stderr)
     if "--stream" not in argv:
         argv.append("--stream")
-    run_id = None
-    with subprocess.Popen(
-        [*FLWR, "run", ".", *argv],
-        cwd=checkout,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            found = STARTED.search(line)
-            if found and run_id is None:
-                run_id = found.group(1)
-        code = proc.wait()
+    seen: dict[str, str] = {}
+    proc: subprocess.Popen | None = None
+    with ctrl_c_stops_the_run():
+        try:
+            # its own session: a Ctrl-C is this process's to handle (flwr run's own would only
+            # stop the stream, with a traceback, and leave the run going)
+            with subprocess.Popen(
+                [*FLWR, "run", ".", *argv],
+                cwd=checkout,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            ) as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    for key, pattern in (("run_id", STARTED), ("run_dir", RUN_DIR)):
+                        found = pattern.search(line)
+                        if found and key not in seen:
+                            seen[key] = found.group(1)
+                code = proc.wait()
+        except KeyboardInterrupt:
+            return stop_interrupted_run(seen, proc, env, checkout)
+    run_id = seen.get("run_id")
     if run_id is None:
         log = home / "local-superlink" / "superlink.log"
         print(
@@ -453,3 +555,49 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         file=sys.stdout if ok else sys.stderr,
     )
     return 0 if ok else 1
+
+
+RUN_DIR = re.compile(r"pflower run directory: (\S+)")
+
+
+def stop_interrupted_run(
+    seen: dict[str, str], proc: subprocess.Popen | None, env: dict[str, str], checkout: Path
+) -> int:
+    """Ctrl-C under ``pflower run``: stop the run on the SuperLink (``flwr stop``), end the stream
+    and every process the run started (its ``flwr-simulation`` and Ray's), say how to continue from
+    the last checkpoint; 130. The SuperLink itself stays up for the next run, as after any run."""
+    home = Path(env["FLWR_HOME"]).resolve()
+    link = [s for s in local_superlinks() if s.flwr_home is not None and s.flwr_home.resolve() == home]
+    superexecs = [p for s in link for p in descendants(s.pid) if "flower-superexec" in _cmdline(p)]
+    # the run's processes, found before the stop: Ray's agents are re-parented to init as it ends
+    run_procs = [p for s in link for p in descendants(s.pid) if p not in superexecs]
+    run_id = seen.get("run_id")
+    if run_id is not None:
+        stopped = subprocess.run(
+            [*FLWR, "stop", run_id], cwd=checkout, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        if stopped.returncode != 0:
+            print(f"pflower run: `flwr stop {run_id}` failed: {(stopped.stdout + stopped.stderr).strip()[-300:]}")
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    end_processes(run_procs, grace_s=2.0)  # stopped on the SuperLink: nothing of theirs is still needed
+    if run_id is None:
+        print("pflower: stopped by Ctrl-C before the run started; nothing was written")
+        return EXIT_INTERRUPTED
+    run_dir = Path(seen["run_dir"]) if "run_dir" in seen else None
+    kept = run_dir if run_dir is not None and run_dir.is_dir() else None
+    exc = RunInterrupted(kept, checkpointed_round(kept) if kept else None)
+    resume = "pflower run --run-config \"resume='{run_dir}'\""
+    print(f"{interrupted_line(exc, resume)} (run {run_id} stopped on the SuperLink)")
+    return EXIT_INTERRUPTED
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

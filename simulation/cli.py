@@ -151,6 +151,20 @@ def forced_method_options(argv: list[str]) -> list[str]:
 
 
 def sim_main(argv: list[str]) -> int:
+    """``pflower sim``: 0 when every run completed, 1 when one failed, 2 for a bad setting, 130 after Ctrl-C."""
+    from pflower.server_app.interrupt import EXIT_INTERRUPTED, ctrl_c_stops_the_run, interrupted_line
+
+    with ctrl_c_stops_the_run():
+        try:
+            return _sim_main(argv)
+        except KeyboardInterrupt as exc:
+            sweep = "-m" in argv or "--multirun" in argv
+            line = interrupted_line(exc, "pflower sim resume={run_dir}")
+            print(line + (" (the sweep stopped with this run: its later runs did not start)" if sweep else ""))
+            return EXIT_INTERRUPTED
+
+
+def _sim_main(argv: list[str]) -> int:
     import hydra
 
     from pflower.protocol.logs import quiet_flower_logs

@@ -43,7 +43,10 @@ START_METHODS = ("fork", "forkserver", "spawn")
 def _worker_init(threads: int, setup: Callable[[], None] | None) -> None:
     import torch
 
+    from pflower.server_app.interrupt import ignore_ctrl_c
+
     global _FREE_AT_START
+    ignore_ctrl_c()  # a Ctrl-C reaches the whole process group: the parent ends the workers (terminate)
     torch.set_num_threads(threads)  # before any parallel region in this process (fork safety)
     if setup is not None:
         setup()
@@ -167,10 +170,14 @@ class ParallelGrid(InProcessGrid):
         order = sorted(range(len(tasks)), key=lambda i: (-self.size.get(tasks[i][1], 0), i))
         jobs = [(i, tasks[i][0], self.contexts[tasks[i][1]], self.client_threads or 1) for i in order]
         replies: list[Message | None] = [None] * len(tasks)
-        for index, reply, ctx, seconds in pool.imap_unordered(_work, jobs, chunksize=1):
-            self.contexts[tasks[index][1]] = ctx  # the node's state as its handler left it
-            replies[index] = reply
-            self.busy_s.append(seconds)
+        try:
+            for index, reply, ctx, seconds in pool.imap_unordered(_work, jobs, chunksize=1):
+                self.contexts[tasks[index][1]] = ctx  # the node's state as its handler left it
+                replies[index] = reply
+                self.busy_s.append(seconds)
+        except BaseException:  # Ctrl-C or a lost worker: the batch's tasks are gone, and close() would wait for them
+            self.terminate()
+            raise
         return replies  # type: ignore[return-value]
 
     def _start(self, first: Message) -> Any:
@@ -207,6 +214,14 @@ class ParallelGrid(InProcessGrid):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+            self._pool.join()
+            self._pool = None
+            gc.unfreeze()
+
+    def terminate(self) -> None:
+        """End the workers now (their tasks are dropped): a run stopped mid-round."""
+        if self._pool is not None:
+            self._pool.terminate()
             self._pool.join()
             self._pool = None
             gc.unfreeze()

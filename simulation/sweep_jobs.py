@@ -47,6 +47,35 @@ def pflower_bin() -> str:
     return str(here) if here.exists() else "pflower"
 
 
+def _stop_runs(
+    procs: dict[int, subprocess.Popen], readers: list[threading.Thread], pending: list[int], total: int
+) -> int:
+    """Ctrl-C: each running run gets one SIGINT (it keeps its checkpoint and prints how to continue;
+    after 20 s it is killed), the runs not yet started are not; returns 130."""
+    import signal
+
+    from pflower.server_app.interrupt import EXIT_INTERRUPTED
+
+    live = [p for p in procs.values() if p.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 20
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=2)  # their last lines (each run's "continue with ...")
+    print(
+        f"pflower: stopped by Ctrl-C: {len(live)} running run(s) stopped, each above with its line on how to "
+        f"continue; {len(pending)} of the sweep's {total} runs had not started",
+        flush=True,
+    )
+    return EXIT_INTERRUPTED
+
+
 def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | None = None) -> int:
     """Run each combination as ``pflower sim <overrides>``, ``jobs`` at a time; returns 0 when
     every run succeeded, else the first failing run's exit status (after all have ended)."""
@@ -56,6 +85,7 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
     share = max(1, default_workers() // jobs)
     lock = threading.Lock()
     statuses: list[int | None] = [None] * total
+    procs: dict[int, subprocess.Popen] = {}
     started = time.perf_counter()
 
     def one(k: int) -> None:
@@ -71,7 +101,11 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
             text=True,
             bufsize=1,
             env={**os.environ, CORES_ENV: str(share)},
+            # its own process group: a Ctrl-C reaches it once, forwarded by this process
+            # (two would make it exit at once, without its line on how to continue)
+            start_new_session=True,
         )
+        procs[k] = proc
         assert proc.stdout is not None
         for line in proc.stdout:
             with lock:
@@ -86,13 +120,16 @@ def run_concurrently(combos: Sequence[Sequence[str]], jobs: int, cwd: Path | Non
 
     pending = list(range(total))
     running: list[threading.Thread] = []
-    while pending or running:
-        running = [t for t in running if t.is_alive()]
-        while pending and len(running) < jobs:
-            thread = threading.Thread(target=one, args=(pending.pop(0),), daemon=True)
-            thread.start()
-            running.append(thread)
-        time.sleep(0.2)
+    try:
+        while pending or running:
+            running = [t for t in running if t.is_alive()]
+            while pending and len(running) < jobs:
+                thread = threading.Thread(target=one, args=(pending.pop(0),), daemon=True)
+                thread.start()
+                running.append(thread)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return _stop_runs(procs, running, pending, total)
     failed = [(k, s) for k, s in enumerate(statuses) if s]
     if failed:
         names = ", ".join(f"run {k + 1} ({' '.join(combos[k])}: exit {s})" for k, s in failed)

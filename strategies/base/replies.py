@@ -97,7 +97,6 @@ def collect_replies(
         cid, reason = min(failed, key=lambda f: (f[0] is None, f[0] or 0))
         raise ClientsFailed(
             f"round {server_round}: the ClientApp of every client asked to {task} failed ({len(asked)} of "
-            f"{len(asked)}; each error is logged above), e.g. client {cid}: {reason[:400]}. Fix the cause; an "
-            f"interrupted run continues from its last checkpoint with resume=<its run directory>"
+            f"{len(asked)}; each error is logged above), e.g. client {cid}: {reason[:400]}. Fix the cause"
         )
     return updates, dropped

@@ -172,7 +172,7 @@ def fake_flwr(tmp_path, status: str, started: bool = True):
     run_line = "echo 'Successfully started run 4242'" if started else "echo 'no SuperLink'; exit 1"
     script.write_text(
         "#!/bin/sh\n"
-        f'if [ "$1" = run ]; then echo "FLWR_HOME=$FLWR_HOME"; {run_line}; exit 0; fi\n'
+        f'if [ "$1" = run ]; then echo "FLWR_HOME=$FLWR_HOME ARGS=$*"; {run_line}; exit 0; fi\n'
         f"""if [ "$1" = ls ]; then echo '{{"runs": [{{"run-id": "4242", "status": "{status}"}}]}}'; fi\n"""
     )
     script.chmod(0o755)
@@ -183,6 +183,7 @@ def fake_flwr(tmp_path, status: str, started: bool = True):
 def test_pflower_run_exits_with_the_run_s_status(tmp_path, monkeypatch, capsys, status, code):
     """`flwr run --stream` exits 0 for a failed run; `pflower run` asks `flwr ls` and exits with the run's
     status, through a SuperLink home of this checkout's own."""
+    monkeypatch.delenv("FLWR_HOME", raising=False)  # this checkout's own home
     monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
     monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, status)}:{superlink.os.environ['PATH']}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -197,7 +198,49 @@ def test_pflower_run_exits_with_the_run_s_status(tmp_path, monkeypatch, capsys, 
     assert superlink.checkout_home(code_tree(tmp_path / "second")) != home  # a second checkout, a second SuperLink
 
 
+def test_pflower_run_uses_the_users_flwr_home_and_says_why_its_supernodes_differ(tmp_path, monkeypatch, capsys):
+    """Issue 76 (5): a FLWR_HOME the user set is used, with its config.toml's federation where it fits
+    the run; a num-supernodes that differs from num_clients is replaced, with one line saying why."""
+    monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
+    monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'finished:completed')}:{superlink.os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    home = tmp_path / "my-flwr"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n\n'
+        "[superlink.local.options]\nnum-supernodes = 3\n\n"
+        "[superlink.local.options.backend.client-resources]\nnum-cpus = 2\n"
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert superlink.run_main(["--run-config", "num_clients=3 method='fedavg'"], checkout=ROOT) == 0
+    out = capsys.readouterr()
+    ran = next(line for line in out.out.splitlines() if line.startswith("FLWR_HOME="))
+    assert ran.startswith(f"FLWR_HOME={home} ") and "--federation-config" not in ran  # the user's 3 SuperNodes, 2 CPUs
+    assert f"your FLWR_HOME={home}" in out.err and not (tmp_path / "cache" / "pflower").exists()
+    assert superlink.run_main(["--run-config", "num_clients=5 method='fedavg'"], checkout=ROOT) == 0
+    out = capsys.readouterr()
+    ran = next(line for line in out.out.splitlines() if line.startswith("FLWR_HOME="))
+    assert ran.endswith("--federation-config num-supernodes=5 --stream"), ran  # num-cpus stays the user's
+    said = [line for line in out.err.splitlines() if "SuperNodes" in line]
+    assert len(said) == 1 and "5 SuperNodes (the run's num_clients), not the 3 of" in said[0]
+    assert str(home / "config.toml") in said[0] and "set num_clients=3" in said[0]
+
+
+def test_pflower_run_refuses_unquoted_run_config_and_missing_data_in_seconds(capsys):
+    """Issue 76 (5): Flower's ClickException for `lr=abc`, a missing data folder and more clients than
+    the data holds are one line and exit 2 before anything starts (the README's promise)."""
+    for run_config, said in (
+        ("lr=abc", "--run-config 'lr=abc' is not Flower's run-config syntax"),
+        ("num_clients=500", "500 clients x min_size"),
+        ("dataset='fmnist' overrides='dataset.root=/no/such/folder'", "does not hold its files"),
+    ):
+        assert superlink.run_main(["--run-config", run_config], checkout=ROOT) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("pflower: ") and said in err[0], err
+
+
 def test_pflower_run_without_a_started_run_fails(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("FLWR_HOME", raising=False)  # this checkout's own home
     monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI
     monkeypatch.setenv("PATH", f"{fake_flwr(tmp_path, 'x', started=False)}:{superlink.os.environ['PATH']}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -210,15 +253,15 @@ def test_pflower_run_refuses_a_bad_setting_before_anything_starts_and_sizes_the_
     no run); without --federation-config the simulated SuperNodes are the run's num_clients."""
     with pytest.raises(ValueError, match="alpha must be > 0"):
         superlink.checked_flwr_args(["--run-config", "alpha=-1"], ROOT)
-    assert superlink.checked_flwr_args([], ROOT) == [
-        "--federation-config",
-        "num-supernodes=20 client-resources-num-cpus=1",
-    ]
-    assert superlink.checked_flwr_args(["-c", "num_clients=4 method='fedavg'"], ROOT)[-1].startswith(
+    assert superlink.checked_flwr_args([], ROOT) == (
+        ["--federation-config", "num-supernodes=20 client-resources-num-cpus=1"],
+        [],
+    )
+    assert superlink.checked_flwr_args(["-c", "num_clients=4 method='fedavg'"], ROOT)[0][-1].startswith(
         "num-supernodes=4 "
     )
     given = ["--run-config=num_clients=4", "--federation-config", "num-supernodes=4"]
-    assert superlink.checked_flwr_args(list(given), ROOT) == given  # the user's own federation is kept
+    assert superlink.checked_flwr_args(list(given), ROOT) == (given, [])  # the user's own federation is kept
 
 
 def test_pflower_run_exits_2_on_a_bad_setting(tmp_path, monkeypatch, capsys):
@@ -232,6 +275,7 @@ def test_pflower_run_keeps_a_half_migrated_superlink_state_aside(tmp_path, monke
     """Issue 60: a `flower-superlink` killed while it migrated its state leaves `_alembic_tmp_run`
     behind, and every later start failed ("exited with code 1"). `pflower run` keeps that state
     aside, says so in one line, and starts on a fresh one; a healthy state is left as it is."""
+    monkeypatch.delenv("FLWR_HOME", raising=False)  # this checkout's own home
     import sqlite3
 
     monkeypatch.setattr(superlink, "FLWR", ["flwr"])  # the fake on PATH, not Flower's CLI

@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 
 from pflower.protocol.logs import quiet_flower_logs
 
+from .failures import one_line_failures
 from .hooks import ClientHooks, DataFn, ModelFn
 from .runtime import handle_evaluate, handle_hello, handle_train
 
@@ -44,15 +45,20 @@ def build_clientapp(
     quiet_flower_logs()
     app = ClientApp()
 
+    # a failure (a model whose names do not match, a data function raising...) is one line in the
+    # server's log, its traceback in a file on this machine (client_app.failures)
     @app.query()
+    @one_line_failures
     def query(msg: Message, context: Context) -> Message:
         return handle_hello(msg, context, hooks)
 
     @app.train()
+    @one_line_failures
     def train(msg: Message, context: Context) -> Message:
         return handle_train(msg, context, hooks)
 
     @app.evaluate()
+    @one_line_failures
     def evaluate(msg: Message, context: Context) -> Message:
         return handle_evaluate(msg, context, hooks)
 

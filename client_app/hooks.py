@@ -8,6 +8,7 @@ called once per process (and client), then copied or reused, as the built-in pat
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ class ClientHooks:
                 "num_clients": int(context.node_config.get("num-partitions", 0)) or None,
             }
             where = f"data function {getattr(self.data, '__qualname__', self.data)!r}"
-            splits = user_splits(call_with(self.data, offered, {}), where)
+            splits = user_splits(call_data(self.data, offered), where)
             if set(splits) != {"train", "test"}:
                 raise DataHookError(f"{where} must return (train, test) or {{'train': ..., 'test': ...}}")
             (x_train, y_train), (x_test, y_test) = splits["train"], splits["test"]
@@ -85,3 +86,17 @@ class ClientHooks:
 def _tensor(images: np.ndarray) -> torch.Tensor:
     """The user's images as they are (their own transforms applied); uint8 scaled to [0, 1]."""
     return torch.from_numpy(np.ascontiguousarray(to_unit(images)))
+
+
+def call_data(function: DataFn, offered: Mapping[str, Any]) -> Any:
+    """Call a data function: with the offered values its signature names (``context``,
+    ``client_id``, ``num_clients``), or, where its one required parameter has another name
+    (``lambda c: load(c.node_config[...])``), with the context as that argument."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) == 1 and required[0].name not in offered:
+        return function(offered["context"])
+    return call_with(function, offered, {})

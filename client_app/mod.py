@@ -33,6 +33,7 @@ from flwr.clientapp.typing import Mod
 from pflower.protocol import wire
 from pflower.protocol.wire import TaskSpec
 
+from .failures import one_line_failures
 from .hooks import ClientHooks, DataFn, ModelFn
 from .roles.base import FitPlan, stages
 from .runtime import TrainTask, finish_train, handle_evaluate, handle_hello, start_train
@@ -68,11 +69,17 @@ def client_mod(
         spec = _spec_of(message)
         if spec is None:  # not a pflower strategy's message: the app's own function answers it
             return call_next(message, context)
-        if spec.task == "query":  # discovery (sent as a train message where no query function is registered)
-            return handle_hello(message, context, hooks)
-        if spec.task == "evaluate":
-            return handle_evaluate(message, context, hooks)
-        return train_with_user_function(message, context, hooks, call_next)
+
+        def serve(msg: Message, ctx: Context) -> Message:
+            if spec.task == "query":  # discovery (sent as a train message where no query function is registered)
+                return handle_hello(msg, ctx, hooks)
+            if spec.task == "evaluate":
+                return handle_evaluate(msg, ctx, hooks)
+            return train_with_user_function(msg, ctx, hooks, call_next)
+
+        # a failure (a method the mod cannot serve, the app's train function raising...) is one line
+        # in the server's log, its traceback in a file on this machine (client_app.failures)
+        return one_line_failures(serve)(message, context)
 
     return pflower_mod
 

@@ -25,6 +25,8 @@ Arrays = tuple[np.ndarray, np.ndarray]
 class DataHookError(ValueError):
     """User data pflower cannot read; the message names the object and what it must be."""
 
+    user_error = True  # the user's data function to fix: one line, not a traceback
+
 
 def _is_pil(image: Any) -> bool:
     try:

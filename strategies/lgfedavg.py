@@ -47,6 +47,11 @@ class LGFedAvg(PersonalizedStrategy):
         unknown = sorted(set(chosen) - set(self.model.groups))
         if unknown:
             raise ValueError(f"LG-FedAvg local_groups {unknown} are not groups of the model {self.model.groups}")
+        if not chosen:  # silently FedAvg otherwise
+            raise ValueError(
+                f"LG-FedAvg keeps no group local on this model: its groups {self.model.groups} have none before the "
+                "first fc*/classifier group, which would make it FedAvg; name the local ones with local_groups=[...]"
+            )
         self.local_groups = [g for g in self.model.groups if g in chosen]
 
     @override

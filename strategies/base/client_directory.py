@@ -30,6 +30,8 @@ class FederationError(RuntimeError):
     """The federation cannot run this config (its node count, every node refusing): the message
     names the setting to change. The ServerApp reports it as one line, like a config error."""
 
+    user_error = True  # in a user's own ServerApp too: one `pflower:` line in Flower's log (protocol.logs)
+
 
 @dataclass
 class ClientInfo:
@@ -137,14 +139,16 @@ class ClientDirectory:
         first = getattr(grid, "discovery_type", MessageType.TRAIN)
         answered = self.ask(grid, node_ids, hello, first)
         again = [node for node, reply in answered if reply.has_error()] if first != MessageType.QUERY else []
+        first_error = {n: r.error.reason for n, r in answered if n in again}
         if again:
             answered = [(n, r) for n, r in answered if n not in again]
             answered += self.ask(grid, again, hello, MessageType.QUERY)
         errors = []
         for node, reply in answered:
             if reply.has_error():
-                errors.append(f"node {node}: {reply.error.reason}")
-                log(WARNING, "node %d could not join: %s", node, reply.error.reason)
+                reason = foreign_clientapp(first_error.get(node), reply.error.reason) or reply.error.reason
+                errors.append(f"node {node}: {reason}")
+                log(WARNING, "node %d could not join: %s", node, reason)
                 continue
             try:
                 metrics = next(iter(reply.content.metric_records.values()))
@@ -181,3 +185,20 @@ class ClientDirectory:
                 log(WARNING, "client %d moved from node %d to node %d", cid, self.clients[cid].node_id, node)
             self.clients[cid] = ClientInfo(node, n_train, n_test, state_round, origin)
         return errors
+
+
+def foreign_clientapp(train_error: str | None, query_error: str) -> str | None:
+    """Why a node cannot join when its ClientApp does not speak pflower's message contract, or None.
+
+    Such an app (Flower's quickstart, no pflower mod) fails the discovery message in its own train
+    function (``KeyError: 'arrays'``: pflower's message carries no model) and has no query function
+    (Flower: "No query function registered"). Both errors are the user's code's, and neither names
+    what to add; this says it."""
+    if train_error is None or "No query function registered" not in query_error:
+        return None
+    return (
+        "its ClientApp does not speak pflower's message contract (its own train function failed on pflower's "
+        f"discovery message: {train_error[:200]}; it has no query function). Put pflower's mod in front of its "
+        "functions, `ClientApp(mods=[pflower.client_app.client_mod(model=Net, data=load_data)])`, or build it "
+        "with `pflower.client_app.build_clientapp(model=Net, data=load_data)` (docs/api.md)"
+    )

@@ -121,8 +121,10 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
     synchronously (the in-process grid) keep their own."""
     messages = list(messages)
     try:
-        ids = list(grid.push_messages(messages))
+        ids: list[str] | None = list(grid.push_messages(messages))
     except NotImplementedError:
+        ids = None
+    if ids is None:  # outside the except: a client's failure is not chained to this fallback
         return list(grid.send_and_receive(messages, timeout=timeout))
     sent = dict(zip(ids, messages, strict=True))
     pending = set(ids)

@@ -26,6 +26,9 @@ refused before round 1.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import time
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
@@ -106,6 +109,8 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                 raise TypeError(f"{cls.__name__} defines {hook}; {instead}")
         if not isinstance(cls.traits, MethodTraits):
             raise TypeError(f"{cls.__name__}.traits must be a MethodTraits, got {type(cls.traits).__name__}")
+        if _passes_everything_on(cls.__init__):  # `help(FedCMD)` and an IDE show the real parameters
+            cls.__signature__ = strategy_signature(cls)
         if "name" in cls.__dict__ and cls.__module__.startswith(
             "pflower.strategies."
         ):  # a method registers by subclassing
@@ -119,7 +124,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         model: nn.Module | Mapping[str, nn.Module],
         client_spec: Mapping[str, Any],
         *,
-        num_clients: int,
+        num_clients: int | None = None,
         fraction_train: float = 0.1,
         min_train_nodes: int = 1,
         min_available_nodes: int | None = None,
@@ -134,8 +139,27 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         sampled, the nodes to wait for before round 1; default: all ``num_clients``). ``options``:
         the method's (``options_type``), checked here, before round 1; the method reads them as
         ``self.options``. A keyword of Flower's FedAvg that pflower's methods do not take is
-        refused in one line saying why (:func:`check_flower_keywords`)."""
+        refused in one line saying why (:func:`check_flower_keywords`). ``num_clients``: omitted, as
+        Flower's strategies do, it is the number of nodes connected when ``start()`` is called."""
         check_flower_keywords(options)
+        # what start() needs to build the strategy again with what only the run knows (the grid's
+        # node count, the run's rounds as total_rounds): see _take_from_start
+        self._construction = (
+            model,
+            client_spec,
+            {
+                "fraction_train": fraction_train,
+                "min_train_nodes": min_train_nodes,
+                "min_available_nodes": min_available_nodes,
+                "min_replies": min_replies,
+                "seed": seed,
+                "final_eval": final_eval,
+                "discover_timeout": discover_timeout,
+            },
+            dict(options),
+            num_clients is None,
+        )
+        num_clients = 1 if num_clients is None else num_clients  # checked now, sized at start()
         self.options = self.options_type.build(self.name, options)
         if not 0.0 < fraction_train <= 1.0:
             raise SetupError(f"fraction_train must be in (0, 1], got {fraction_train}")
@@ -494,6 +518,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         (the runner appends the record to metrics.jsonl, then writes the checkpoint, before the
         next round starts).
         """
+        self._take_from_start(grid, num_rounds)
         self._started_with = frozenset(vars(self))
         for name, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
             # Flower's strategies send it to every client; pflower's spec already says it all, so
@@ -505,3 +530,84 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                     f"from the method's options, and send no {name}: move these settings there"
                 )
         return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn, on_round)
+
+    def _take_from_start(self, grid: Grid, num_rounds: int) -> None:
+        """Build the strategy again, before its first round, with what only ``start()`` knows and
+        the constructor was not told: ``num_clients`` (the nodes connected now, as Flower's
+        strategies count them) and a method's ``total_rounds`` (the run's ``num_rounds``: Felo's
+        warm-up and last evaluation, FedCMD's ``rho``, pFedSim's and FedAP's warm-up shares are
+        planned on it). Without it, ``Felo(...).start(num_rounds=3)`` planned on the option's
+        default of 100 rounds and spent all 3 in its warm-up."""
+        model, spec, base, options, count_nodes = self._construction
+        if self.run.last_round() > 0:  # resumed: the run's own sizes stand
+            return
+        changes: dict[str, Any] = {}
+        if count_nodes:
+            changes["num_clients"] = connected_nodes(grid, self.discover_timeout)
+        horizon = "total_rounds" in {f.name for f in dataclasses.fields(self.options_type)}
+        if horizon and "total_rounds" not in options and getattr(self.options, "total_rounds") != num_rounds:
+            changes["total_rounds"] = num_rounds
+        if not changes:
+            return
+        set_after = {k: v for k, v in vars(self).items() if k in ("resume_force", "final_global_test")}
+        set_after.update({k: v for k, v in vars(self).items() if k.startswith("public") and v is not None})
+        num_clients = changes.pop("num_clients", None if count_nodes else self.run.num_clients)
+        type(self).__init__(self, model, spec, num_clients=num_clients, **base, **options, **changes)
+        vars(self).update(set_after)
+        log(
+            INFO,
+            "%s: %s, from start()",
+            self.name,
+            ", ".join(
+                [f"num_clients={self.run.num_clients} (the connected nodes)"] * count_nodes
+                + [f"total_rounds={num_rounds} (num_rounds)"] * ("total_rounds" in changes)
+            ),
+        )
+
+
+def connected_nodes(grid: Grid, timeout: float, settle_s: float = 2.0) -> int:
+    """The nodes connected to ``grid``: their count once it holds still for ``settle_s`` seconds
+    (SuperNodes of a deployment connect one after another), at most ``timeout`` seconds after the
+    first; a grid with no node by then is a :class:`FederationError`."""
+    deadline = time.monotonic() + timeout
+    count, steady_since = len(list(grid.get_node_ids())), time.monotonic()
+    while time.monotonic() < deadline:
+        if count and time.monotonic() - steady_since >= settle_s:
+            return count
+        time.sleep(0.5)
+        now = len(list(grid.get_node_ids()))
+        if now != count:
+            count, steady_since = now, time.monotonic()
+    if not count:
+        from .client_directory import FederationError
+
+        raise FederationError(
+            f"num_clients was not given and no node connected within {timeout:g} s: start the SuperNodes, or pass "
+            "num_clients= to the strategy"
+        )
+    return count
+
+
+def _passes_everything_on(init: Any) -> bool:
+    """Whether ``init`` is ``(self, *args, **kwargs)`` (a method's ``__init__`` that hands its
+    arguments to the base) or the base's own."""
+    params = list(inspect.signature(init).parameters.values())[1:]
+    kinds = [p.kind for p in params]
+    return kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD] or (
+        init is PersonalizedStrategy.__init__
+    )
+
+
+def strategy_signature(cls: type[PersonalizedStrategy]) -> inspect.Signature:
+    """The constructor's signature as a caller sees it: the base's parameters, then the method's
+    options (:class:`MethodOptions` fields) as keyword-only ones with their defaults and types."""
+    base = [
+        p
+        for name, p in inspect.signature(PersonalizedStrategy.__init__).parameters.items()
+        if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    options = []
+    for f in dataclasses.fields(cls.options_type):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        options.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
+    return inspect.Signature(base + options, return_annotation=None)

@@ -91,6 +91,34 @@ def test_a_clientapp_that_fails_the_train_typed_discovery_is_asked_again_with_a_
     assert sorted(strategy.clients) == [0, 1, 2] and grid.types == ["train"] * 3 + ["query"] * 3
 
 
+def test_a_clientapp_without_the_mod_is_refused_with_what_to_add():
+    """Issue 76 (3): the quickstart's ClientApp as it is (no mod) under a pflower strategy: not the
+    user's KeyError and Flower's "No query function registered", but what to add."""
+    app = ClientApp()
+    app.train()(quickstart.train)
+    strategy = FedAvg(Net(), client_spec(lr=0.05), num_clients=3, fraction_train=1.0)
+    with pytest.raises(FederationError) as refused:
+        strategy.discover(AppGrid(app), wait_for=3, timeout=5)
+    text = str(refused.value)
+    assert text.startswith("no client could join the run: node 1000: its ClientApp does not speak pflower's")
+    assert "client_mod(model=Net, data=load_data)" in text and "build_clientapp(" in text and "'arrays'" in text
+
+
+def test_a_data_function_whose_one_parameter_has_another_name_gets_the_context():
+    """Issue 76 (3): `client_mod(data=lambda c: ...)` was a TypeError (missing 'c'); one parameter of
+    any name now receives the context, as `context` does."""
+    seen: list[Context] = []
+
+    def by_another_name(c):
+        seen.append(c)
+        return data(c)
+
+    grid = AppGrid(quickstart_app(data=by_another_name))
+    strategy = FedPer(Net(), client_spec(lr=0.05), num_clients=3, fraction_train=1.0)
+    strategy.start(grid, num_rounds=1)
+    assert strategy.final_metrics["final_clients"] == 3 and seen and all(isinstance(c, Context) for c in seen)
+
+
 def test_fedper_drives_the_quickstarts_own_train_function_and_keeps_the_head_on_each_node():
     calls: list[str] = []
     grid = AppGrid(quickstart_app(calls))
@@ -138,6 +166,35 @@ def test_a_method_whose_client_trains_its_own_way_is_refused_in_one_line(method,
         strategy.start(grid=AppGrid(quickstart_app()), num_rounds=1)
     text = str(err.value)
     assert needle in text and "build_clientapp" in text and "\n" not in text
+    # issue 76 (2): the reply is the one line, not the mod's traceback; the traceback is in the file it names
+    assert "ModError" not in text and "Traceback" not in text
+    logged = Path(text.split("(traceback: ", 1)[1].split(")", 1)[0])
+    assert "Traceback (most recent call last)" in logged.read_text() and "NotImplementedError" not in logged.read_text()
+
+
+def test_any_failure_of_a_library_clientapp_is_one_line_with_its_traceback_in_a_file(tmp_path, monkeypatch):
+    """client_app.failures: the app's own train function raising (a KeyError of the user's code) is
+    an error reply naming the exception and the file; only_user_errors lets other failures raise."""
+    import tempfile
+
+    from pflower.client_app.failures import one_line_failures
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def broken(msg, context):
+        raise KeyError("arrays")
+
+    grid = InProcessGrid(1)
+    ctx = next(iter(grid.contexts.values()))
+    msg = Message(RecordDict(), message_type="train", dst_node_id=ctx.node_id, group_id="3")
+    reply = one_line_failures(broken)(msg, ctx)
+    assert (
+        reply.has_error()
+        and reply.error.reason == f"KeyError: 'arrays' (traceback: {tmp_path}/pflower-clientapp-1.log)"
+    )
+    assert "train message of round 3" in (tmp_path / "pflower-clientapp-1.log").read_text()
+    with pytest.raises(KeyError):
+        one_line_failures(broken, only_user_errors=True)(msg, ctx)
 
 
 def test_a_data_function_that_is_not_what_the_app_trains_on_is_refused():

@@ -28,9 +28,13 @@ docs/deployment.md, "Polling": no gain with three nodes on two cores).
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pflower.protocol import compat
@@ -125,6 +129,78 @@ def set_heartbeat(seconds: float) -> None:
 STEADY_FLAG = "--steady-poll"
 
 
+def accepted_marker(argv: list[str]) -> Path:
+    """The file that says this node's key was accepted by this SuperLink before (written at its first
+    pull): ``$XDG_CACHE_HOME/pflower/supernodes/<sha of the key's path and the SuperLink address>``."""
+    key = _flag(argv, "--auth-supernode-private-key") or "no-key"
+    link = _flag(argv, "--superlink") or "127.0.0.1:9092"
+    digest = hashlib.sha256(f"{Path(key).expanduser().resolve()}|{link}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "pflower" / "supernodes" / digest
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def refusal_diagnosis(accepted_before: bool, heartbeat_s: float) -> str:
+    """What a refused activation ("[code: 2004] Failed to activate SuperNode", exit code 305) means
+    for this node. Flower says the same for two causes the node can tell apart by its own history:
+    a key never accepted (not registered: the SuperLink's log says "No SuperNode found with the
+    given public key") and a node restarted after a kill, which the SuperLink still lists online
+    until it misses two heartbeats."""
+    if accepted_before:
+        return (
+            "pflower-supernode: this node's key was accepted by this SuperLink before, so it is most likely a "
+            "restart after a crash or kill: the SuperLink lets the node in again once it has missed two heartbeats "
+            f"(up to {2 * heartbeat_s:g} s after the node died); start it again then, or run it under a supervisor "
+            "that restarts it (systemd Restart=on-failure, compose restart: unless-stopped)"
+        )
+    return (
+        "pflower-supernode: this node's key was never accepted by this SuperLink: most likely it is not registered; "
+        "register its public key (`flwr supernode register <key.pub> <superlink>`; the SuperLink's log then no "
+        "longer says 'No SuperNode found with the given public key'). If it was accepted from another machine or "
+        f"cache before, it may instead be a restart: wait {2 * heartbeat_s:g} s and start it again"
+    )
+
+
+class DiagnoseRefusal(logging.Filter):
+    """Adds :func:`refusal_diagnosis` to Flower's exit message of a refused activation."""
+
+    def __init__(self, marker: Path, heartbeat_s: float) -> None:
+        super().__init__()
+        self.marker, self.heartbeat_s = marker, heartbeat_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage() if isinstance(record.msg, str) else ""
+        if text.startswith("Exit Code: 305") and "Failed to activate SuperNode" in text:
+            record.msg, record.args = text + "\n" + refusal_diagnosis(self.marker.exists(), self.heartbeat_s), ()
+        return True
+
+
+def remember_acceptance(marker: Path) -> None:
+    """Write ``marker`` at the node's first pull: its activation went through."""
+    loop = compat.supernode_loop()
+    pull = loop.module._pull_and_store_message
+
+    def pull_and_remember(*args: Any, **kwargs: Any) -> Any:
+        result = pull(*args, **kwargs)
+        if not marker.exists():
+            try:
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("accepted\n")
+            except OSError:
+                pass
+        return result
+
+    loop.module._pull_and_store_message = pull_and_remember
+
+
 def main() -> None:
     """``pflower-supernode [--heartbeat-interval S] [--steady-poll]``: ``flower-supernode`` with
     :func:`install`'s poll (unless ``--steady-poll``) and the heartbeat interval given."""
@@ -135,4 +211,7 @@ def main() -> None:
         set_heartbeat(seconds)
     if not steady:
         install()
+    marker = accepted_marker(sys.argv[1:])
+    remember_acceptance(marker)
+    compat.FLOWER_LOGGER.addFilter(DiagnoseRefusal(marker, seconds or 30.0))
     compat.supernode_loop().flower_supernode()

@@ -65,6 +65,7 @@ class OneLineUserErrors(logging.Filter):
         if exc is not None and getattr(exc, "user_error", False):
             record.msg, record.args = "pflower: %s", (exc,)
             record.exc_info, record.exc_text = None, None
+            record.pflower_user_error = exc  # pflower's own ServerApp, which logged the line already, drops it
         return True
 
 

@@ -515,7 +515,56 @@ def _row(s: Mapping[str, Any], tables: Sequence[PaperTable]) -> dict[str, Any]:
 
 def report_rows(runs: Sequence[Path]) -> list[dict[str, Any]]:
     tables = paper_tables()
-    return [_row(load_summary(run), tables) for run in runs]
+    rows = [_row(load_summary(run), tables) for run in runs]
+    for row, extra in zip(rows, told_apart(runs, rows)):  # two rows that would read the same say how they differ
+        if extra:
+            row["method"] = f"{row['method']} [{extra}]"
+    return rows
+
+
+# keys of config.yaml that say where or how a run was written, not what it computed
+NOT_A_SETTING = (
+    "output_dir",
+    "resume",
+    "resume_force",
+    "progress",
+    "client_state_dir",
+    "workers",
+    "backend",
+    "batch_clients",
+    "ray",
+)
+
+
+def told_apart(runs: Sequence[Path], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For rows that would read the same (method label, model, dataset, α), what tells their runs
+    apart: the config settings that differ among them (``seed=1``), or the run directory's name
+    where none does; empty for a row that is alone."""
+    key = [(r["method"], r["model"], r["dataset"], r["alpha"]) for r in rows]
+    out = [""] * len(rows)
+    for k in set(key):
+        same = [i for i, other in enumerate(key) if other == k]
+        if len(same) < 2:
+            continue
+        flat = [_flatten(run_config(runs[i])) for i in same]
+        differ = sorted(
+            name
+            for name in set(flat[0]).intersection(*flat[1:])  # a key only newer runs record is no difference
+            if name.split(".")[0] not in NOT_A_SETTING and len({repr(f.get(name)) for f in flat}) > 1
+        )
+        for i, f in zip(same, flat):
+            out[i] = ", ".join(f"{n}={f.get(n)}" for n in differ) if differ else Path(runs[i]).name
+    return out
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, Mapping):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 PAPER_COLUMNS = ("paper", "diff", "paper set-up")

@@ -37,7 +37,7 @@ class _DropUserErrorTraceback(logging.Filter):
         self.user_error = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
+        exc = record.exc_info[1] if record.exc_info else getattr(record, "pflower_user_error", None)
         if isinstance(exc, USER_ERRORS):
             return False
         if self.user_error and isinstance(record.msg, str) and record.msg.startswith("Exit Code:"):

@@ -143,7 +143,9 @@ def test_simulation_is_the_one_part_that_imports_both_sides():
 
 def test_the_server_app_folder_holds_what_the_server_app_does():
     lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "server_app").glob("*.py"))
-    assert lines < 2500, f"server_app/ has {lines} lines: engines belong in simulation/, reports in reports/"
+    # 2,500 until the runner's Ctrl-C handling and `pflower run`'s stop of a run (server_app/interrupt.py,
+    # 300 lines with superlink.py's part) came in: neither an engine nor a report
+    assert lines < 2900, f"server_app/ has {lines} lines: engines belong in simulation/, reports in reports/"
 
 
 #: modules below the runner: they take the resolved plan (server_app/run_plan.py), never the config

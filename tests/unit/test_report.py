@@ -116,6 +116,21 @@ def test_a_control_run_is_labelled_with_the_options_it_changed(tmp_path):
     assert labels["fedbabu (finetune_epochs=0)"]["paper"] == "74.81"  # still the method's paper number
 
 
+def test_rows_that_would_read_the_same_say_what_tells_them_apart(tmp_path):
+    """Issue 76 (6): two fedcmd rows with nothing telling them apart now show the setting that
+    differs (seed=...), or the run directory's name where no setting does; a row alone is unchanged."""
+    seeded = PAPER_SETUP + "seed: {}\noutput_dir: {}\n"
+    fake_run(tmp_path / "a" / "10-00-00-fedcmd-fmnist", config=seeded.format(1, "x"))
+    fake_run(tmp_path / "a" / "10-05-00-fedcmd-fmnist", config=seeded.format(2, "y"))
+    labels = [r["method"] for r in report_rows(find_runs([tmp_path / "a"]))]
+    assert labels == ["fedcmd (l*=fc2) [seed=1]", "fedcmd (l*=fc2) [seed=2]"]  # output_dir is not a setting
+    fake_run(tmp_path / "b" / "10-00-00-fedcmd-fmnist")
+    fake_run(tmp_path / "b" / "11-00-00-fedcmd-fmnist")
+    fake_run(tmp_path / "b" / "12-00-00-fedavg-fmnist", method="fedavg", personal_layer=None)
+    labels = [r["method"] for r in report_rows(find_runs([tmp_path / "b"]))]
+    assert labels == ["fedcmd (l*=fc2) [10-00-00-fedcmd-fmnist]", "fedcmd (l*=fc2) [11-00-00-fedcmd-fmnist]", "fedavg"]
+
+
 def test_paper_data_is_loaded_from_conf():
     assert paper_numbers()[("fedper", "fmnist", 0.5)][0] == pytest.approx(90.034)
     assert paper_numbers()[("kapc_bls", "fmnist", 0.1)][0] == pytest.approx(96.57)  # Table 1 (Scenario A) comes first

@@ -109,9 +109,41 @@ def test_the_command_takes_its_own_flags_out_and_steady_poll_leaves_flowers_loop
         fake = type("Loop", (), {"flower_supernode": staticmethod(lambda: ran.append(list(sys.argv[1:])))})
         monkeypatch.setattr(compat, "supernode_loop", lambda: fake)
         monkeypatch.setattr(supernode, "install", lambda: installed.append(True))
+        monkeypatch.setattr(supernode, "remember_acceptance", lambda marker: None)
         monkeypatch.setattr(supernode, "set_heartbeat", beats.append)
         flags = ["--heartbeat-interval", "10", *(["--steady-poll"] if steady else [])]
         monkeypatch.setattr(sys, "argv", ["pflower-supernode", "--superlink", "a:1", *flags, "--insecure"])
         supernode.main()
         assert ran == [["--superlink", "a:1", "--insecure"]] and beats == [10.0]
         assert installed == ([] if steady else [True])
+
+
+def test_a_refused_activation_says_whether_the_key_was_accepted_before(tmp_path, monkeypatch):
+    """Issue 76 (8): Flower's "[code: 2004] Failed to activate SuperNode" (exit code 305) is the
+    same for an unregistered key and a node restarted too early; pflower-supernode adds which one
+    it is by its own history: a key accepted by this SuperLink before (marked at its first pull)."""
+    import logging
+
+    from pflower.client_app import supernode
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    argv = ["--superlink", "127.0.0.1:9092", "--auth-supernode-private-key", str(tmp_path / "node")]
+    marker = supernode.accepted_marker(argv)
+    assert marker != supernode.accepted_marker([*argv[:1], "127.0.0.1:9093", *argv[2:]])  # per SuperLink
+    diagnose = supernode.DiagnoseRefusal(marker, 10.0)
+    flower_exit = (
+        "Exit Code: 305\nFailed to initialize the connection to the SuperLink.\n"
+        "[code: 2004] Failed to activate SuperNode."
+    )
+
+    def said() -> str:
+        record = logging.LogRecord("flwr", logging.ERROR, "x", 1, flower_exit, (), None)
+        assert diagnose.filter(record)
+        return record.getMessage()
+
+    assert "never accepted by this SuperLink: most likely it is not registered" in said()
+    marker.parent.mkdir(parents=True)
+    marker.write_text("accepted\n")
+    assert "accepted by this SuperLink before" in said() and "up to 20 s" in said()
+    other = logging.LogRecord("flwr", logging.ERROR, "x", 1, "Exit Code: 305\nanother failure", (), None)
+    assert diagnose.filter(other) and other.getMessage() == "Exit Code: 305\nanother failure"

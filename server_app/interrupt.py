@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pflower.strategies.base.messaging import STOP
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
@@ -73,6 +75,7 @@ def _exit_now(signum: int, frame: object) -> None:  # noqa: ARG001 - a signal ha
 
 def _first(signum: int, frame: object) -> None:  # noqa: ARG001
     signal.signal(signal.SIGINT, _exit_now)
+    STOP.set()
     raise KeyboardInterrupt
 
 
@@ -92,6 +95,7 @@ def ctrl_c_stops_the_run() -> Iterator[None]:
     try:
         yield
     finally:
+        STOP.clear()
         if signal.getsignal(signal.SIGINT) is _first:  # after a first Ctrl-C the next one still exits at once
             signal.signal(signal.SIGINT, previous)
 

@@ -3,6 +3,7 @@ by the ``pflower`` command and ``pflower leaderboard``."""
 
 from __future__ import annotations
 
+import threading
 import warnings
 from logging import INFO
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from flwr.common import log
 from omegaconf import DictConfig
 
 from pflower.server_app.config import ConfigError
+from pflower.server_app.interrupt import RunInterrupted
 from pflower.server_app.progress import Sweep
 from pflower.server_app.run_plan import EngineSettings
 
@@ -83,6 +85,8 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
     backend = ray_backend_config(engine)
     out: dict[str, Any] = {}
     refused: list[Exception] = []
+    stopped: list[RunInterrupted] = []
+    ended = threading.Event()
     server_app = ServerApp()
 
     @server_app.main()
@@ -91,17 +95,43 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
             out.update(run_experiment(grid, prepared, sweep=sweep))
         except USER_ERRORS as exc:  # one line from pflower, not Flower's traceback
             refused.append(exc)
+        except RunInterrupted as exc:  # Ctrl-C, seen by this thread at its next poll (messaging.STOP)
+            stopped.append(exc)
+        finally:
+            ended.set()
 
     # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
     # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_clients, backend_config=backend)
+    try:
+        run_simulation(
+            server_app=server_app, client_app=client_app, num_supernodes=num_clients, backend_config=backend
+        )
+    except KeyboardInterrupt:  # in this thread; the ServerApp's own stops at its next poll (within a second)
+        ended.wait(timeout=15)
+        _shut_ray_down()
+        if stopped:
+            raise stopped[0] from None
+        raise
+    if stopped:
+        raise stopped[0]
     if refused:
         raise refused[0]
     if not out:
         raise RuntimeError("the simulation ended without a result; see the log above for the ServerApp's error")
     return out
+
+
+def _shut_ray_down() -> None:
+    """End this process's Ray (its raylet, GCS and actors) after a Ctrl-C cut Flower's own teardown short."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 def _gpu_share() -> float:

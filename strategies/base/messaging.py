@@ -10,6 +10,7 @@ the reply ("The message it replies to ... has expired", in its log).
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Iterable
@@ -114,6 +115,12 @@ def late_replies(grid: Grid) -> LateReplies:
         return LateReplies()
 
 
+# set by the first Ctrl-C (server_app.interrupt): a ServerApp that runs off the main thread, as
+# Flower's simulation engine runs it, stops at its next poll for replies instead of waiting out the
+# round timeout for ClientApps the Ctrl-C already ended
+STOP = threading.Event()
+
+
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
     """Flower's ``Grid.send_and_receive`` (push, then pull until every reply is in or the
     timeout passes), polling every :data:`REPLY_POLL_S`; replies to messages an earlier wait
@@ -132,6 +139,8 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
     end = time.time() + (timeout if timeout is not None else 0.0)
     replies: list[Message] = []
     while timeout is None or time.time() < end:
+        if STOP.is_set():  # Ctrl-C while this ServerApp runs off the main thread (Flower's simulation engine)
+            raise KeyboardInterrupt
         got = late.sort_out(grid.pull_messages(pending | late.watched(time.time())), time.time())
         replies.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)

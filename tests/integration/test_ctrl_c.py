@@ -76,7 +76,7 @@ def group_alive(pgid: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["parallel", "serial"])
+@pytest.mark.parametrize("backend", ["parallel", "serial", "batched", "ray"])
 def test_ctrl_c_stops_pflower_sim_keeps_the_checkpoint_and_the_run_resumes(tmp_path, backend):
     out = tmp_path / "out"
     proc = start(
@@ -95,7 +95,7 @@ def test_ctrl_c_stops_pflower_sim_keeps_the_checkpoint_and_the_run_resumes(tmp_p
     code, seconds, rest = ctrl_c(proc)
     assert code == 130 and seconds < 10, (code, seconds, rest[-3000:])
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-3000:]
-    assert not group_alive(proc.pid)  # the parallel engine's workers too
+    assert not group_alive(proc.pid)  # the parallel engine's workers, Ray's processes too
     line = rest.strip().splitlines()[-1]
     found = re.fullmatch(
         r"pflower: stopped by Ctrl-C; (\S+) keeps its checkpoint of round (\d+): continue with "
@@ -147,6 +147,32 @@ def test_a_second_ctrl_c_exits_at_once_while_the_first_winds_down(tmp_path):
     code, seconds, rest = ctrl_c(proc)
     assert code == 130 and seconds < 3 and "second Ctrl-C: exited at once" in rest, (code, seconds, rest)
     time.sleep(0.5)
+    assert not group_alive(proc.pid)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sweep_of_runs_two_at_a_time_and_each_says_how_to_continue(tmp_path):
+    out = tmp_path / "out"
+    proc = start(
+        [
+            str(BIN / "pflower"),
+            "sim",
+            "-m",
+            "seed=1,2,3",
+            "--jobs",
+            "2",
+            "method=fedavg",
+            "rounds=1000",
+            *SMALL,
+            "backend=serial",
+            f"output_dir={out}",
+        ],
+        cwd=tmp_path,
+    )
+    wait_for(proc, r"\[round\s+3/1000\]", timeout=240)
+    code, seconds, rest = ctrl_c(proc)
+    assert code == 130 and seconds < 10, (code, seconds, rest[-3000:])
+    assert rest.count("keeps its checkpoint of round") == 2 and "1 of the sweep's 3 runs had not started" in rest
     assert not group_alive(proc.pid)
 
 

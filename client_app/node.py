@@ -69,6 +69,16 @@ def cold_start_s() -> float | None:
     return process_age_s()
 
 
+def forked_from_fork_server(cmdline: Path = Path("/proc/self/cmdline")) -> bool:
+    """Whether this process is a fork of a ``multiprocessing`` fork server (pflower-superexec's,
+    which imported torch before forking): a fork keeps its parent's command line, which names
+    ``multiprocessing.forkserver``; a fresh ``flwr-clientapp`` process names itself."""
+    try:
+        return b"multiprocessing.forkserver" in cmdline.read_bytes()
+    except OSError:
+        return False
+
+
 SUPERNODE_PROGRAMS = ("flower-supernode", "pflower-supernode")  # the latter: client_app/supernode.py
 
 

@@ -33,7 +33,15 @@ from pflower.protocol import wire
 from pflower.protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
 from .hooks import ClientHooks
-from .node import apply_threads, cold_start_s, deterministic_mode, is_deployed, node_device, warm_up
+from .node import (
+    apply_threads,
+    cold_start_s,
+    deterministic_mode,
+    forked_from_fork_server,
+    is_deployed,
+    node_device,
+    warm_up,
+)
 from .roles import Role, RoleContext, build_role
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
@@ -407,7 +415,10 @@ def _timing_text(metrics: dict[str, float]) -> str:
         )
         if key in metrics
     ]
-    return ", ".join(f"{name} {value:.2f} s" for name, value in parts)
+    text = ", ".join(f"{name} {value:.2f} s" for name, value in parts)
+    if "cold_start_s" in metrics and forked_from_fork_server():
+        text += " (a fork of pflower-superexec's fork server: torch was imported before it)"
+    return text
 
 
 def _tamper(fault: str, server_round: int, metrics: dict[str, float], tensors: dict[str, np.ndarray]) -> None:

@@ -105,9 +105,7 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     try:
-        run_simulation(
-            server_app=server_app, client_app=client_app, num_supernodes=num_clients, backend_config=backend
-        )
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_clients, backend_config=backend)
     except KeyboardInterrupt:  # in this thread; the ServerApp's own stops at its next poll (within a second)
         ended.wait(timeout=15)
         _shut_ray_down()

@@ -247,3 +247,25 @@ def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(comp
     plain = simulate(compose(*common))  # in this process: the default leaves torch's mode alone
     assert det["det"] is True and not torch.are_deterministic_algorithms_enabled()
     assert det["acc"] == plain["headline_test_before_acc"]
+
+
+def _report_forked(queue) -> None:  # runs in a fork server's child
+    from pflower.client_app.node import forked_from_fork_server
+
+    queue.put(forked_from_fork_server())
+
+
+def test_a_clientapp_knows_it_is_a_fork_of_the_fork_server():
+    """What the e2e test of warm ClientApps reads (issue 76, 7): the event itself (forked from a
+    process that imported torch), not a timing that a loaded machine skews."""
+    import multiprocessing
+
+    from pflower.client_app.node import forked_from_fork_server
+
+    ctx = multiprocessing.get_context("forkserver")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_report_forked, args=(queue,))
+    child.start()
+    assert queue.get(timeout=60) is True
+    child.join(timeout=30)
+    assert forked_from_fork_server() is False  # pytest's own process

@@ -117,6 +117,7 @@ def test_ctrl_c_stops_pflower_sim_keeps_the_checkpoint_and_the_run_resumes(tmp_p
     assert len(rounds) == done + 1
 
 
+@pytest.mark.heavy  # over 1 s of one core: not in the quick tier
 def test_a_second_ctrl_c_exits_at_once_while_the_first_winds_down(tmp_path):
     """The first Ctrl-C raises KeyboardInterrupt; while the program still winds down (here: it
     sleeps), the second exits 130 at once and ends its child processes."""

@@ -104,6 +104,7 @@ def test_a_clientapp_without_the_mod_is_refused_with_what_to_add():
     assert "client_mod(model=Net, data=load_data)" in text and "build_clientapp(" in text and "'arrays'" in text
 
 
+@pytest.mark.heavy  # over 1 s of one core: not in the quick tier
 def test_a_data_function_whose_one_parameter_has_another_name_gets_the_context():
     """Issue 76 (3): `client_mod(data=lambda c: ...)` was a TypeError (missing 'c'); one parameter of
     any name now receives the context, as `context` does."""

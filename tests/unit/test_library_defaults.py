@@ -44,6 +44,7 @@ def test_total_rounds_comes_from_start_when_not_given_and_stays_when_given():
     assert given.options.total_rounds == 50  # the user's word stands
 
 
+@pytest.mark.heavy  # over 1 s of one core: not in the quick tier
 def test_num_clients_defaults_to_the_connected_nodes_at_start():
     strategy = FedAvg(Net(), client_spec(), fraction_train=1.0)
     strategy.start(InProcessGridWithData(3), num_rounds=1)

@@ -255,6 +255,7 @@ def _report_forked(queue) -> None:  # runs in a fork server's child
     queue.put(forked_from_fork_server())
 
 
+@pytest.mark.heavy  # over 1 s of one core: not in the quick tier
 def test_a_clientapp_knows_it_is_a_fork_of_the_fork_server():
     """What the e2e test of warm ClientApps reads (issue 76, 7): the event itself (forked from a
     process that imported torch), not a timing that a loaded machine skews."""

@@ -298,6 +298,7 @@ def test_report_writes_markdown_and_two_figures_per_group(tmp_path):
     )
     assert sorted(p.name for p in out.iterdir()) == names
     md = (out / "report.md").read_text()
+    assert md.endswith("`\n") and not md.endswith("\n\n")  # one final newline (issue 76, 6)
     assert md.index("## digits, iid partition") < md.index("## fmnist, α = 0.1")
     assert "![fmnist, α = 0.1: accuracy vs round](fmnist_a0.1_accuracy_vs_round.png)" in md
     assert "![fmnist, α = 0.1: accuracy vs MiB](fmnist_a0.1_accuracy_vs_mib.png)" in md

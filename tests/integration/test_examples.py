@@ -59,3 +59,25 @@ def test_flowers_quickstart_switched_by_its_ten_line_diff_runs_under_flwr_run(fl
     assert "final evaluation over 3 clients" in log and "quickstart-pytorch: saved 10 tensors" in log, log[-3000:]
     if method == "fedcmd":
         assert "phase 2 | personal_layer" in log, log[-3000:]
+
+
+def test_a_clientapp_failure_under_the_simulation_engine_is_one_line_naming_its_traceback_file(flwr_env, tmp_path):
+    """Issue 76 (2): the quickstart switched by the mod, but with FedProx (whose client the mod
+    cannot run): under Ray, each client's failure was some 90 lines of Ray traceback (382 lines in
+    all); now the first thing after the round starts is the pflower line naming the fix and the
+    file that holds the traceback, and no traceback is printed."""
+    app = tmp_path / "quickstart-pytorch"
+    shutil.copytree(ROOT / "examples" / "quickstart-pytorch", app)
+    subprocess.run(["git", "apply", "switch/fedper.diff"], cwd=app, check=True)
+    server = app / "quickstart_pytorch" / "server_app.py"
+    server.write_text(server.read_text().replace("FedPer", "FedProx"))
+    cmd = ["flwr", "run", ".", "--stream", "--federation-config", "num-supernodes=3"]
+    proc = subprocess.run(cmd, cwd=app, env=flwr_env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    after = log.split("Starting fedprox (3 rounds)", 1)[1]
+    first = next(line for line in after.splitlines() if "WARNING" in line or "ERROR" in line)
+    assert "dropped reply of client 0" in first and "trains in its own way" in first, log[-3000:]
+    assert "build_clientapp" in first and "(traceback: " in first, first
+    assert "Traceback (most recent call last)" not in log and len(after.splitlines()) < 40, log[-3000:]
+    logged = Path(first.split("(traceback: ", 1)[1].split(")", 1)[0])
+    assert "ModError: this method's client (role 'proximal')" in logged.read_text()

@@ -467,6 +467,15 @@ def run_env(checkout: Path, base: dict[str, str] | None = None) -> tuple[dict[st
     base = dict(os.environ if base is None else base)
     if not base.get("FLWR_HOME"):
         return checkout_env(checkout, base), None
+    users = Path(base["FLWR_HOME"]).expanduser().resolve()
+    port = base.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")
+    theirs = [s for s in mine(local_superlinks(), users, port) if s.cwd is not None and s.cwd.resolve() != checkout]
+    if theirs:  # that SuperLink would run this checkout's code with the other checkout's environment
+        env = checkout_env(checkout, base)
+        return env, (
+            f"pflower run: the local SuperLink of your FLWR_HOME={users} was started from another checkout "
+            f"({theirs[0].cwd}); this checkout's run goes through one of its own (FLWR_HOME {env['FLWR_HOME']})"
+        )
     env = dict(base)
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     here = str(Path(sys.executable).parent)
@@ -507,7 +516,7 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         if line:
             print(line, file=sys.stderr)
     running = any(s.flwr_home is not None and s.flwr_home.resolve() == home for s in local_superlinks())
-    if which is None and not running:  # only this checkout's own home is pflower's to repair
+    if home == checkout_home(checkout) and not running:  # only this checkout's own home is pflower's to repair
         recovered = recover_state(home)
         if recovered:
             print(recovered, file=sys.stderr)

@@ -226,6 +226,38 @@ def test_pflower_run_uses_the_users_flwr_home_and_says_why_its_supernodes_differ
     assert str(home / "config.toml") in said[0] and "set num_clients=3" in said[0]
 
 
+def test_pflower_run_keeps_off_a_users_superlink_started_from_another_checkout(tmp_path, monkeypatch):
+    """The user's FLWR_HOME, except where its running local SuperLink was started from another
+    checkout (it would run this checkout's code with that one's environment): then this checkout's
+    own, and one line says why."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    home = tmp_path / "my-flwr"
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    monkeypatch.setenv("FLWR_LOCAL_CONTROL_API_PORT", "46093")
+    here = code_tree(tmp_path / "here")
+    other = fake_superlink(tmp_path, "other", 46093, home=home, cwd=tmp_path / "elsewhere")
+    try:
+        wait_until_listed(other.pid)
+        env, said = superlink.run_env(here.resolve())
+        assert env["FLWR_HOME"] == str(superlink.checkout_home(here)) and "started from another checkout" in said
+        assert str(tmp_path / "elsewhere") in said
+        env, said = superlink.run_env((tmp_path / "elsewhere").resolve())  # the checkout it was started from
+        assert Path(env["FLWR_HOME"]).resolve() == home.resolve() and said.startswith("pflower run: your FLWR_HOME=")
+    finally:
+        other.kill()
+        other.wait()
+
+
+def wait_until_listed(pid: int) -> None:
+    import time
+
+    for _ in range(50):
+        if any(s.pid == pid for s in superlink.local_superlinks()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fake SuperLink {pid} not listed")
+
+
 def test_pflower_run_refuses_unquoted_run_config_and_missing_data_in_seconds(capsys):
     """Issue 76 (5): Flower's ClickException for `lr=abc`, a missing data folder and more clients than
     the data holds are one line and exit 2 before anything starts (the README's promise)."""

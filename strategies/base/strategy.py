@@ -160,7 +160,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             num_clients is None,
         )
         num_clients = 1 if num_clients is None else num_clients  # checked now, sized at start()
-        self.options = self.options_type.build(self.name, options)
+        self.options = self.options_type.build(self.name, _provisional_horizon(self.options_type, options))
         if not 0.0 < fraction_train <= 1.0:
             raise SetupError(f"fraction_train must be in (0, 1], got {fraction_train}")
         check_client_spec(client_spec)
@@ -563,6 +563,23 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                 + [f"total_rounds={num_rounds} (num_rounds)"] * ("total_rounds" in changes)
             ),
         )
+
+
+# what a method's total_rounds stands at between the constructor and start() where the caller gave
+# none and the option has no default (pFedSim's and FedAP's warm-up shares, FedCMD's rho): far beyond
+# any run, so nothing derived from it ends before start() replaces it with num_rounds
+PROVISIONAL_ROUNDS = 10**6
+
+
+def _provisional_horizon(options_type: type, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`PROVISIONAL_ROUNDS` as ``total_rounds`` where the method has that
+    option without a default and the caller did not give it (:meth:`PersonalizedStrategy._take_from_start`
+    sets the run's own before round 1)."""
+    fields = {f.name: f for f in dataclasses.fields(options_type)}
+    horizon = fields.get("total_rounds")
+    if horizon is None or "total_rounds" in options or horizon.default is not None:
+        return dict(options)
+    return {**options, "total_rounds": PROVISIONAL_ROUNDS}
 
 
 def connected_nodes(grid: Grid, timeout: float, settle_s: float = 2.0) -> int:

@@ -45,6 +45,22 @@ def test_total_rounds_comes_from_start_when_not_given_and_stays_when_given():
 
 
 @pytest.mark.heavy  # over 1 s of one core: not in the quick tier
+def test_a_horizon_without_a_default_is_taken_from_start_too():
+    """pFedSim's warm-up share and FedCMD's rho need total_rounds: built without it (it was a
+    ValueError at construction), they plan on start()'s num_rounds."""
+    from pflower.strategies import FedCMD, PFedSim
+
+    pfedsim = PFedSim(Net(), client_spec(), num_clients=2)
+    pfedsim._take_from_start(InProcessGrid(2), num_rounds=30)
+    assert (pfedsim.options.total_rounds, pfedsim.warmup) == (30, 15)  # rho_general 0.5 of 30
+    fedcmd = FedCMD(Net(), client_spec(), num_clients=2, rho=0.1)
+    fedcmd._take_from_start(InProcessGrid(2), num_rounds=50)
+    assert fedcmd.kp == 5
+    with pytest.raises(ValueError, match="leaves no phase-2 round in a run of 3 rounds"):
+        FedCMD(Net(), client_spec(), num_clients=2, kp=3)._take_from_start(InProcessGrid(2), num_rounds=3)
+
+
+@pytest.mark.heavy  # over 1 s of one core: not in the quick tier
 def test_num_clients_defaults_to_the_connected_nodes_at_start():
     strategy = FedAvg(Net(), client_spec(), fraction_train=1.0)
     strategy.start(InProcessGridWithData(3), num_rounds=1)

@@ -278,7 +278,8 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
         per = rule.get("per", "unit")
         unit = str(rule.get("unit", "points"))  # what the metric counts (shared_units: units)
-        reason = f"slope {effect.text(f' {unit} per {per}') if effect else 'no seed ran every point'}; {why}"
+        suffix = f" {unit} per {per}" if unit else f" per {per}"  # unit "": a statistic without one (Hopkins' H)
+        reason = f"slope {effect.text(suffix) if effect else 'no seed ran every point'}; {why}"
         if verdict == "untested":
             reason += _seeds_note(effect, need, list(sweep.values()))
         return verdict, reason, shown

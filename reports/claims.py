@@ -332,6 +332,7 @@ def _judge_values(
     the tolerance as ``value`` is: reproduced when all are within it, not reproduced when none is,
     partly otherwise (naming which)."""
     tolerance = float(rule.get("tolerance", 1.5))
+    need = int(rule.get("min_seeds", rules.MIN_SEEDS))
     got, within, parts = [], [], []
     for item in rule["items"]:
         m = measure(item["runs"], item.get("metric", metric), item["label"], root)
@@ -343,6 +344,10 @@ def _judge_values(
     if verdict == "reproduced" and rule.get("setting"):
         verdict = "partly"
     reason = f"{'; '.join(parts)} (tolerance {tolerance:g}: {sum(within)} of {len(within)} within)"
+    short = [m.label for m in got if m.n < need]
+    if short:  # the one seed minimum of every rule: each number the mean of `need` seeds
+        verdict = "untested"
+        reason += f"; {', '.join(short)} rest(s) on fewer than {need} seeds"
     return verdict, _noted(reason, rule), [*got, *numbers]
 
 
@@ -453,6 +458,10 @@ def _judge_best_per_client(rule: Mapping[str, Any], root: Path) -> tuple[str, st
     return verdict, _noted(reason, rule), numbers
 
 
+def _runs_text(m: Measured) -> str:
+    return f"{m.n} run{'s' if m.n != 1 else ''}"
+
+
 def _noted(reason: str, rule: Mapping[str, Any]) -> str:
     """A computed reason with the rule's ``note`` (where a gap comes from), if it has one."""
     return f"{reason}; {rule['note']}" if rule.get("note") else reason
@@ -468,9 +477,14 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         got = measure(rule["runs"], metric, "pflower", root)
         paper, tolerance = float(claim["paper_value"]), float(rule.get("tolerance", 1.5))
         diff = got.mean - paper
+        need = int(rule.get("min_seeds", rules.MIN_SEEDS))
         verdict = "reproduced" if abs(diff) <= tolerance else "not_reproduced"
-        reason = f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g})"
-        if verdict == "reproduced" and rule.get("setting"):
+        reason = (
+            f"{diff:+.2f} points from the paper's {paper:g} (tolerance {tolerance:g}; the mean of {_runs_text(got)})"
+        )
+        if got.n < need:  # the one seed minimum of every rule
+            verdict, reason = "untested", f"{reason}; rests on {got.n} seed(s), the rule needs {need}"
+        elif verdict == "reproduced" and rule.get("setting"):
             verdict, reason = "partly", f"{reason}, but only in another setting: {rule['setting']}"
         return verdict, _noted(reason, rule), [got, *numbers]
     if kind == "above":

@@ -24,22 +24,36 @@ def run(root, name: str, seed: int = 42, **summary: float) -> None:
 def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
     run(tmp_path, "a-s1", seed=1, headline_test_before_acc=0.90)
     run(tmp_path, "a-s2", seed=2, headline_test_before_acc=0.92)
+    run(tmp_path, "a-s3", seed=3, headline_test_before_acc=0.91)
     run(tmp_path, "b-s1", seed=1, headline_test_before_acc=0.95, total_mib_up=12.5)
     close = {"id": "X-1", "paper_value": 92.4, "rule": {"kind": "value", "runs": "runs/a-*"}}
     verdict, reason, numbers = claims.judge(close, tmp_path)
-    assert verdict == "reproduced" and reason.startswith("-1.40 points")  # mean 91.0 +- 1.41 over 2 runs
-    assert (numbers[0].mean, round(numbers[0].sd, 2), numbers[0].n) == (91.0, 1.41, 2)
+    assert verdict == "reproduced" and reason.startswith("-1.40 points")  # mean 91.0 +- 1.0 over 3 runs
+    assert (numbers[0].mean, round(numbers[0].sd, 2), numbers[0].n) == (91.0, 1.0, 3)
     far = {**close, "rule": {**close["rule"], "tolerance": 1.0}}
     assert claims.judge(far, tmp_path)[0] == "not_reproduced"
     noted = {**close, "rule": {**far["rule"], "note": "the gap: see there"}}
     assert claims.judge(noted, tmp_path)[:2] == (
         "not_reproduced",
-        "-1.40 points from the paper's 92.4 (tolerance 1); the gap: see there",
+        "-1.40 points from the paper's 92.4 (tolerance 1; the mean of 3 runs); the gap: see there",
     )
+    # issue 74 (2): `value` has the seed minimum of every rule, inside the tolerance or not
+    two = {**close, "rule": {"kind": "value", "runs": "runs/a-s[12]"}}
+    verdict, reason = claims.judge(two, tmp_path)[:2]
+    assert verdict == "untested" and reason.endswith("the mean of 2 runs); rests on 2 seed(s), the rule needs 3")
+    # ... and so has `values`: every item the mean of 3 seeds
+    items = [
+        {"label": "A", "paper_value": 91.0, "runs": "runs/a-*"},
+        {"label": "B", "paper_value": 95.0, "runs": "runs/b-*"},
+    ]
+    verdict, reason = claims.judge({"id": "X-5", "rule": {"kind": "values", "items": items}}, tmp_path)[:2]
+    assert verdict == "untested" and reason.endswith("; B rest(s) on fewer than 3 seeds")
+    verdict = claims.judge({"id": "X-6", "rule": {"kind": "values", "items": items[:1]}}, tmp_path)[0]
+    assert verdict == "reproduced"
     above = {"id": "X-2", "rule": {"kind": "above", "runs": "runs/a-*", "others": {"B": "runs/b-*"}}}
     verdict, reason = claims.judge(above, tmp_path)[:2]  # one shared seed (1): untested, whatever its sign
     assert verdict == "untested" and reason.startswith("this method minus the strongest of the 1 others (B): -5.00")
-    assert "rests on 1 seed(s), the rule needs 3 (seeds run: 1, 2; 1; 3 shared needed)" in reason
+    assert "rests on 1 seed(s), the rule needs 3 (seeds run: 1, 2, 3; 1; 3 shared needed)" in reason
     # a one-seed lead at least 4 seed spreads wide may stand, the spread shown (90, 90.5, 91: 0.5)
     for k, acc in enumerate((0.90, 0.91, 0.92)):
         run(tmp_path, f"spread-s{k}", seed=k, headline_test_before_acc=acc - 0.005 * k)

@@ -176,16 +176,20 @@ def shape(windows: Sequence[tuple[Mapping[int, float], Mapping[int, float]]]) ->
 def decide_shape(
     effects: Sequence[Effect | None], directions: Sequence[int], min_seeds: int = MIN_SEEDS
 ) -> tuple[str, str]:
-    """Every window reproduced: reproduced; every window against the paper: not reproduced;
-    fewer seeds than needed in any window: untested; otherwise partly (naming the windows)."""
+    """Every window reproduced: reproduced; most windows against the paper (their mean going the
+    other way, or the paper's margin above their interval): not reproduced; fewer seeds than
+    needed in any window: untested; otherwise partly (naming the windows)."""
     verdicts = [decide(e, d, min_seeds=min_seeds)[0] for e, d in zip(effects, directions)]
     if "untested" in verdicts:
         return "untested", decide(next(e for e, v in zip(effects, verdicts) if v == "untested"), 1, None, min_seeds)[1]
     held = [i + 1 for i, v in enumerate(verdicts) if v == "reproduced"]
     if len(held) == len(verdicts):
         return "reproduced", "the ordering holds at every window, each 95 % interval excluding no effect"
-    if all(v == "not_reproduced" for v in verdicts):
+    against = sum(v == "not_reproduced" for v in verdicts)
+    if against == len(verdicts):
         return "not_reproduced", "the ordering goes against the paper at every window"
+    if 2 * against > len(verdicts):  # a majority against is not 'partly' (FedCMD-22: 2 of 3)
+        return "not_reproduced", f"the ordering goes against the paper at {against} of {len(verdicts)} windows"
     if not held:
         return (
             "partly",

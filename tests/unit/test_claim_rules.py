@@ -87,6 +87,10 @@ def test_shape_holds_at_every_window_some_or_none():
     assert rules.decide_shape(rules.shape([ahead, mixed]), [1, 1])[0] == "partly"
     assert rules.decide_shape(rules.shape([behind, behind]), [1, 1])[0] == "not_reproduced"
     assert rules.decide_shape(rules.shape([({1: 1.0}, {1: 0.0}), ahead]), [1, 1])[0] == "untested"
+    # issue 74 (5): most windows against is not reproduced (2 of 3), half against stays partly (1 of 2)
+    verdict, why = rules.decide_shape(rules.shape([behind, behind, ahead]), [1, 1, 1])
+    assert (verdict, why) == ("not_reproduced", "the ordering goes against the paper at 2 of 3 windows")
+    assert rules.decide_shape(rules.shape([behind, ahead]), [1, 1])[0] == "partly"
 
 
 @pytest.mark.parametrize(

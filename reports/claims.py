@@ -631,5 +631,25 @@ def main(argv: Sequence[str]) -> int:
     if problems:
         print("pflower claims: " + "\n  ".join(["conf/claims.yaml:", *problems]), file=sys.stderr)
         return 1
+    missing = runs_without_provenance(ROOT)
+    if missing:
+        shown = "\n  ".join(str(p) for p in missing[:10]) + (
+            f"\n  and {len(missing) - 10} more" if len(missing) > 10 else ""
+        )
+        print(
+            f"pflower claims: {len(missing)} committed run(s) have no provenance.json (where a number came from must "
+            f"be on file; write one from the run's own files, null where it cannot be known):\n  {shown}",
+            file=sys.stderr,
+        )
+        return 1
     print(f"{page} is current")
     return 0
+
+
+def runs_without_provenance(root: Path) -> list[Path]:
+    """The committed runs (a ``summary.json`` under ``docs/results``) that have no ``provenance.json``."""
+    return sorted(
+        s.parent.relative_to(root)
+        for s in (root / "docs" / "results").rglob("summary.json")
+        if not (s.parent / "provenance.json").is_file()
+    )

@@ -14,6 +14,18 @@ def test_the_committed_page_is_what_the_declared_claims_and_runs_give():
     assert claims.main(["check"]) == 0, "run `pflower claims write` (or fix conf/claims.yaml)"
 
 
+def test_a_committed_run_without_provenance_is_found(tmp_path):
+    """Issue 74 (6): `pflower claims check` fails on a committed run with no provenance.json."""
+    for name, with_provenance in (("a", True), ("b", False)):
+        run_dir = tmp_path / "docs" / "results" / "set" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text("{}")
+        if with_provenance:
+            (run_dir / "provenance.json").write_text('{"git_commit": null}')
+    assert claims.runs_without_provenance(tmp_path) == [tmp_path.joinpath("docs/results/set/b").relative_to(tmp_path)]
+    assert claims.runs_without_provenance(claims.ROOT) == []  # every committed run here has one
+
+
 def run(root, name: str, seed: int = 42, **summary: float) -> None:
     path = root / "runs" / name
     path.mkdir(parents=True)

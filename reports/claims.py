@@ -17,8 +17,9 @@ Rules (``rule.kind``):
 - ``values``: several of the paper's numbers (``items``), each held to the tolerance: reproduced
   when all are within it, not reproduced when none is, partly otherwise;
 - ``above``: ``runs`` against the strongest of ``others``, paired by seed and decided by
-  :func:`.claim_rules.decide` (``margin``: the paper's lead; ``spread``: the measured seed spread
-  that lets an effect many spreads wide rest on fewer seeds);
+  :func:`.claim_rules.decide` (``margin``: the paper's lead; every effect rests on 3 seeds, however
+  wide: the one-seed exception for an effect many seed spreads wide is gone, its spread having been
+  the method's own on another protocol rather than the paired difference's);
 - ``compare`` (A minus B), ``trend`` (a slope across a sweep; ``b_runs``: of a difference),
   ``ratio`` (the share of a cost saved), ``count`` (how often a mechanism fires, against
   ``expected`` within ``tolerance``) and ``shape`` (orderings at named windows): per-seed effects
@@ -252,9 +253,7 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
         a, ma = _side(rule["a"], metric, root)
         b, mb = _side(rule["b"], metric, root)
         effect = rules.compare(a, b) if kind == "compare" else rules.ratio(a, b)
-        need, spread_note = _spread_exception(rule, effect, need, root) if kind == "compare" else (need, "")
         verdict, why = rules.decide(effect, _direction(rule), margin, need, other)
-        why += spread_note
         unit = " points" if kind == "compare" else ""
         what = (
             f"{ma.label} minus {mb.label}" if kind == "compare" else f"the share of {mb.label}'s cost {ma.label} saves"
@@ -365,42 +364,14 @@ def _judge_above(
     need = int(rule.get("min_seeds", rules.MIN_SEEDS))
     margin = float(rule["margin"]) if rule.get("margin") is not None else None
     effect = rules.compare(mine, others[strongest])
-    need, spread_note = _spread_exception(rule, effect, need, root)
     verdict, why = rules.decide(effect, 1, margin, need, bool(rule.get("setting")))
     reason = (
         f"{label} minus the strongest of the {len(others)} others ({strongest}): "
-        f"{effect.text(' points') if effect else 'no shared seed'}; {why}{spread_note}"
+        f"{effect.text(' points') if effect else 'no shared seed'}; {why}"
     )
     if verdict == "untested":
         reason += _seeds_note(effect, need, [mine, others[strongest]])
     return verdict, _noted(reason, rule), [*shown, *numbers]
-
-
-# a one-seed effect may stand when it is this many seed spreads wide (the spread measured on the row)
-SPREADS_WIDE = 4.0
-
-
-def _spread_exception(rule: Mapping[str, Any], effect: rules.Effect | None, need: int, root: Path) -> tuple[int, str]:
-    """``spread: {label, runs}``: the seed spread (sample SD over seeds) of that method on that
-    protocol. An effect at least :data:`SPREADS_WIDE` spreads wide may rest on the seeds it has
-    (the rule's ``min_seeds`` then drops to them), with the spread named on the row."""
-    spec = rule.get("spread")
-    if not spec or effect is None:
-        return need, ""
-    values = list(
-        seed_map(spec["runs"], spec.get("metric", rule.get("metric", "headline_test_before_acc")), root).values()
-    )
-    if len(values) < 3:
-        raise ConfigError(f"conf/claims.yaml: the spread of {spec['label']} needs 3 seeds or more, found {len(values)}")
-    sd = float(np.std(values, ddof=1))
-    wide = abs(effect.mean) >= SPREADS_WIDE * sd
-    note = (
-        f"; {abs(effect.mean):.2f} points is {abs(effect.mean) / sd:.0f} seed spreads of {spec['label']} "
-        f"({sd:.2f} over {len(values)} seeds)"
-        if sd > 0
-        else ""
-    )
-    return (min(need, effect.n) if wide else need), note
 
 
 def client_accuracies(pattern: str | Sequence[str], root: Path = ROOT) -> dict[str, float]:

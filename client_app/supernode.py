@@ -132,20 +132,14 @@ STEADY_FLAG = "--steady-poll"
 def accepted_marker(argv: list[str]) -> Path:
     """The file that says this node's key was accepted by this SuperLink before (written at its first
     pull): ``$XDG_CACHE_HOME/pflower/supernodes/<sha of the key's path and the SuperLink address>``."""
-    key = _flag(argv, "--auth-supernode-private-key") or "no-key"
-    link = _flag(argv, "--superlink") or "127.0.0.1:9092"
+    from pflower.client_app.forkserver import take_option
+
+    keys = take_option(argv, ["--auth-supernode-private-key"], "the node's private key file", "pflower-supernode")[0]
+    links = take_option(argv, ["--superlink"], "the SuperLink's address", "pflower-supernode")[0]
+    key, link = (keys or ["no-key"])[-1], (links or ["127.0.0.1:9092"])[-1]
     digest = hashlib.sha256(f"{Path(key).expanduser().resolve()}|{link}".encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "pflower" / "supernodes" / digest
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def refusal_diagnosis(accepted_before: bool, heartbeat_s: float) -> str:

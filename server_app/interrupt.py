@@ -11,7 +11,6 @@ While the run winds down, a second Ctrl-C ends this process and its children at 
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import signal
@@ -20,9 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
+from pflower.strategies.base.checkpoint import checkpointed_round
 from pflower.strategies.base.messaging import STOP
+
+__all__ = ["EXIT_INTERRUPTED", "RunInterrupted", "checkpointed_round", "ctrl_c_stops_the_run", "interrupted_line"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
@@ -34,19 +34,6 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(str(run_dir))
         self.run_dir = run_dir
         self.checkpoint_round = checkpoint_round
-
-
-def checkpointed_round(run_dir: Path) -> int | None:
-    """The round ``<run_dir>/checkpoint.npz`` holds (reads its small state member only), or None."""
-    from pflower.strategies.base.checkpoint import STATE_MEMBER, checkpoint_path
-
-    path = checkpoint_path(run_dir)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            tree = json.loads(bytes(npz[STATE_MEMBER]).decode("utf-8"))
-        return int(tree["state"]["round"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def interrupted_line(exc: BaseException, resume_command: str) -> str:

@@ -272,9 +272,15 @@ def checkout_env(checkout: Path, base: dict[str, str] | None = None) -> dict[str
             "FLWR_LOCAL_CONTROL_API_PORT": control,
         }
     )
+    return with_this_python(env)
+
+
+def with_this_python(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for ``flwr run``: no run-time dependency installation unless the user asked for it,
+    and this Python environment's bin on PATH. Flower starts `flower-superlink` by name: found in
+    this environment's bin even when it is not activated (`.venv/bin/pflower run`); appended, so a
+    PATH the user set still comes first."""
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    # Flower starts `flower-superlink` by name: found in this environment's bin even when it is not
-    # activated (`.venv/bin/pflower run`); appended, so a PATH the user set still comes first
     here = str(Path(sys.executable).parent)
     if here not in env.get("PATH", "").split(os.pathsep):
         env["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), here) if p)
@@ -456,34 +462,40 @@ def checked_flwr_args(argv: list[str], checkout: Path, home: Path | None = None)
     return argv, said
 
 
+def users_superlink(checkout: Path, base: dict[str, str]) -> tuple[Path | None, LocalSuperLink | None]:
+    """The ``FLWR_HOME`` the user set, if ``pflower run`` is to use it, and else the running local
+    SuperLink of that home that another checkout started (it would run this checkout's code with the
+    other's environment); (None, None) without one. Reads processes only: nothing is written."""
+    if not base.get("FLWR_HOME"):
+        return None, None
+    users = Path(base["FLWR_HOME"]).expanduser().resolve()
+    port = base.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")
+    theirs = [s for s in mine(local_superlinks(), users, port) if s.cwd is not None and s.cwd.resolve() != checkout]
+    return (None, theirs[0]) if theirs else (users, None)
+
+
 def run_env(checkout: Path, base: dict[str, str] | None = None) -> tuple[dict[str, str], str | None]:
     """The environment ``pflower run`` runs ``flwr run`` in, and the line that says which SuperLink.
 
     A ``FLWR_HOME`` the user set is theirs to keep: its local SuperLink and ``config.toml`` are used
     as ``flwr run .`` would (with the ``FLWR_LOCAL_*`` ports the environment gives, or Flower's
-    defaults); a SuperLink there started from another checkout is refused by the ServerApp with the
-    fix. Without one, the checkout gets a SuperLink of its own (:func:`checkout_env`), so two
-    checkouts never run each other's code."""
+    defaults), unless its running SuperLink was started from another checkout: then, as without
+    one, the checkout gets a SuperLink of its own (:func:`checkout_env`), so two checkouts never run
+    each other's code."""
     base = dict(os.environ if base is None else base)
-    if not base.get("FLWR_HOME"):
-        return checkout_env(checkout, base), None
-    users = Path(base["FLWR_HOME"]).expanduser().resolve()
-    port = base.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")
-    theirs = [s for s in mine(local_superlinks(), users, port) if s.cwd is not None and s.cwd.resolve() != checkout]
-    if theirs:  # that SuperLink would run this checkout's code with the other checkout's environment
+    users, foreign = users_superlink(checkout, base)
+    if users is None:
         env = checkout_env(checkout, base)
+        if foreign is None:
+            return env, None
         return env, (
-            f"pflower run: the local SuperLink of your FLWR_HOME={users} was started from another checkout "
-            f"({theirs[0].cwd}); this checkout's run goes through one of its own (FLWR_HOME {env['FLWR_HOME']})"
+            f"pflower run: the local SuperLink of your FLWR_HOME={Path(base['FLWR_HOME']).expanduser().resolve()} "
+            f"was started from another checkout ({foreign.cwd}); this checkout's run goes through one of its own "
+            f"(FLWR_HOME {env['FLWR_HOME']})"
         )
-    env = dict(base)
-    env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    here = str(Path(sys.executable).parent)
-    if here not in env.get("PATH", "").split(os.pathsep):
-        env["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), here) if p)
-    home = Path(env["FLWR_HOME"]).expanduser().resolve()
+    env = with_this_python(dict(base))
     return env, (
-        f"pflower run: your FLWR_HOME={home} and its local SuperLink (HTTP API port "
+        f"pflower run: your FLWR_HOME={users} and its local SuperLink (HTTP API port "
         f"{env.get('FLWR_LOCAL_SUPERLINK_HTTP_API_PORT', '39091')}); without FLWR_HOME this checkout gets its own"
     )
 
@@ -502,11 +514,9 @@ def run_main(argv: list[str], checkout: Path | None = None) -> int:
         return 2
     from .failures import USER_ERRORS
 
-    users = os.environ.get("FLWR_HOME")
+    users, _ = users_superlink(checkout, dict(os.environ))  # the home whose config.toml flwr will read
     try:  # nothing is written or started before this check
-        argv, said = checked_flwr_args(
-            list(argv), checkout, Path(users).expanduser().resolve() if users else checkout_home(checkout)
-        )
+        argv, said = checked_flwr_args(list(argv), checkout, users or checkout_home(checkout))
     except (ValueError, *USER_ERRORS) as exc:  # a bad key or value: one line, before any SuperLink or run starts
         print(f"pflower: {exc}", file=sys.stderr)
         return 2

@@ -176,7 +176,7 @@ class ParallelGrid(InProcessGrid):
                 replies[index] = reply
                 self.busy_s.append(seconds)
         except BaseException:  # Ctrl-C or a lost worker: the batch's tasks are gone, and close() would wait for them
-            self.terminate()
+            self.close(now=True)
             raise
         return replies  # type: ignore[return-value]
 
@@ -211,17 +211,11 @@ class ParallelGrid(InProcessGrid):
             return False
         return any(computes_on_cuda(spec.device, dict(ctx.node_config)) for ctx in self.contexts.values())
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """Let the workers finish and end; ``now``: end them at once, their tasks dropped (a run
+        stopped mid-round: waiting would hang on tasks an interrupt lost)."""
         if self._pool is not None:
-            self._pool.close()
-            self._pool.join()
-            self._pool = None
-            gc.unfreeze()
-
-    def terminate(self) -> None:
-        """End the workers now (their tasks are dropped): a run stopped mid-round."""
-        if self._pool is not None:
-            self._pool.terminate()
+            self._pool.terminate() if now else self._pool.close()
             self._pool.join()
             self._pool = None
             gc.unfreeze()

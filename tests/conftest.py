@@ -28,7 +28,7 @@ numerics.disable_mkldnn()
 # their own workers, and are units of their own.
 ONE_AT_A_TIME = {
     f"tests/integration/{name}.py": "ray"
-    for name in ("test_simulation", "test_ray_cluster", "test_examples", "test_resume_sim", "test_ctrl_c")
+    for name in ("test_simulation", "test_ray_cluster", "test_examples", "test_resume_sim", "test_ctrl_c_ray")
 }
 
 

@@ -462,6 +462,17 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
     return Checkpoint(path, state, arrays)
 
 
+def checkpointed_round(run_dir: str | Path) -> int | None:
+    """The round ``<run_dir>/checkpoint.npz`` holds, reading only its small state member (a Ctrl-C's
+    line names it; :func:`load_checkpoint` would read every array); None without a readable one."""
+    try:
+        with np.load(checkpoint_path(run_dir), allow_pickle=False) as npz:
+            tree = json.loads(bytes(npz[STATE_MEMBER]).decode("utf-8"))
+        return int(tree["state"]["round"])
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

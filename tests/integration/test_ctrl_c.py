@@ -1,6 +1,9 @@
 """Issue 76 (1): Ctrl-C stops a run, and everything it started, within seconds; the checkpoint stays
 and the one line printed says how to continue; a second Ctrl-C exits at once.
 
+The engines that start Ray (Flower's simulation engine, `pflower run`) are in test_ctrl_c_ray.py,
+one of the files whose tests never run beside another Ray (tests/conftest.py).
+
 A terminal's Ctrl-C is SIGINT to the foreground process group: each command here runs in a
 session of its own with SIGINT at its default (a background job of a non-interactive shell has it
 ignored, which Python keeps), and the signal goes to the whole group, as a terminal sends it.
@@ -76,8 +79,14 @@ def group_alive(pgid: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["parallel", "serial", "batched", "ray"])
+@pytest.mark.parametrize("backend", ["parallel", "serial", "batched"])
 def test_ctrl_c_stops_pflower_sim_keeps_the_checkpoint_and_the_run_resumes(tmp_path, backend):
+    stops_and_resumes(tmp_path, backend)
+
+
+def stops_and_resumes(tmp_path: Path, backend: str) -> None:
+    """Ctrl-C at round 3 of a 1000-round `pflower sim`: exit 130 within 10 s, no traceback, no process
+    of its group left, the line naming the run directory and its checkpoint; the resume runs on."""
     out = tmp_path / "out"
     proc = start(
         [
@@ -175,50 +184,3 @@ def test_ctrl_c_stops_a_sweep_of_runs_two_at_a_time_and_each_says_how_to_continu
     assert code == 130 and seconds < 10, (code, seconds, rest[-3000:])
     assert rest.count("keeps its checkpoint of round") == 2 and "1 of the sweep's 3 runs had not started" in rest
     assert not group_alive(proc.pid)
-
-
-@pytest.mark.slow
-def test_ctrl_c_stops_pflower_run_on_the_superlink_and_every_process_of_the_run(tmp_path):
-    """`pflower run`: the run is stopped on the SuperLink (`flwr stop`), its flwr-simulation and Ray
-    processes end, the line names the resume command; the SuperLink stays up, as after any run."""
-    from pflower.server_app.interrupt import alive, descendants
-    from pflower.server_app.superlink import local_superlinks, stop
-
-    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # this test's own SuperLink home
-    out = tmp_path / "out"
-    run_config = " ".join(
-        [
-            "method='fedavg'",
-            "rounds=1000",
-            "num_clients=4",
-            "local_epochs=1",
-            "fraction=1.0",
-            "progress=false",
-            f"output_dir='{out}'",
-            "overrides='partition.min_size=20 alpha=1.0'",
-        ]
-    )
-    proc = start([str(BIN / "pflower"), "run", "--run-config", run_config], cwd=ROOT, env=env)
-    try:
-        wait_for(proc, r"\[round\s+3/1000\]", timeout=400)
-        ours = [s for s in local_superlinks() if s.flwr_home and s.flwr_home.is_relative_to(tmp_path / "cache")]
-        assert len(ours) == 1
-        run_procs = [p for p in descendants(ours[0].pid) if b"superexec" not in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert run_procs  # flwr-simulation and Ray's processes
-        code, seconds, rest = ctrl_c(proc)
-        assert code == 130 and seconds < 10, (code, seconds, rest[-3000:])
-        assert not [p for p in run_procs if alive(p)], rest[-2000:]
-        line = rest.strip().splitlines()[-1]
-        assert re.search(
-            r"keeps its checkpoint of round \d+: continue with `pflower run --run-config \"resume='"
-            + re.escape(str(out)),
-            line,
-        ), line
-        assert "stopped on the SuperLink" in line and alive(ours[0].pid)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for s in local_superlinks():
-            if s.flwr_home is not None and s.flwr_home.resolve().is_relative_to((tmp_path / "cache").resolve()):
-                stop(s)

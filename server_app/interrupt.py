@@ -56,13 +56,28 @@ def _exit_now(signum: int, frame: object) -> None:  # noqa: ARG001 - a signal ha
             child.kill()
         except (OSError, AttributeError):
             pass
+    for pid in _BELOW_AT_CTRL_C:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     os.write(2, b"\npflower: second Ctrl-C: exited at once\n")
     os._exit(EXIT_INTERRUPTED)
+
+
+_BELOW_AT_CTRL_C: list[int] = []
+
+
+def below_at_ctrl_c() -> list[int]:
+    """The processes below this one when the first Ctrl-C came. Ray's ClientApp actors are among
+    them: Flower's teardown ends their raylet, and the actors, orphaned, outlive it for seconds."""
+    return list(_BELOW_AT_CTRL_C)
 
 
 def _first(signum: int, frame: object) -> None:  # noqa: ARG001
     signal.signal(signal.SIGINT, _exit_now)
     STOP.set()
+    _BELOW_AT_CTRL_C[:] = descendants(os.getpid())
     raise KeyboardInterrupt
 
 
@@ -83,6 +98,7 @@ def ctrl_c_stops_the_run() -> Iterator[None]:
         yield
     finally:
         STOP.clear()
+        _BELOW_AT_CTRL_C.clear()
         if signal.getsignal(signal.SIGINT) is _first:  # after a first Ctrl-C the next one still exits at once
             signal.signal(signal.SIGINT, previous)
 

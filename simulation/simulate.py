@@ -3,6 +3,7 @@ by the ``pflower`` command and ``pflower leaderboard``."""
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from logging import INFO
@@ -12,7 +13,7 @@ from flwr.common import log
 from omegaconf import DictConfig
 
 from pflower.server_app.config import ConfigError
-from pflower.server_app.interrupt import RunInterrupted
+from pflower.server_app.interrupt import RunInterrupted, below_at_ctrl_c, descendants, end_processes
 from pflower.server_app.progress import Sweep
 from pflower.server_app.run_plan import EngineSettings
 
@@ -112,7 +113,8 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
         if stopped:
             raise stopped[0] from None
         raise
-    if stopped:
+    if stopped:  # the Ctrl-C reached the ServerApp's thread alone (STOP): Flower's teardown ran
+        _shut_ray_down()
         raise stopped[0]
     if refused:
         raise refused[0]
@@ -122,7 +124,12 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
 
 
 def _shut_ray_down() -> None:
-    """End this process's Ray (its raylet, GCS and actors) after a Ctrl-C cut Flower's own teardown short."""
+    """End this process's Ray (its raylet, GCS and actors) after a Ctrl-C cut Flower's own teardown short.
+
+    Flower's own ``ray.shutdown()`` (in its ``finally``) ends the raylet; its ClientApp actors notice
+    only later (seconds on a loaded machine) and by then belong to no one: the processes below this
+    one at the Ctrl-C are ended if they outlive it."""
+    ours = sorted(set(below_at_ctrl_c()) | set(descendants(os.getpid())))
     try:
         import ray
 
@@ -130,6 +137,7 @@ def _shut_ray_down() -> None:
             ray.shutdown()
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
+    end_processes(ours, grace_s=2.0)
 
 
 def _gpu_share() -> float:

@@ -131,7 +131,7 @@ def fedfomo_offered(strategy: Any, updates: list[Any], rnd: int) -> None:
     strategy.model_round = {u.client_id: rnd - 1 for u in updates}
     ids = [u.client_id for u in updates]
     extra_downlinks(strategy, ids, rnd)  # sets strategy.offered, as configure_train does
-    from pflower.protocol.roles import FOMO_WEIGHT_METRIC as WEIGHT_METRIC
+    from pflower.client_app.roles.fedfomo import FOMO_WEIGHT_METRIC as WEIGHT_METRIC
 
     for u in updates:
         for j in strategy.offered.get(u.client_id, []):

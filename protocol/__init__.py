@@ -1,10 +1,12 @@
-"""What the ServerApp and the ClientApps share: message keys, the task spec, role arguments.
+"""What the ServerApp and the ClientApps share: message keys, the task spec, the options machinery
+and the generic base of a role's arguments.
 
-Both sides import this package and nothing of each other: strategies never import client code,
-and the client runtime never imports strategies.
+The client runtime never imports strategies; a strategy may import its client role's module
+(``client_app.roles``) for the arguments and the array names the two share.
 """
 
-from .roles import ROLE_ARGS, RoleArgs, RoleArgsError, role_args
+from .options import MethodOptions, OptionError, option, sent
+from .roles import RoleArgs, RoleArgsError
 from .wire import (
     STATE_EXTRA_PREFIX,
     WIRE_EXTRA_PREFIX,
@@ -13,12 +15,14 @@ from .wire import (
 )
 
 __all__ = [
-    "ROLE_ARGS",
     "STATE_EXTRA_PREFIX",
     "WIRE_EXTRA_PREFIX",
+    "MethodOptions",
+    "OptionError",
     "RoleArgs",
     "RoleArgsError",
     "SpecError",
     "TaskSpec",
-    "role_args",
+    "option",
+    "sent",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STRATEGIES_DIR = Path(__file__).resolve().parents[1] / "strategies"
+ROLES_DIR = Path(__file__).resolve().parents[1] / "client_app" / "roles"  # the options a client reads
 
 
 @dataclass(frozen=True)
@@ -22,15 +23,26 @@ class Declared:
     options: tuple[str, ...]
 
 
-def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
+def _is_sent(value: ast.expr | None) -> bool:
+    """Whether a field's value is ``sent(...)`` (a value the strategy computes, no option)."""
+    func = value.func if isinstance(value, ast.Call) else None
+    return (isinstance(func, ast.Name) and func.id == "sent") or (
+        isinstance(func, ast.Attribute) and func.attr == "sent"
+    )
+
+
+def declared_methods(folder: Path = STRATEGIES_DIR, roles: Path = ROLES_DIR) -> dict[str, Declared]:
     """Every method of ``strategies/*.py`` read from the source, without importing it (importing the
     registry loads torch, most of the command's time). A class declares a method with its own
     ``name``; ``traits`` (its ``role``) and ``options_type`` are inherited through the folder's classes
     as Python would (MethodHooks' defaults at the root; ``replace(Parent.traits, ...)`` reads the
-    parent's), and an options class's fields through its bases.
+    parent's), and an options class's fields through its bases, into the role arguments of
+    ``client_app/roles/`` (their ``sent`` fields are no options).
     ``tests/unit/test_method_declarations.py`` checks this equals the imported registry."""
     classes: dict[str, tuple[list[str], dict[str, ast.expr], list[str]]] = {}
-    for path in sorted(folder.rglob("*.py")):  # the methods and the base (role defaults) below them
+    methods: set[str] = set()  # the classes of strategies/ (a role's ``name`` is no method)
+    paths = [(p, True) for p in sorted(folder.rglob("*.py"))] + [(p, False) for p in sorted(roles.glob("*.py"))]
+    for path, strategy_side in paths:  # the methods and the base (role defaults) below them; the roles
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.ClassDef):
                 continue
@@ -44,13 +56,16 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
                     elif isinstance(target, ast.Name):
                         attrs[target.id] = value
                 elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                    fields.append(stmt.target.id)
+                    if not _is_sent(stmt.value):
+                        fields.append(stmt.target.id)
                     if stmt.value is not None:
                         attrs[stmt.target.id] = stmt.value
             bases = [
                 b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases
             ]
             classes[node.name] = (bases, attrs, fields)
+            if strategy_side:
+                methods.add(node.name)
 
     def lookup(cls: str, attr: str) -> ast.expr | None:
         if cls not in classes:
@@ -61,7 +76,7 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
         return next((found for b in bases if (found := lookup(b, attr)) is not None), None)
 
     def option_fields(cls: str) -> list[str]:
-        if cls not in classes or cls == "MethodOptions":
+        if cls not in classes or cls in ("MethodOptions", "RoleArgs"):
             return []
         bases, _, fields = classes[cls]
         inherited = [f for b in bases for f in option_fields(b)]
@@ -83,7 +98,11 @@ def declared_methods(folder: Path = STRATEGIES_DIR) -> dict[str, Declared]:
     out: dict[str, Declared] = {}
     for cls, (_, attrs, _) in classes.items():
         name = attrs.get("name")
-        if cls == "MethodHooks" or not (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value):
+        if (
+            cls == "MethodHooks"
+            or cls not in methods
+            or not (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value)
+        ):
             continue
         options = lookup(cls, "options_type")
         out[name.value] = Declared(

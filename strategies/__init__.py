@@ -16,9 +16,9 @@ import pkgutil
 from typing import Any
 
 from pflower.protocol.logs import one_line_user_errors
+from pflower.protocol.options import MethodOptions, OptionError
 
 from .base.client_spec import client_spec
-from .base.options import MethodOptions, OptionError
 from .base.strategy import METHODS, PersonalizedStrategy
 from .cfl import CFL
 from .ditto import Ditto

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
+from pflower.client_app.roles.fedamp import CLOUD_PREFIX, FedAMPArgs
+from pflower.protocol.options import option
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import column_blocks, mixing_average
@@ -78,11 +78,10 @@ def attention_matrix(gram: np.ndarray, self_weight: float, sigma: float = 1.0, k
 
 
 @dataclass(frozen=True)
-class FedAMPOptions(MethodOptions):
+class FedAMPOptions(FedAMPArgs):
     """FedAMP's options (``method.<name>=`` on the command line, keywords of ``FedAMP(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
-    lam: float = option(1.0, "the pull of each client toward its cloud model u_i", low=0)
     sigma: float = option(1.0, "kernel scale", above=0)
     self_weight: float = option(0.5, "alpha_k = xi_ii, a client's weight on its own model", low=0, high=1)
     kernel: str = option("distance", "attention kernel over model distances or cosines", choices=KERNELS)
@@ -112,10 +111,6 @@ class FedAMP(PersonalizedStrategy):
     @override
     def uplink(self, client_id: int, server_round: int) -> Uplink:
         return Uplink(self.model.groups)
-
-    @override
-    def role_config(self, client_id: int, server_round: int) -> FedAMPArgs:
-        return FedAMPArgs(mu=self.lam)
 
     def cloud_weights(self, client_id: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
         """(models, xi row): client ``client_id``'s own model first, then every other stored one."""

@@ -36,10 +36,9 @@ import numpy as np
 from flwr.common import log
 from typing_extensions import override
 
-from pflower.protocol.roles import FedAPArgs
+from pflower.protocol.options import MethodOptions, option
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -143,9 +142,9 @@ class FedAP(PersonalizedStrategy):
         return self.personalizing(server_round) and client_id not in self.stats
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> FedAPArgs:
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
         epochs = None if self.personalizing(server_round) else self.warmup_epochs
-        return FedAPArgs(bn_stats=self.needs_stats(client_id, server_round), epochs=epochs)
+        return {"bn_stats": self.needs_stats(client_id, server_round), "epochs": epochs}
 
     @override
     def uplink(self, client_id: int, server_round: int) -> Uplink:

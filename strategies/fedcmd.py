@@ -20,10 +20,10 @@ import numpy as np
 from flwr.common import log
 from typing_extensions import override
 
-from pflower.protocol.roles import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, FedCMDArgs
+from pflower.client_app.roles.fedcmd import FedCMDArgs
+from pflower.protocol.options import option
 
 from .base.hooks import Absorb, MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -104,7 +104,7 @@ def _copy(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class FedCMDOptions(MethodOptions):
+class FedCMDOptions(FedCMDArgs):
     """FedCMD's options (``method.<name>=`` on the command line, keywords of ``FedCMD(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
@@ -115,19 +115,6 @@ class FedCMDOptions(MethodOptions):
         True, "phase 2 weighs the personal layers by Eq. 8's similarities (false: the clients' own)"
     )
     force_layer: str | None = option(None, "skip the vote and personalize this group (a candidate)")
-    candidates: list[str] | None = option(
-        None,
-        "groups that may become the personal layer (null: the FC groups, from the first fc* or classifier group on; "
-        "LeNet-5: fc1, fc2, classifier)",
-    )
-    score_mode: str = option("paper", "layer score: paper (Eq. 5/6) or code (the authors' code)", choices=SCORE_MODES)
-    w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
-    selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
-    granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
-    tie_prior: str | None = option(
-        None,
-        "the candidate an exact tie at a batch's minimum score goes to (the authors' code: fc2; null: the earlier)",
-    )
     relay_phase2: bool = option(
         False,
         "phase 2 trains a round's clients one after another, each from the model the previous one uploaded "
@@ -173,14 +160,6 @@ class FedCMD(PersonalizedStrategy):
             raise ValueError("FedCMD kp=0 skips layer selection: set force_layer to the personal layer")
         self.force_layer = o.force_layer
         self.relay_phase2 = o.relay_phase2
-        self.scoring = {
-            "score_mode": o.score_mode,
-            "w2_mode": o.w2_mode,
-            "selection_timing": o.selection_timing,
-            "granularity": o.granularity,
-            "tie_prior": o.tie_prior,
-        }
-        FedCMDArgs(phase=1, candidates=cands, **self.scoring)  # the role's own checks, before round 1
         self.state = FedCMDState(candidates=cands)
 
     # ------------------------------------------------------------------ phases and groups
@@ -249,16 +228,16 @@ class FedCMD(PersonalizedStrategy):
         return super().uplink(client_id, server_round)
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> FedCMDArgs:
-        options = {"candidates": list(self.state.candidates), **self.scoring}  # every message carries them
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        resolved = {"candidates": list(self.state.candidates)}  # null: the FC groups, in forward order
         if self.phase(server_round) == 1:
-            return FedCMDArgs(phase=1, **options)
-        return FedCMDArgs(
-            phase=2,
-            personal_layer=self.personal_layer(),
-            has_phi_init=client_id not in self.state.phi_seen,
-            **options,
-        )
+            return {**resolved, "phase": 1}
+        return {
+            **resolved,
+            "phase": 2,
+            "personal_layer": self.personal_layer(),
+            "has_phi_init": client_id not in self.state.phi_seen,
+        }
 
     @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

@@ -39,11 +39,11 @@ import numpy as np
 from flwr.common import log
 from typing_extensions import override
 
-from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SELECTION_TIMINGS, SELECTORS, FedCPMDArgs
+from pflower.client_app.roles.fedcpmd import FedCPMDArgs
+from pflower.protocol.options import option
 
 from .base.evaluation import weighted_test_metrics
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
@@ -77,7 +77,7 @@ def personal_layer_of(votes: Sequence[tuple[int, str]]) -> str | None:
 
 
 @dataclass(frozen=True)
-class FedCPMDOptions(MethodOptions):
+class FedCPMDOptions(FedCPMDArgs):
     """FedCPMD's options (``method.<name>=`` on the command line, keywords of ``FedCPMD(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
@@ -85,18 +85,6 @@ class FedCPMDOptions(MethodOptions):
     rho: float | None = option(None, "Kp as a share of total_rounds (overrides kp)", low=0, high=1)
     total_rounds: int | None = option(None, "K, the run's rounds (the method config sets it to rounds)", low=1)
     k_extra: int = option(20, "phase 1 goes on until every client voted, for at most this many more rounds", low=0)
-    candidates: list[str] | None = option(
-        None,
-        "groups that may become a client's personal layer (null: the FC groups, from the first fc* or classifier group "
-        "on; LeNet-5: fc1, fc2, classifier)",
-    )
-    distance: str = option("js", "distance between two 1-D Gaussians", choices=DISTANCES)
-    selector: str = option("eq7", "the layer score", choices=SELECTORS)
-    label_fit: str = option("scaled", "z^y: y / (C - 1) (scaled) or per-batch min-max", choices=LABEL_FITS)
-    sigma_floor: float = option(1e-3, "smallest standard deviation of a fitted Gaussian", above=0)
-    tie_prior: str | None = option("fc2", "the group a tied vote goes to (null: forward order)")
-    granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
-    selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
     cluster_fit_count: str = option(
         "refcode", "clients trained a phase-2 round: the authors' code's count, or the paper's", choices=FIT_COUNTS
     )
@@ -149,16 +137,6 @@ class FedCPMD(PersonalizedStrategy):
             raise ValueError(f"FedCPMD candidates {cands} must be distinct groups of the model {self.model.groups}")
         self.k_extra = o.k_extra
         self.candidates = [g for g in self.model.groups if g in cands]
-        self.scoring = {
-            "distance": o.distance,
-            "selector": o.selector,
-            "label_fit": o.label_fit,
-            "sigma_floor": o.sigma_floor,
-            "tie_prior": o.tie_prior,
-            "granularity": o.granularity,
-            "selection_timing": o.selection_timing,
-        }
-        FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)  # the role's own checks, before round 1
         self.cluster_fit_count, self.fedcmd_split, self.ablation = o.cluster_fit_count, o.fedcmd_split, o.ablation
         self.votes: dict[int, list[tuple[int, str]]] = {}  # client -> its (round, layer) votes
         self.last_cls: dict[int, dict[str, np.ndarray]] = {}  # client -> its last phase-1 classifier
@@ -267,12 +245,9 @@ class FedCPMD(PersonalizedStrategy):
         return Uplink(self.model.groups)  # phase 1: the classifier is stored; phase 2: phi for Eq. 13
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> FedCPMDArgs:
-        if client_id in self._probing:
-            return FedCPMDArgs(phase=0, candidates=self.candidates, **self.scoring)
-        if self.phase(server_round) == 1:
-            return FedCPMDArgs(phase=1, candidates=self.candidates, **self.scoring)
-        return FedCPMDArgs(phase=2, candidates=self.candidates, **self.scoring)  # every message carries them
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        phase = 0 if client_id in self._probing else self.phase(server_round)
+        return {"candidates": self.candidates, "phase": phase}  # candidates: null resolved to the FC groups
 
     def sample(self, server_round: int) -> list[int]:
         """Phase 1: the run's uniform draw. Phase 2: each cluster draws its own clients."""

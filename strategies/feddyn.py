@@ -9,16 +9,14 @@ h <- h - alpha/N * sum_{i in P} (w_i - w_global) and w_global <- mean_{i in P}(w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import FedDynArgs
+from pflower.client_app.roles.feddyn import FedDynArgs
 
 from .base.hooks import MethodTraits
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import weighted_average
@@ -38,19 +36,12 @@ def feddyn_server_update(
     return new_global, new_h
 
 
-@dataclass(frozen=True)
-class FedDynOptions(MethodOptions):
-    """FedDyn's options (``method.<name>=`` on the command line, keywords of ``FedDyn(...)``),
-    checked before round 1; ``pflower methods`` lists them."""
-
-    alpha: float = option(0.01, "regularization weight (FedCMD/FedCPMD baselines: 0.01)", above=0)
-
-
 class FedDyn(PersonalizedStrategy):
-    """FedAvg with a dynamic regularizer and its server state h (options: :class:`FedDynOptions`)."""
+    """FedAvg with a dynamic regularizer and its server state h.
+    Its options are its client's: :class:`~pflower.client_app.roles.feddyn.FedDynArgs`."""
 
     name = "feddyn"
-    options_type = FedDynOptions
+    options_type = FedDynArgs
     traits = MethodTraits(
         role="feddyn",
         state=("h",),
@@ -60,10 +51,6 @@ class FedDyn(PersonalizedStrategy):
         super().__init__(*args, **kwargs)
         self.alpha = self.options.alpha
         self.h = {k: np.zeros(v.shape) for k, v in self.model.global_arrays.items()}
-
-    @override
-    def role_config(self, client_id: int, server_round: int) -> FedDynArgs:
-        return FedDynArgs(alpha=self.alpha)
 
     @override
     def aggregate(self, server_round: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

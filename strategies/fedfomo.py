@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
+from pflower.client_app.roles.fedfomo import FOMO_WEIGHT_METRIC, FedFomoArgs
+from pflower.protocol.options import option
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 
@@ -31,12 +31,11 @@ POOLS = ("latest", "all")
 
 
 @dataclass(frozen=True)
-class FedFomoOptions(MethodOptions):
+class FedFomoOptions(FedFomoArgs):
     """FedFomo's options (``method.<name>=`` on the command line, keywords of ``FedFomo(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
     m: int = option(5, "models downloaded per client a round", low=1)
-    val_ratio: float = option(0.2, "validation share of the local training split", above=0, below=1)
     pool: str = option(
         "latest", "which stored models are offered: the most recent round's uploads, or all", choices=POOLS
     )
@@ -71,10 +70,6 @@ class FedFomo(PersonalizedStrategy):
     @override
     def uplink(self, client_id: int, server_round: int) -> Uplink:
         return Uplink(self.model.groups)
-
-    @override
-    def role_config(self, client_id: int, server_round: int) -> FedFomoArgs:
-        return FedFomoArgs(val_ratio=self.val_ratio)
 
     def choose(self, client_id: int) -> list[int]:
         """The clients whose models client ``client_id`` downloads this round (vectorized: O(N log N) in numpy)."""

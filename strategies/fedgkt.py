@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from pflower.client_app.roles.fedgkt import GKT, FedGKTArgs
 from pflower.models.gkt import server_head
 from pflower.models.optim import PlainAdam
-from pflower.protocol.roles import GKT, FedGKTArgs
+from pflower.protocol.options import option
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .fedgkt_math import head_accuracy, head_logits, train_server_head
@@ -37,13 +37,10 @@ SERVER = GKT + "server/"
 
 
 @dataclass(frozen=True)
-class FedGKTOptions(MethodOptions):
+class FedGKTOptions(FedGKTArgs):
     """FedGKT's options (``method.<name>=`` on the command line, keywords of ``FedGKT(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
-    alpha: float = option(1.0, "weight of the distillation term on both sides", low=0)
-    temperature: float = option(3.0, "distillation temperature T", above=0)
-    hidden: list[int] = option([256, 256], "the server model's hidden widths (an MLP on the clients' features)")
     server_epochs: int = option(1, "epochs over every stored client's features per round", low=1)
     server_batch: int = option(256, "the server's batch size", low=1)
     server_lr: float = option(1.0e-3, "the server's Adam step (one optimizer for the run)", above=0)
@@ -66,14 +63,9 @@ class FedGKT(PersonalizedStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         o = self.options
-        if any(h < 1 for h in o.hidden):
-            raise ValueError(f"fedgkt hidden must list positive widths, got {o.hidden}")
         self.feature_dim = shared_feature_width(self.model.schemas, self.name)
         schema = self.model.schema()
         self.num_classes = int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
-        self.args = FedGKTArgs(
-            alpha=o.alpha, temperature=o.temperature, feature_dim=self.feature_dim, hidden=list(o.hidden)
-        )
         self.head = server_head(self.feature_dim, self.num_classes, o.hidden, seed=int(self.run.seed) + 5407)
         # torch.optim.Adam's update with a correctly rounded square root: the same bits on every CPU
         self.head_optimizer = PlainAdam(self.head.parameters(), lr=o.server_lr)
@@ -81,8 +73,8 @@ class FedGKT(PersonalizedStrategy):
         self.knowledge: dict[int, dict[str, np.ndarray]] = {}
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> FedGKTArgs:
-        return self.args
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"feature_dim": self.feature_dim}
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:

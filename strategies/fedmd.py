@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import FEDMD, FEDMD_DIGEST_LOSSES, FedMDArgs
+from pflower.client_app.roles.fedmd import FEDMD, FedMDArgs
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 
@@ -37,14 +36,9 @@ def consensus(scores: Sequence[np.ndarray]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FedMDOptions(MethodOptions):
+class FedMDOptions(FedMDArgs):
     """FedMD's options (``method.<name>=`` on the command line, keywords of ``FedMD(...)``),
     checked before round 1; ``pflower methods`` lists them."""
-
-    subset: int = option(1000, "transfer-split samples scored and digested per round", low=1)
-    transfer_epochs: int = option(5, "epochs on the transfer split at a client's first round", low=0)
-    digest_epochs: int = option(1, "epochs toward the consensus on its subset per round", low=0)
-    digest_loss: str = option("l1", "l1: logits' mean absolute error (FedMD's code) | kl", choices=FEDMD_DIGEST_LOSSES)
 
 
 class FedMD(PersonalizedStrategy):
@@ -62,28 +56,20 @@ class FedMD(PersonalizedStrategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        o = self.options
         data = self.run.client_spec.get("data")  # absent when a user's own ClientApp brings the data
         if data is not None and float(data.get("transfer_fraction", 0.0)) <= 0:
             raise ValueError(
                 "fedmd needs a labelled set every party holds: set dataset.transfer_fraction (e.g. 0.1: 10 % of the "
                 "pooled data, taken out of the clients' partitions)"
             )
-        self.args = FedMDArgs(
-            transfer_epochs=o.transfer_epochs,
-            digest_epochs=o.digest_epochs,
-            digest_loss=o.digest_loss,
-            subset=o.subset,
-            seed=int(self.run.seed),
-        )
         schema = self.model.schema()
         self.num_classes = int(schema.template[schema.group_keys[schema.groups[-1]][0]][0][0])
         self.consensus: np.ndarray | None = None
         self.consensus_round = 0
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> FedMDArgs:
-        return self.args
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"seed": int(self.run.seed)}
 
     @override
     def personal_groups(self, client_id: int, server_round: int) -> list[str]:

@@ -39,9 +39,10 @@ import torch
 from flwr.common import log
 from typing_extensions import override
 
+from pflower.protocol.options import MethodOptions, option
+
 from .base.diagnostics import Panel
 from .base.hooks import MethodTraits
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .fedtsdp_math import (

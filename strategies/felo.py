@@ -29,20 +29,18 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from pflower.client_app.roles.felo import KNOWLEDGE, FeloArgs
 from pflower.models import adapt
 from pflower.models.cvae import CVAE, CVAE_LOSSES, train_cvae
-from pflower.protocol.roles import FeloArgs
+from pflower.protocol.options import option
 
 from .base.diagnostics import Panel
 from .base.evaluation import global_test_numbers
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .felo_math import WINDOWS, KnowledgeStore, class_feature_distance
 
-KNOWLEDGE = "knowledge/"
-FEATURE_UPLOADS = ("class_mean", "samples")
 AVERAGINGS = ("architecture", "none")
 
 
@@ -72,14 +70,12 @@ def shared_feature_width(schemas: Mapping[str, Any], method: str) -> int:
 
 
 @dataclass(frozen=True)
-class FeloOptions(MethodOptions):
+class FeloOptions(FeloArgs):
     """Felo's options (``method.<name>=`` on the command line, keywords of ``Felo(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
-    alpha: float = option(0.5, "weight of the distillation terms in Eq. 1", low=0)
     warmup: float = option(0.05, "share of the rounds trained on CE alone (knowledge still uploaded)", low=0, below=1)
     total_rounds: int = option(100, "K, the run's rounds (the method config sets it to rounds)", low=1)
-    temperature: float = option(1.0, "KL temperature", above=0)
     feature_cap: int = option(5000, "stored feature vectors per class (FIFO)", low=1)
     logit_cap: int = option(50000, "stored logit vectors per class (FIFO)", low=1)
     window: str = option(
@@ -88,12 +84,6 @@ class FeloOptions(MethodOptions):
     global_eval_every: int = option(
         1, "with dataset.public=test|holdout: rounds between evaluations of the group models on it", low=1
     )
-    feature_upload: str = option(
-        "class_mean",
-        "class_mean: per-class means (the paper) | samples: per-sample features (the authors' code)",
-        choices=FEATURE_UPLOADS,
-    )
-    feature_samples: int = option(500, "samples: features a client sends a round (its last ones)", low=1)
     averaging: str = option(
         "architecture",
         "architecture: FedAvg within each architecture (the paper) | none: every client keeps its own model "
@@ -113,8 +103,6 @@ class Felo(PersonalizedStrategy):
         heterogeneous=True,
         # step 5: BN running statistics are averaged within the architecture too
         shared_buffers=True,
-        # 0 (class means) unless feature_upload=samples
-        derived_role_args=("feature_samples",),
         evaluates_on_public=True,
         state=("class_features", "class_logits", "known", "store"),
     )
@@ -129,7 +117,6 @@ class Felo(PersonalizedStrategy):
                 f"{self.name} feature_upload=samples needs a method that uses features (not fedhe) and window=all "
                 f"(a FIFO per class); got window={o.window!r}"
             )
-        self.feature_samples = o.feature_samples if self.samples else 0
         self.own_models = o.averaging == "none"
         if self.own_models:  # no group models: the clients score their own at the end, as FedHe's do
             self.traits = replace(self.traits, evaluates_on_public=False, clients_evaluate_on_public=True)
@@ -146,13 +133,6 @@ class Felo(PersonalizedStrategy):
             self.model.schema().template[self.model.schema().group_keys[self.model.schema().groups[-1]][0]][0][0]
         )
         self.warmup_rounds = math.ceil(o.warmup * o.total_rounds)
-        self.args = FeloArgs(
-            alpha=o.alpha,
-            mse_weight=self.mse_weight,
-            temperature=o.temperature,
-            feature_dim=self.feature_dim,
-            feature_samples=self.feature_samples,
-        )
         self.store = KnowledgeStore(self.num_classes, self.feature_dim, o.feature_cap, o.logit_cap, o.window)
         self.class_features = np.zeros((self.num_classes, self.feature_dim), np.float32)
         self.class_logits = np.zeros((self.num_classes, self.num_classes), np.float32)
@@ -164,8 +144,8 @@ class Felo(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ messages
     @override
-    def role_config(self, client_id: int, server_round: int) -> FeloArgs:
-        return self.args
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {"mse_weight": self.mse_weight, "feature_dim": self.feature_dim}
 
     def distilling(self, server_round: int) -> bool:
         """After the warm-up, once some class knowledge exists: only then do clients get it."""
@@ -187,7 +167,7 @@ class Felo(PersonalizedStrategy):
         c, d = self.num_classes, self.feature_dim
         up = {KNOWLEDGE + "p": ((c, c), np.dtype(np.float32)), KNOWLEDGE + "n": ((c,), np.dtype(np.int64))}
         if self.samples:
-            n = self.feature_samples
+            n = self.options.samples_sent()
             up.update({KNOWLEDGE + "f": ((n, d), np.dtype(np.float32)), KNOWLEDGE + "y": ((n,), np.dtype(np.int64))})
         elif self.mse_weight > 0:
             up[KNOWLEDGE + "s"] = ((c, d), np.dtype(np.float32))

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
+from pflower.client_app.roles.heterofl import HETEROFL_CLASSES, HeteroFLArgs
+from pflower.protocol.options import option
 
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .heterofl_math import fits_inside, partial_average, slice_arrays
@@ -35,14 +35,10 @@ ASSIGNMENTS = ("static", "dynamic")
 
 
 @dataclass(frozen=True)
-class HeteroFLOptions(MethodOptions):
+class HeteroFLOptions(HeteroFLArgs):
     """HeteroFL's options (``method.<name>=`` on the command line, keywords of ``HeteroFL(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
-    label_split: bool = option(
-        True, "masked cross-entropy and per-class classifier rows (the paper's non-IID training)"
-    )
-    static_bn: bool = option(True, "static BN: statistics from the local training split before each evaluation")
     weighting: str = option(
         "uniform",
         "uniform: every client that holds an entry counts once (the paper's code) | examples: by its samples (FedAvg)",
@@ -75,7 +71,6 @@ class HeteroFL(PersonalizedStrategy):
             )
         # a client keeps nothing when sBN recomputes its statistics (so its width may change)
         self.traits = replace(self.traits, client_keeps="none" if o.static_bn else "personal")
-        self.args = HeteroFLArgs(label_split=o.label_split, static_bn=o.static_bn)
         self.full_arch = self._widest()
         self.model.global_arch = self.full_arch  # the run's result (Flower's Result.arrays): the widest level
         self.static_levels = dict(self.model.arch_of)
@@ -91,10 +86,6 @@ class HeteroFL(PersonalizedStrategy):
             f"but the architectures {sorted(shapes)} are not: use one model at several widths "
             "(conf/model/lenet5_widths.yaml)"
         )
-
-    @override
-    def role_config(self, client_id: int, server_round: int) -> HeteroFLArgs:
-        return self.args
 
     # ------------------------------------------------------------------ levels
     @override

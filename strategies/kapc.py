@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 from typing_extensions import override
 
-from pflower.protocol.roles import KAPC_MASKED_REGS, REGULARIZER_PREFIX, KAPCArgs
+from pflower.client_app.roles.kapc import REGULARIZER_PREFIX, KAPCArgs
+from pflower.protocol.options import option
 
 from .base.diagnostics import Panel
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .kapc_math import (
@@ -57,11 +57,10 @@ from .shared.model_distance import gram_matrix
 
 
 @dataclass(frozen=True)
-class KAPCOptions(MethodOptions):
+class KAPCOptions(KAPCArgs):
     """KAPC's options (``method.<name>=`` on the command line, keywords of ``KAPC(...)``),
     checked before round 1; ``pflower methods`` lists them."""
 
-    lam: float = option(1.0, "coaching weight lambda (the paper at alpha 0.1: 1)", low=0)
     beta: float = option(0.005, "pull of R toward uniform (the paper at alpha 0.1: 0.005)", low=0)
     cube_lr: float | str = option(
         "centered",
@@ -77,17 +76,7 @@ class KAPCOptions(MethodOptions):
     write_back: str = option(
         "scaled", "scaled (mass-preserving) or literal (write, then renormalize)", choices=("scaled", "literal")
     )
-    bls: bool = option(False, "bidirectional layer selection (method kapc_bls turns it on)")
     mu: float = option(0.7, "BLS downlink: skip layer l for client i when R[i,l,i] > mu", low=0, high=1)
-    omega_min: int | None = option(
-        None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1
-    )
-    masked_reg: str = option(
-        "start",
-        "what a layer the server does not send (BLS mask, unheard, after Omega) is pulled toward: start (the "
-        "client's own round-start layer, a proximal term with weight lambda) or none (no pull: it trains on CE alone)",
-        choices=KAPC_MASKED_REGS,
-    )
     unheard: str = option(
         "skip",
         "co-participants the server has no upload of a layer from: skip (left out of s_i; a layer with none is "
@@ -101,6 +90,7 @@ class KAPC(PersonalizedStrategy):
     :class:`KAPCOptions`; the cube step sizes: :mod:`strategies.kapc_math`)."""
 
     name = "kapc"
+    bls = False  # bidirectional layer selection: the method kapc_bls
     options_type = KAPCOptions
     traits = MethodTraits(
         diagnostic_panels=(
@@ -118,7 +108,6 @@ class KAPC(PersonalizedStrategy):
         o = self.options
         self.layers = [list(keys) for keys in self.model.schema().layers]
         n_layers = len(self.layers)
-        self.bls = o.bls
         self.omega_min = max(1, n_layers - 2) if o.omega_min is None else o.omega_min
         if not 1 <= self.omega_min <= n_layers:
             raise ValueError(f"KAPC omega_min must be in 1..{n_layers} (the model's layers), got {o.omega_min}")
@@ -152,15 +141,13 @@ class KAPC(PersonalizedStrategy):
         return Uplink(self.model.groups, key_sets=prefixes)
 
     @override
-    def role_config(self, client_id: int, server_round: int) -> KAPCArgs:
-        return KAPCArgs(
-            lam=self.lam,
-            mask=self._sent.get(client_id, []),
-            bls=self.bls,
-            omega_min=self.omega_min,
-            first=bool(self.q[client_id] == 0),
-            masked_reg=self.options.masked_reg,
-        )
+    def role_config(self, client_id: int, server_round: int) -> dict[str, Any]:
+        return {
+            "omega_min": self.omega_min,  # null resolved: L - 2
+            "bls": self.bls,
+            "mask": self._sent.get(client_id, []),
+            "first": bool(self.q[client_id] == 0),
+        }
 
     def stored(self, client_id: int) -> dict[str, np.ndarray]:
         """Client ``client_id``'s latest layers as the server knows them (the initial model's if none)."""
@@ -301,19 +288,11 @@ def plot_cube(cube: np.ndarray, path: Path, layer_names: Sequence[str]) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class KAPCBLSOptions(KAPCOptions):
-    """KAPCBLS's options (``method.<name>=`` on the command line, keywords of ``KAPCBLS(...)``),
-    checked before round 1; ``pflower methods`` lists them."""
-
-    bls: bool = option(True, "bidirectional layer selection (on: KAPC+BLS)")
-
-
 class KAPCBLS(KAPC):
     """KAPC with bidirectional layer selection (the same options; ``bls`` on)."""
 
     name = "kapc_bls"
-    options_type = KAPCBLSOptions
+    bls = True
     traits = dataclasses.replace(
         KAPC.traits,
         diagnostic_panels=(

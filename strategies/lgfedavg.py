@@ -12,7 +12,8 @@ from typing import Any
 
 from typing_extensions import override
 
-from .base.options import MethodOptions, option
+from pflower.protocol.options import MethodOptions, option
+
 from .base.strategy import PersonalizedStrategy
 
 

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from pflower.protocol.options import MethodOptions, option
+
 from .base.hooks import MethodTraits
-from .base.options import MethodOptions, option
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .shared.aggregation import column_blocks, distinct_columns, layerwise_mix, mixing_average, normalized_weights

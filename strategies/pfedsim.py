@@ -22,8 +22,9 @@ import numpy as np
 from flwr.common import log
 from typing_extensions import override
 
+from pflower.protocol.options import MethodOptions, option
+
 from .base.hooks import MethodTraits, Uplink
-from .base.options import MethodOptions, option
 from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import RoleArgs, SGDArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy, train
 
@@ -163,6 +164,16 @@ def run_plan(plan: Plans, model: nn.Module, data: ClientData, train_args: TrainA
     return finish_stages(plans, [train_stage(s, model, data, train_args, ctx) for s in plans], model)
 
 
+@dataclass(frozen=True)
+class SGDArgs(RoleArgs):
+    """Plain SGD's arguments (FedAvg, FedPer, Local...): ``finetune_epochs > 0`` fine-tunes a copy
+    before every evaluation (FedAvg-FT). A method whose options do not extend this class sends 0."""
+
+    finetune_epochs: int = option(
+        0, "epochs of fine-tuning a copy of the received model before test_before (FedAvg-FT)", low=0
+    )
+
+
 # every client role, by name: a Role subclass defined in this package with its own ``name`` joins it
 ROLES: dict[str, type[Role]] = {}
 
@@ -170,13 +181,14 @@ ROLES: dict[str, type[Role]] = {}
 class Role:
     """A method's client side. Subclasses override only what differs from plain SGD.
 
-    ``args_type``: the role's arguments (a :mod:`protocol.roles` dataclass, shared with its
-    strategy); ``self.args`` is an instance, parsed and checked from the message. A subclass
+    ``args_type``: the role's arguments (a :class:`~pflower.protocol.roles.RoleArgs` declared
+    beside the role; the method's options extend it); ``self.args`` is an instance, decoded and
+    checked from the message. A subclass
     with its own ``name`` in ``client_app/roles/`` registers itself (no list to edit).
     """
 
     name = "base"
-    args_type: type[RoleArgs] = SGDArgs
+    args_type: type[RoleArgs] = RoleArgs
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -187,7 +199,7 @@ class Role:
             ROLES[cls.name] = cls
 
     def __init__(self, args: Mapping[str, Any] | RoleArgs | None = None) -> None:
-        self.args: Any = args if isinstance(args, self.args_type) else self.args_type.from_dict(dict(args or {}))
+        self.args: Any = args if isinstance(args, self.args_type) else self.args_type.from_wire(args, self.name)
 
     def fit(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict[str, float]:
         """Local training; returns scalar metrics (at least ``train_loss``): by this round's
@@ -226,6 +238,7 @@ class SGDRole(Role):
     """E epochs of SGD on all parameters; optional fine-tuning of a copy before evaluation."""
 
     name = "sgd"
+    args_type: type[RoleArgs] = SGDArgs
 
     def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
         return FitPlan()

@@ -10,11 +10,13 @@ between rounds; on first contact it starts from the received global model. ``tes
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import DittoArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import TrainArgs
 from .base import FitPlan, Role, RoleContext
@@ -30,6 +32,16 @@ def personal_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     if saved:
         v.load_state_dict(saved)
     return v
+
+
+@dataclass(frozen=True)
+class DittoArgs(RoleArgs):
+    """Ditto's client: a personal model v trained on F(v) + lam/2 ||v - w_global||^2."""
+
+    lam: float = option(0.1, "pull of the personal model toward the global one (FedTSDP recommends 0.1)", low=0)
+    personal_epochs: int | None = option(
+        None, "epochs on the personal model a round (null: the run's local_epochs)", low=0
+    )
 
 
 class DittoRole(Role):

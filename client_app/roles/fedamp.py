@@ -2,23 +2,37 @@
 
 The model trained and evaluated is the client's own w_i (persisted: every group is personal);
 u_i, its personalized cloud model, arrives as extra arrays ``u/<key>``. The pull is
-:mod:`.proximal`'s term with u_i as the reference (``mu`` = FedAMP's lam).
+:mod:`.proximal`'s term with u_i as the reference and lam as its weight.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from pflower.protocol.roles import CLOUD_PREFIX, FedAMPArgs
+from pflower.protocol.options import option
 
-from .base import RoleContext
+from .base import RoleContext, SGDArgs
 from .proximal import ProximalRole, snapshot
+
+CLOUD_PREFIX = "u/"  # the cloud model u_i travels as extra arrays "u/<key>"
+
+
+@dataclass(frozen=True)
+class FedAMPArgs(SGDArgs):
+    """FedAMP's client: the proximal pull toward its cloud model u_i."""
+
+    lam: float = option(1.0, "the pull of each client toward its cloud model u_i", low=0)
 
 
 class FedAMPRole(ProximalRole):
     name = "fedamp"
     args_type = FedAMPArgs
+
+    def pull(self) -> float:
+        return float(self.args.lam)
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
         cloud = {

@@ -10,17 +10,17 @@ local epochs (FedAP's warm-up uses 1).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.models.schema import batchnorm_layers
-from pflower.protocol.roles import FedAPArgs
+from pflower.protocol.options import sent
 
 from ..training import TrainArgs
-from .base import RoleContext, SGDRole
+from .base import RoleContext, SGDArgs, SGDRole
 
 
 @torch.no_grad()
@@ -58,6 +58,14 @@ def bn_input_stats(
         out[f"bn_mean/{i}"] = mean.float()
         out[f"bn_var/{i}"] = (q / max(n, 1) - mean**2).clamp_min(0.0).float()
     return out
+
+
+@dataclass(frozen=True)
+class FedAPArgs(SGDArgs):
+    """FedAP's client: the BN input statistics when asked, and the round's epochs."""
+
+    bn_stats: bool = sent(False, "upload the BN input statistics of the received model this round")
+    epochs: int | None = sent(None, "this round's local epochs (null: the run's; the warm-up's 1)", low=0)
 
 
 class FedAPRole(SGDRole):

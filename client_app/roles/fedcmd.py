@@ -9,24 +9,59 @@ handled by the runtime through the message's ``personal`` list. The statistics t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import SELECTION_TIMINGS, FedCMDArgs
+from pflower.protocol.options import option, sent
+from pflower.protocol.roles import RoleArgs, RoleArgsError
 
 from ..training import LossFn, TrainArgs
 from .base import FitPlan, Role, RoleContext, train_own
-from .layer_stats import LayerScorer, ScoreRule, check_option, score_pass
+from .layer_stats import GRANULARITIES, SCORE_MODES, SELECTION_TIMINGS, W2_MODES, LayerScorer, ScoreRule, score_pass
+
+CANDIDATES_DOC = (
+    "groups that may become the personal layer (null: the FC groups, from the first fc* or classifier group on; "
+    "LeNet-5: fc1, fc2, classifier)"
+)
+
+
+def check_votes(phase: int, voting: tuple[int, ...], candidates: list[str] | None, tie_prior: str | None) -> None:
+    """A voting phase needs candidate layers, and a tie prior among them."""
+    if phase in voting and not candidates:
+        raise RoleArgsError(f"phase {phase} votes for a layer: it needs candidate layers", "candidates")
+    if phase in voting and tie_prior is not None and tie_prior not in (candidates or []):
+        raise RoleArgsError(f"tie_prior={tie_prior!r} is not a candidate {candidates}", "tie_prior")
+
+
+@dataclass(frozen=True)
+class FedCMDArgs(RoleArgs):
+    """FedCMD's client (FedCMD paper, algorithm): phase 1 scores the candidate layers and votes,
+    phase 2 is SGD with l* kept local."""
+
+    candidates: list[str] | None = option(None, CANDIDATES_DOC)
+    score_mode: str = option("paper", "layer score: paper (Eq. 5/6) or code (the authors' code)", choices=SCORE_MODES)
+    w2_mode: str = option("gaussian", "Wasserstein distance of 1-D Gaussians, or of their means only", choices=W2_MODES)
+    selection_timing: str = option("during_training", "when the statistics are read", choices=SELECTION_TIMINGS)
+    granularity: str = option("batch", "statistics per batch or over the whole split", choices=GRANULARITIES)
+    tie_prior: str | None = option(
+        None,
+        "the candidate an exact tie at a batch's minimum score goes to (the authors' code: fc2; null: the earlier)",
+    )
+    phase: int = sent(2, "1: score the candidates and vote; 2: train (l* stays on the client)", choices=(1, 2))
+    personal_layer: str | None = sent(None, "phase 2: l*")
+    has_phi_init: bool = sent(False, "phase 2: the message carries l*'s initial value")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_votes(self.phase, (1,), self.candidates, self.tie_prior)
 
 
 # ----------------------------------------------------------------------------- the role
 class FedCMDRole(Role):
-    """Phase 1: SGD + layer votes; phase 2: SGD on all parameters (the runtime keeps l* local).
-
-    role_args: ``phase`` (1|2); phase 1 also ``candidates``, ``score_mode``, ``w2_mode``,
-    ``selection_timing`` and ``granularity``.
-    """
+    """Phase 1: SGD + layer votes; phase 2: SGD on all parameters (the runtime keeps l* local)."""
 
     name = "fedcmd"
     args_type = FedCMDArgs
@@ -36,7 +71,6 @@ class FedCMDRole(Role):
         scored on the training batches themselves is not a plan (:meth:`fit_alone`)."""
         if self.args.phase != 1:
             return FitPlan()
-        check_option("selection_timing", self.args.selection_timing, SELECTION_TIMINGS)
         if self.args.selection_timing != "after_training":
             return None
         scorer = self.scorer(model, data)

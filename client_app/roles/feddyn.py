@@ -9,12 +9,14 @@ The terms are plain functions of a model and tensors, unit-tested on hand number
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import FedDynArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy
 from .base import FitPlan, Role, RoleContext
@@ -57,6 +59,13 @@ def updated_state(
 ) -> dict[str, torch.Tensor]:
     """g_k - alpha (w_k - reference_k) for every key of ``g``."""
     return {k: g[k] - alpha * (trained[k] - reference[k]) for k in g}
+
+
+@dataclass(frozen=True)
+class FedDynArgs(RoleArgs):
+    """FedDyn's client: CE - <g_i, w> + alpha/2 ||w - w_global||^2."""
+
+    alpha: float = option(0.01, "regularization weight (FedCMD/FedCPMD baselines: 0.01)", above=0)
 
 
 class FedDynRole(Role):

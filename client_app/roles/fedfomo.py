@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import FOMO_WEIGHT_METRIC, FedFomoArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import TrainArgs, evaluate, train
 from .base import Role, RoleContext
@@ -53,6 +55,16 @@ def downloaded_models(ctx: RoleContext) -> dict[int, dict[str, torch.Tensor]]:
 
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
     return float(torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in a)))
+
+
+FOMO_WEIGHT_METRIC = "fomo_w_"  # a client's raw weight of peer j is metric "fomo_w_<j>"
+
+
+@dataclass(frozen=True)
+class FedFomoArgs(RoleArgs):
+    """FedFomo's client: the first ``val_ratio`` of the training split scores the downloaded models."""
+
+    val_ratio: float = option(0.2, "validation share of the local training split", above=0, below=1)
 
 
 class FedFomoRole(Role):

@@ -11,18 +11,41 @@ and the server's logits up by index.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.models.gkt import ExtractorThenHead, kd_loss, server_head
-from pflower.protocol.roles import GKT, FedGKTArgs
+from pflower.protocol.options import option, sent
+from pflower.protocol.roles import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
 
+GKT = "gkt/"  # the extra arrays: gkt/<h|z|y|ht|yt> up, gkt/z and gkt/server/<key> down
 SERVER = GKT + "server/"
+
+
+@dataclass(frozen=True)
+class FedGKTArgs(RoleArgs):
+    """FedGKT's client: its whole model trained with CE + alpha x the distillation loss against the
+    server's logits of its training samples (``gkt/z`` [N, C]; none in its first round: CE only);
+    it sends the features, logits and labels of its training split and the features and labels of
+    its test split, and is evaluated as its feature extractor followed by the server's model (an
+    MLP of ``hidden`` widths on features of width ``feature_dim``, sent as ``gkt/server/<key>``)."""
+
+    alpha: float = option(1.0, "weight of the distillation term on both sides", low=0)
+    temperature: float = option(3.0, "distillation temperature T", above=0)
+    hidden: list[int] = option([256, 256], "the server model's hidden widths (an MLP on the clients' features)")
+    feature_dim: int = sent(0, "the width of the features the clients share (from the model)", low=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(int(h) < 1 for h in self.hidden):
+            raise RoleArgsError(f"option hidden: every width must be >= 1, got {self.hidden}", "hidden")
 
 
 def gkt_loss(labels: torch.Tensor, teacher: torch.Tensor | None, alpha: float, temperature: float):

@@ -9,17 +9,51 @@ looks the consensus rows up by position.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import FEDMD, FedMDArgs, fedmd_subset
+from pflower.protocol.options import option, sent
+from pflower.protocol.roles import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext, train_own
+
+FEDMD = "md/"  # the extra arrays: md/scores up; md/consensus and md/round down
+FEDMD_DIGEST_LOSSES = ("l1", "kl")
+
+
+@dataclass(frozen=True)
+class FedMDArgs(RoleArgs):
+    """FedMD's client, on the labelled transfer split every party holds (``dataset.transfer_fraction``).
+    At its first round it trains ``transfer_epochs`` on that split; whenever the server sends a
+    consensus (``md/consensus`` [P, C] and its round ``md/round`` [1]) it first digests it,
+    ``digest_epochs`` toward the consensus on that round's subset, then trains on its private data
+    and uploads its logits on this round's subset (``md/scores``). A round's subset: ``subset``
+    indices of the transfer split drawn from (``seed``, round) alone (:func:`fedmd_subset`), so every
+    party draws the same without sending them."""
+
+    subset: int = option(1000, "transfer-split samples scored and digested per round", low=1)
+    transfer_epochs: int = option(5, "epochs on the transfer split at a client's first round", low=0)
+    digest_epochs: int = option(1, "epochs toward the consensus on its subset per round", low=0)
+    digest_loss: str = option("l1", "l1: logits' mean absolute error (FedMD's code) | kl", choices=FEDMD_DIGEST_LOSSES)
+    seed: int = sent(0, "the run's seed (each round's subset comes from it)")
+
+
+def fedmd_subset(seed: int, server_round: int, size: int, population: int) -> list[int]:
+    """The transfer-split indices of a round's consensus (sorted), from (seed, round) alone."""
+    if size > population:
+        raise RoleArgsError(
+            f"fedmd subset {size} is larger than the transfer split ({population} samples): lower method.subset or "
+            "raise dataset.transfer_fraction"
+        )
+    rng = np.random.default_rng([int(seed), int(server_round), 6007])
+    return sorted(int(i) for i in rng.choice(population, size=size, replace=False))
+
 
 TRANSFERRED = "fedmd/transferred"  # kept in the client's state: its transfer learning is done
 

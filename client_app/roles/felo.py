@@ -12,16 +12,46 @@ server (the warm-up rounds, or before any class is known) it is CE alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import FeloArgs
+from pflower.protocol.options import option, sent
+from pflower.protocol.roles import RoleArgs
 
 from .base import Role, RoleContext, train_own
 from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss
 
 KNOWLEDGE = "knowledge/"  # extra arrays: S, P, M down; s (or f, y), p, n up
+FEATURE_UPLOADS = ("class_mean", "samples")
+
+
+@dataclass(frozen=True)
+class FeloArgs(RoleArgs):
+    """Felo / Velo / FedHe's client (Felo/Velo paper, Algorithm 1, client side): CE + alpha *
+    (mse_weight * feature MSE + KL of the logits) against the server's class knowledge (extra arrays
+    ``knowledge/S|P|M``; none sent: CE only, the warm-up). It uploads its per-class mean features,
+    logits and counts (``knowledge/s|p|n``) of width ``feature_dim``, or with
+    ``feature_upload=samples`` (the authors' code) its last ``feature_samples`` per-sample training
+    features ``knowledge/f`` [N, D] and their labels ``knowledge/y`` [N] (-1 pads a round that saw
+    fewer) instead of the class means. FedHe: ``mse_weight`` 0 (logits only)."""
+
+    alpha: float = option(0.5, "weight of the distillation terms in Eq. 1", low=0)
+    temperature: float = option(1.0, "KL temperature", above=0)
+    feature_upload: str = option(
+        "class_mean",
+        "class_mean: per-class means (the paper) | samples: per-sample features (the authors' code)",
+        choices=FEATURE_UPLOADS,
+    )
+    feature_samples: int = option(500, "samples: features a client sends a round (its last ones)", low=1)
+    mse_weight: float = sent(1.0, "weight of the feature term (the method's: FedHe 0)", low=0)
+    feature_dim: int = sent(0, "the width of the features the clients share (0: not checked)", low=0)
+
+    def samples_sent(self) -> int:
+        """N, the per-sample features a round uploads (0: the class means)."""
+        return self.feature_samples if self.feature_upload == "samples" else 0
 
 
 class FeloRole(Role):
@@ -48,9 +78,8 @@ class FeloRole(Role):
                 "give every architecture the same model.feature_dim"
             )
         acc = ClassKnowledge(num_classes, feature_dim, ctx.device)
-        samples = (
-            FeatureSamples(self.args.feature_samples, feature_dim, ctx.device) if self.args.feature_samples else None
-        )
+        n = self.args.samples_sent()
+        samples = FeatureSamples(n, feature_dim, ctx.device) if n else None
         sums = {"ce": 0.0, "mse": 0.0, "kl": 0.0}
         steps = [0]
         alpha, mse_weight, temperature = self.args.alpha, self.args.mse_weight, self.args.temperature

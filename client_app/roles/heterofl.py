@@ -12,6 +12,7 @@ mode), a cumulative mean over the batches in order.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,8 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.models.schema import batchnorm_layers
-from pflower.protocol.roles import HETEROFL_CLASSES, HeteroFLArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import TrainArgs, cross_entropy
 from .base import Role, RoleContext, train_own
@@ -65,6 +67,23 @@ def static_bn_statistics(model: nn.Module, x: torch.Tensor, device: torch.device
         for m, momentum in zip(layers, momenta):
             m.momentum = momentum
         model.train(was_training)
+
+
+HETEROFL_CLASSES = "heterofl/classes"  # the extra array of a reply: which classes the client has
+
+
+@dataclass(frozen=True)
+class HeteroFLArgs(RoleArgs):
+    """HeteroFL's client: SGD on its width-scaled sub-model. ``label_split``: the logits of the classes
+    the client has no sample of are zeroed, and its class presence travels as ``heterofl/classes``
+    [C] (the server averages a classifier row over the clients that have its class). ``static_bn``:
+    statistics are not tracked in training but computed from the training split before every
+    evaluation."""
+
+    label_split: bool = option(
+        True, "masked cross-entropy and per-class classifier rows (the paper's non-IID training)"
+    )
+    static_bn: bool = option(True, "static BN: statistics from the local training split before each evaluation")
 
 
 class HeteroFLRole(Role):

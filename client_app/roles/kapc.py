@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,7 +22,8 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.models.schema import layer_dims, parameter_layers
-from pflower.protocol.roles import REGULARIZER_PREFIX, KAPCArgs
+from pflower.protocol import options
+from pflower.protocol.roles import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs
 from .base import FitPlan, Role, RoleContext
@@ -91,6 +93,38 @@ def select_omega(
     while omega < layers and not ok(omega):
         omega += 1
     return omega, False
+
+
+REGULARIZER_PREFIX = "s/"  # the regularizer s_i travels as extra arrays "s/<key>" (never loaded into the model)
+KAPC_MASKED_REGS = ("start", "none")  # what a layer the server did not send is pulled toward
+
+
+@dataclass(frozen=True)
+class KAPCArgs(RoleArgs):
+    """KAPC's client (KAPC paper, algorithm): its own model trained on CE + lam * sum_l ||w^l -
+    target^l||^2, the target being the server's s_i^l where ``mask[l]`` is 1 (all layers when
+    empty). A layer not sent is pulled toward the client's own round-start layer (``masked_reg``
+    "start") or trains on CE alone ("none"). ``bls``: the upload prefix Omega is chosen by the
+    generalization-bound rule (ALG4), at least ``omega_min`` layers."""
+
+    lam: float = options.option(1.0, "coaching weight lambda (the paper at alpha 0.1: 1)", low=0)
+    omega_min: int | None = options.option(
+        None, "BLS uplink floor on Omega (null: L - 2, the calibrated guard; 1: the literal rule)", low=1
+    )
+    masked_reg: str = options.option(
+        "start",
+        "what a layer the server does not send (BLS mask, unheard, after Omega) is pulled toward: start (the "
+        "client's own round-start layer, a proximal term with weight lambda) or none (no pull: it trains on CE alone)",
+        choices=KAPC_MASKED_REGS,
+    )
+    bls: bool = options.sent(False, "bidirectional layer selection: the method's (KAPC-BLS)")
+    mask: list[int] = options.sent([], "per layer, 1 where s_i^l was sent (empty: every layer)")
+    first: bool = options.sent(False, "the client's first participation")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(m not in (0, 1) for m in self.mask):
+            raise RoleArgsError(f"KAPC mask must hold 0/1 per layer, got {self.mask}", "mask")
 
 
 class KAPCRole(Role):

@@ -19,7 +19,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflower.protocol.roles import DISTANCES, GRANULARITIES, LABEL_FITS, SCORE_MODES, SELECTORS, W2_MODES, check_choice
+from pflower.protocol.roles import RoleArgsError
+
+# the choices of FedCMD's and FedCPMD's scoring options (declared in their role arguments)
+SCORE_MODES = ("paper", "code")  # FedCMD layer score (FedCMD paper, layer score (Eq. 5/6))
+W2_MODES = ("gaussian", "mean_only")
+SELECTION_TIMINGS = ("during_training", "after_training")
+GRANULARITIES = ("batch", "dataset")
+# FedCPMD's layer score (FedCPMD paper, layer-wise knowledge representation (Eqs. 6-11))
+SELECTORS = ("eq7", "fedcmd_code", "eq6")
+DISTANCES = ("js", "w2", "hellinger", "bhattacharyya", "w2_mean")  # d between two 1-D Gaussians
+LABEL_FITS = ("minmax", "scaled")  # z^y: per-batch min-max (FedCMD) or y / (C - 1) (FedCPMD)
 
 _SELECTOR_ALIASES = {"paper": "eq7", "code": "fedcmd_code", "eq7": "eq7", "fedcmd_code": "fedcmd_code", "eq6": "eq6"}
 _DISTANCE_ALIASES = {"gaussian": "w2", "mean_only": "w2_mean"}
@@ -348,7 +358,8 @@ class LayerScorer:
 
 def check_option(option: str, value: str, allowed: tuple[str, ...]) -> None:
     """A FedCMD option's value, refused with the allowed ones (the error the role arguments give)."""
-    check_choice("FedCMD", option, value, allowed)
+    if value not in allowed:
+        raise RoleArgsError(f"FedCMD {option} must be one of {list(allowed)}, got {value!r}", option)
 
 
 @torch.no_grad()

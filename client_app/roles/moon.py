@@ -11,13 +11,15 @@ eval mode (their BN statistics do not drift).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import MOONArgs
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 
 from ..training import LossFn, TrainArgs
 from .base import Role, RoleContext, train_own
@@ -62,6 +64,16 @@ def previous_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     if saved:
         prev.load_state_dict(saved)
     return frozen(prev)
+
+
+@dataclass(frozen=True)
+class MOONArgs(RoleArgs):
+    """MOON's client: CE + mu * the contrastive term at temperature tau."""
+
+    mu: float = option(
+        1.0, "weight of the contrastive term (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)", low=0
+    )
+    tau: float = option(0.5, "temperature of the contrastive term", above=0)
 
 
 class MOONRole(Role):

@@ -9,16 +9,17 @@ into the ``loss_fn`` of :func:`client_app.training.train`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from pflower.federated_data import ClientData
-from pflower.protocol.roles import ProximalArgs
+from pflower.protocol.options import option
 
 from ..training import LossFn, TrainArgs, cross_entropy
-from .base import FitPlan, Penalty, RoleContext, SGDRole
+from .base import FitPlan, Penalty, RoleContext, SGDArgs, SGDRole
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -58,6 +59,13 @@ def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float, base: LossFn
     return loss
 
 
+@dataclass(frozen=True)
+class ProximalArgs(SGDArgs):
+    """FedProx: F(w) + mu/2 ||w - w_received||^2."""
+
+    mu: float = option(1.0, "proximal weight (FedCMD/FedCPMD baselines: 1; FedTSDP recommends 0.01)", low=0)
+
+
 class ProximalRole(SGDRole):
     """FedProx (Li et al., 2020): local SGD on F(w) + mu/2 ||w - w_global||^2."""
 
@@ -65,8 +73,12 @@ class ProximalRole(SGDRole):
     args_type = ProximalArgs
 
     def plan(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> FitPlan | None:
-        terms = proximal_terms(self.args.mu)
+        terms = proximal_terms(self.pull())
         return FitPlan(penalty=terms, reference=self.reference(model, ctx)) if terms else FitPlan()
+
+    def pull(self) -> float:
+        """mu, the term's weight (FedAMP: its lam)."""
+        return float(self.args.mu)
 
     def reference(self, model: nn.Module, ctx: RoleContext) -> dict[str, torch.Tensor]:
         """What the term pulls toward: the received model (FedProx); FedAMP: its cloud model u_i."""

@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 
 from pflower.protocol import wire
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.options import MethodOptions
 
 from ..shared.aggregation import fedavg
 from .diagnostics import Panel
-from .options import MethodOptions
 from .validation import ClientUpdate
 
 ExtraSpec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
@@ -59,8 +58,6 @@ class MethodTraits:
     # the final evaluation also scores every client's model on the labelled global test set (the
     # runner switches it on with dataset.public=test|holdout)
     clients_evaluate_on_public: bool = False
-    # role arguments computed from several options rather than copying one (checked apart)
-    derived_role_args: tuple[str, ...] = ()
     # the per-round diagnostics that show the method's mechanism (pflower report draws them)
     diagnostic_panels: tuple[Panel, ...] = ()
 
@@ -158,9 +155,11 @@ class MethodHooks:
         """What the client may send back after training: by default its shared groups."""
         return Uplink(self.shared_groups(client_id, server_round))
 
-    def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]:
-        """Arguments of the client role for this client and round (a ``protocol.roles`` dataclass).
-        FedCMD: ``return FedCMDArgs(phase=..., candidates=..., **self.scoring)``."""
+    def role_config(self, client_id: int, server_round: int) -> Mapping[str, Any]:
+        """What this client's role gets this round besides the method's options: the values of its
+        arguments declared with ``sent`` (FedCMD: ``{"phase": 2, "personal_layer": "fc2", ...}``),
+        and an option in its resolved form (FedCMD's ``candidates``: null becomes the FC groups).
+        The options its role declares travel by themselves (:func:`.task_messages.role_args`)."""
         return {}
 
     def relay(self, server_round: int) -> Absorb | None:

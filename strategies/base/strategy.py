@@ -91,7 +91,6 @@ _RETIRED_HOOKS = {
             "needs_public_data",
             "evaluates_on_public",
             "clients_evaluate_on_public",
-            "derived_role_args",
             "diagnostic_panels",
         )
     },
@@ -625,6 +624,8 @@ def strategy_signature(cls: type[PersonalizedStrategy]) -> inspect.Signature:
     ]
     options = []
     for f in dataclasses.fields(cls.options_type):
+        if f.name not in cls.options_type.names():  # a value the strategy sends its role, no option
+            continue
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
         options.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
     return inspect.Signature(base + options, return_annotation=None)

@@ -8,9 +8,11 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from pflower.client_app.roles import ROLES
 from pflower.models import group_of
 from pflower.models.schema import ModelSchema, Template
 from pflower.protocol import wire
+from pflower.protocol.options import MethodOptions
 from pflower.protocol.roles import RoleArgs
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
@@ -28,16 +30,29 @@ class Messenger(Protocol):
     model: Architectures
 
     def train_config(self, client_id: int, server_round: int) -> dict[str, Any]: ...
-    def role_config(self, client_id: int, server_round: int) -> RoleArgs | Mapping[str, Any]: ...
+
+    options: MethodOptions
+
+    def role_config(self, client_id: int, server_round: int) -> Mapping[str, Any]: ...
     def personal_groups(self, client_id: int, server_round: int) -> list[str]: ...
     def personal_keys(self, client_id: int, server_round: int) -> list[str]: ...
     def uplink(self, client_id: int, server_round: int) -> Uplink: ...
 
 
+def role_args(s: Messenger, client_id: int, server_round: int) -> RoleArgs:
+    """The arguments one message's role receives: the method's options that the role declares
+    (the method's options dataclass extends the role's arguments; a role option the method lacks
+    keeps its default), with :meth:`role_config`'s values for this client and round. Built, and so
+    checked, before the message is sent."""
+    args_type = ROLES[s.traits.role].args_type
+    options = s.options.to_dict()
+    declared = {name: options[name] for name in args_type.names() if name in options}
+    return args_type(**{**declared, **s.role_config(client_id, server_round)})
+
+
 def task_spec(s: Messenger, client_id: int, server_round: int, task: str) -> TaskSpec:
     """What one message asks of its client (see :class:`protocol.wire.TaskSpec`)."""
     schema = s.model.schema(client_id)
-    args = s.role_config(client_id, server_round) if task != "query" else {}
     base = s.run.client_spec
     return TaskSpec(
         run=str(base.get("run", "")),
@@ -48,7 +63,7 @@ def task_spec(s: Messenger, client_id: int, server_round: int, task: str) -> Tas
         train=s.train_config(client_id, server_round),
         task=task,
         role=s.traits.role,
-        role_args=args.to_dict() if isinstance(args, RoleArgs) else dict(args),
+        role_args=role_args(s, client_id, server_round).wire() if task != "query" else {},
         personal=list(s.personal_groups(client_id, server_round)) if task != "query" else [],
         personal_keys=list(s.personal_keys(client_id, server_round)) if task != "query" else [],
         upload=list(s.uplink(client_id, server_round).groups) if task == "train" else [],

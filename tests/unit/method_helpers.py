@@ -50,16 +50,17 @@ def train_messages(grid: InProcessGrid, server_round: int):
 
 
 def role_args_of(method: str, **given) -> dict:
-    """A role's arguments as ``method``'s strategy sends them at its default options, with ``given``
-    on top: the options a role's message must carry (they have no defaults on the client side)."""
+    """A role's arguments as a message of ``method`` carries them at its default options (every
+    field: the client refuses a message without one), with ``given`` on top."""
     import dataclasses
 
-    from pflower.protocol.roles import ROLE_ARGS
+    from pflower.client_app.roles import ROLES
     from pflower.strategies import STRATEGIES
 
     cls = STRATEGIES[method]
-    carried = {f.name for f in dataclasses.fields(ROLE_ARGS[cls.traits.role])}
-    options = {k: v for k, v in cls.options_type.defaults().items() if k in carried}
-    if options.get("candidates", []) is None:  # null: the strategy resolves them from the model
-        del options["candidates"]
-    return {**options, **given}
+    every = {  # not built here: a test hands a bad value on to the role's own check
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(ROLES[cls.traits.role].args_type)
+    }
+    options = {k: v for k, v in cls.options_type.defaults().items() if k in every}
+    return {**every, **options, **given}

@@ -16,45 +16,29 @@ from repo_copy import copy_repository
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "adding-a-method.md"
 
-# the page's FedProx example, renamed (step 1)
+# the page's FedProx example, renamed (step 1): its option is its client's (the proximal role's)
 STRATEGY = '''"""A throwaway method: FedProx under another name, written as docs/adding-a-method.md shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from typing_extensions import override
-
-from pflower.protocol.roles import ProximalArgs
+from pflower.client_app.roles.proximal import ProximalArgs
 
 from .base.hooks import MethodTraits
 from .base.strategy import PersonalizedStrategy
-from .base.options import MethodOptions, option
-
-
-@dataclass(frozen=True)
-class FedThrowOptions(MethodOptions):
-    """FedThrow's options."""
-
-    mu: float = option(0.5, "proximal weight", low=0)
 
 
 class FedThrow(PersonalizedStrategy):
     """A throwaway method: FedProx under another name."""
 
-    name, options_type = "fedthrow", FedThrowOptions
+    name, options_type = "fedthrow", ProximalArgs
     traits = MethodTraits(role="proximal")
-
-    @override
-    def role_config(self, client_id, server_round):
-        return ProximalArgs(mu=self.options.mu)
 '''
 YAML = "defaults:\n  - /method_options/fedthrow@_here_\n  - _self_\n\nname: fedthrow\n"  # step 2
 OWN_TEST = """from pflower.strategies import STRATEGIES
 
 
 def test_fedthrow_is_registered_with_its_option():
-    assert STRATEGIES["fedthrow"].options_type().mu == 0.5
+    assert STRATEGIES["fedthrow"].options_type().mu == 1.0
 """  # step 3
 
 

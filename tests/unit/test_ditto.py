@@ -19,7 +19,7 @@ def test_ditto_keeps_a_personal_model_and_evaluates_it(client):
     model, data, args = client
     received = copy.deepcopy(model)
     role_ctx = ctx()
-    role = build_role("ditto", {"lam": 0.1, "personal_epochs": 1})
+    role = build_role("ditto", role_args_of("ditto", lam=0.1, personal_epochs=1))
     assert role.eval_model(model, data, args, role_ctx) is not model  # first contact: a copy of the global
     metrics = role.fit(model, data, args, role_ctx)
     assert set(metrics) == {"train_loss", "personal_loss"}

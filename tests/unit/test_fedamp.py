@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
-from method_helpers import ctx, replied_keys, trained_states
+from method_helpers import ctx, replied_keys, role_args_of, trained_states
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import build_role
@@ -47,7 +47,7 @@ def test_fedamp_client_loss_includes_the_pull_toward_the_cloud_model(client):
     cloud = {k: v.detach() + 0.01 * torch.randn(v.shape, generator=noise) for k, v in model.named_parameters()}
     role_ctx = ctx()
     role_ctx.received_extra = {f"u/{k}": v for k, v in cloud.items()}
-    role = build_role("fedamp", {"mu": 2.0})
+    role = build_role("fedamp", role_args_of("fedamp", lam=2.0))
     reference = role.reference(model, role_ctx)
     assert set(reference) == set(cloud) and all(torch.equal(reference[k], cloud[k]) for k in cloud)
     x, y = data.x_train[:8], data.y_train[:8]
@@ -60,7 +60,7 @@ def test_fedamp_client_loss_includes_the_pull_toward_the_cloud_model(client):
     for lam in (0.0, 10.0):
         m, c = copy.deepcopy(model), ctx()
         c.received_extra = role_ctx.received_extra
-        build_role("fedamp", {"mu": lam}).fit(m, data, args, c)
+        build_role("fedamp", role_args_of("fedamp", lam=lam)).fit(m, data, args, c)
         moved[lam] = sum(float(((p.detach() - cloud[k]) ** 2).sum()) for k, p in m.named_parameters())
     assert moved[10.0] < 0.1 * moved[0.0]  # a large lam keeps w near u
 

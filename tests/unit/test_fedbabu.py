@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from method_helpers import BODY, HEAD, ctx, params, replied_keys, same
+from method_helpers import BODY, HEAD, ctx, params, replied_keys, role_args_of, same
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import build_role
@@ -15,13 +15,13 @@ from pflower.simulation.inprocess import InProcessGrid, personal_state
 def test_fedbabu_role_never_trains_the_head_and_evaluates_a_fine_tuned_copy(client):
     model, data, args = client
     head0, body0 = params(model, HEAD), params(model, BODY)
-    role = build_role("fedbabu", {"head": HEAD, "finetune_epochs": 1, "finetune_part": "all"})
+    role = build_role("fedbabu", role_args_of("fedbabu", head=HEAD, finetune_epochs=1, finetune_part="all"))
     tuned = role.eval_model(model, data, args, ctx(HEAD))
     assert not same(params(tuned, HEAD), head0) and not same(params(tuned, BODY), body0)  # fine-tuned copy
     assert same(params(model, HEAD), head0) and same(params(model, BODY), body0)  # the model itself untouched
     role.fit(model, data, args, ctx(HEAD))
     assert same(params(model, HEAD), head0) and not same(params(model, BODY), body0)
-    head_only = build_role("fedbabu", {"head": HEAD, "finetune_epochs": 1, "finetune_part": "head"})
+    head_only = build_role("fedbabu", role_args_of("fedbabu", head=HEAD, finetune_epochs=1, finetune_part="head"))
     tuned = head_only.eval_model(model, data, args, ctx(HEAD))
     assert not same(params(tuned, HEAD), head0) and same(params(tuned, BODY), params(model, BODY))
 

@@ -258,13 +258,14 @@ def test_relay_phase2_starts_each_client_from_the_previous_clients_upload(compos
 
 
 def test_tie_prior_sends_exact_ties_to_its_candidate_and_must_be_a_candidate(compose, tiny_overrides):
-    from pflower.client_app.roles.fedcmd import FedCMDRole
+    from pflower.client_app.roles.fedcmd import FedCMDArgs, FedCMDRole
     from pflower.client_app.roles.layer_stats import batch_vote
     from pflower.models import build_model
-    from pflower.protocol.roles import FedCMDArgs
 
     strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=1", "method.tie_prior=fc2")
-    args = strategy.role_config(0, 1)
+    from pflower.strategies.base.task_messages import role_args
+
+    args = role_args(strategy, 0, 1)
     assert args.tie_prior == "fc2"
     model = build_model("lenet5", (1, 28, 28), 10, fc_layers=3)
     assert FedCMDRole(args).scorer(model, None).prior == 1  # fc1, fc2, classifier: fc2 is index 1

@@ -238,9 +238,11 @@ def test_default_candidates_are_the_fc_groups():
 
 
 def test_strategy_and_role_check_options_with_the_one_protocol_definition():
-    from pflower.protocol.roles import FedCMDArgs, RoleArgsError
+    from pflower.client_app.roles.fedcmd import FedCMDArgs
+    from pflower.protocol.options import OptionError
+    from pflower.protocol.roles import RoleArgsError
 
-    with pytest.raises(RoleArgsError, match="w2_mode"):
+    with pytest.raises(OptionError, match="w2_mode"):
         FedCMDArgs(**role_args_of("fedcmd", phase=1, candidates=["fc1"], w2_mode="exact"))
     with pytest.raises(RoleArgsError, match="w2_mode"):  # the role parses the message with the same class
         role.FedCMDRole(role_args_of("fedcmd", phase=1, candidates=["fc1"], w2_mode="exact"))

@@ -14,7 +14,7 @@ from scipy import integrate
 from scipy.stats import norm
 from test_strategy_base import make, run
 
-from pflower.client_app.roles.fedcpmd import FedCPMDRole
+from pflower.client_app.roles.fedcpmd import FedCPMDArgs, FedCPMDRole
 from pflower.client_app.roles.layer_stats import (
     GaussianFit,
     LayerScorer,
@@ -26,7 +26,7 @@ from pflower.client_app.roles.layer_stats import (
     layer_score,
     tensor_moments,
 )
-from pflower.protocol.roles import FedCPMDArgs, RoleArgsError
+from pflower.protocol.options import OptionError
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedcpmd import cluster_sample_size, personal_layer_of
 from pflower.strategies.shared.clustering import groups_by_label
@@ -127,7 +127,7 @@ def test_the_role_votes_during_training_and_a_probe_does_not_train(client):
         voted["vote"] in (0.0, 1.0, 2.0)
         and sum(voted[f"votes_{c}"] for c in ("fc1", "fc2", "classifier")) == voted["scored_batches"]
     )
-    with pytest.raises(RoleArgsError, match="distance"):
+    with pytest.raises(OptionError, match="distance"):
         FedCPMDArgs(**role_args_of("fedcpmd", phase=1, candidates=["fc1"], distance="kl"))
 
 

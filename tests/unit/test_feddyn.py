@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from method_helpers import ctx, trained_states
+from method_helpers import ctx, role_args_of, trained_states
 from test_strategy_base import make, run
 from torch import nn
 
@@ -51,7 +51,7 @@ def test_feddyn_client_loss_and_state_update_on_hand_numbers(client):
     # the role keeps g on the client: from 0, g = -alpha (w_trained - w_received)
     model, data, args = client
     received, role_ctx = snapshot(model), ctx()
-    build_role("feddyn", {"alpha": 0.01}).fit(model, data, replace(args, epochs=1), role_ctx)
+    build_role("feddyn", role_args_of("feddyn", alpha=0.01)).fit(model, data, replace(args, epochs=1), role_ctx)
     assert set(role_ctx.extra_state) == {DYN_PREFIX + k for k in received}
     for k, p in model.named_parameters():
         assert torch.allclose(role_ctx.extra_state[DYN_PREFIX + k], -0.01 * (p.detach() - received[k]), atol=1e-7)

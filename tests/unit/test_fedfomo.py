@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from method_helpers import ctx, replied_keys, train_messages
+from method_helpers import ctx, replied_keys, role_args_of, train_messages
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import build_role
@@ -33,14 +33,16 @@ def test_fedfomo_weights_and_combination_on_hand_numbers():
 def test_fedfomo_a_better_downloaded_model_gets_a_positive_weight_a_worse_one_zero(client):
     model, data, args = client
     better = copy.deepcopy(model)
-    build_role("sgd", {}).fit(better, data, replace(args, epochs=5), ctx())
+    build_role("sgd", role_args_of("fedavg")).fit(better, data, replace(args, epochs=5), ctx())
     worse = copy.deepcopy(model)
     with torch.no_grad():
         for p in worse.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
     role_ctx = ctx()
     role_ctx.received_extra = {f"{cid}/{k}": v for cid, m in ((7, better), (9, worse)) for k, v in snapshot(m).items()}
-    metrics = build_role("fedfomo", {"val_ratio": 0.2}).fit(model, data, replace(args, epochs=0), role_ctx)
+    metrics = build_role("fedfomo", role_args_of("fedfomo", val_ratio=0.2)).fit(
+        model, data, replace(args, epochs=0), role_ctx
+    )
     assert metrics["fomo_w_7"] > 0 > metrics["fomo_w_9"] and metrics["fomo_helpful"] == 1
     # weights [1, 0]: the new model is the better one (no training with 0 epochs)
     assert all(torch.allclose(p, dict(better.named_parameters())[k]) for k, p in model.named_parameters())

@@ -12,12 +12,11 @@ import torch
 from method_helpers import ctx
 from test_strategy_base import make, run
 
-from pflower.client_app.roles.fedgkt import FedGKTRole, gkt_loss
+from pflower.client_app.roles.fedgkt import GKT, FedGKTRole, gkt_loss
 from pflower.client_app.training import TrainArgs
 from pflower.federated_data import ClientData
 from pflower.models import build_model
 from pflower.models.gkt import ExtractorThenHead, kd_loss, server_head
-from pflower.protocol.roles import GKT
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedgkt_math import head_accuracy, head_logits, train_server_head
 

@@ -9,12 +9,12 @@ import torch
 from method_helpers import ctx, role_args_of
 from test_strategy_base import make, run
 
-from pflower.client_app.roles.fedmd import TRANSFERRED, FedMDRole, digest_loss
+from pflower.client_app.roles.fedmd import FEDMD, TRANSFERRED, FedMDRole, digest_loss, fedmd_subset
 from pflower.client_app.training import TrainArgs
 from pflower.federated_data import ClientData, DataSpec, load_public_data, load_transfer_data
 from pflower.federated_data.client_data import _pool, client_indices
 from pflower.models import build_model
-from pflower.protocol.roles import FEDMD, RoleArgsError, fedmd_subset
+from pflower.protocol.roles import RoleArgsError
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedmd import consensus
 

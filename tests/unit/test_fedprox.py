@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from method_helpers import ctx
+from method_helpers import ctx, role_args_of
 from test_strategy_base import make
 from torch import nn
 
@@ -41,7 +41,7 @@ def test_fedprox_large_mu_keeps_local_weights_closer_to_the_global(client):
     moved = {}
     for mu in (0.0, 10.0):
         m = copy.deepcopy(model)
-        build_role("proximal", {"mu": mu}).fit(m, data, args, ctx())
+        build_role("proximal", role_args_of("fedprox", mu=mu)).fit(m, data, args, ctx())
         moved[mu] = sum(float(((p.detach() - start[k]) ** 2).sum()) for k, p in m.named_parameters()) ** 0.5
     assert 0 < moved[10.0] < 0.8 * moved[0.0]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from method_helpers import BODY, HEAD, ctx, params, same
+from method_helpers import BODY, HEAD, ctx, params, role_args_of, same
 
 from pflower.client_app.roles import base as role_base
 from pflower.client_app.roles import build_role
@@ -23,7 +23,7 @@ def test_fedrep_trains_the_head_first_then_the_body(client, monkeypatch):
         return loss
 
     monkeypatch.setattr(role_base, "train", recording_train)  # every stage trains through it
-    metrics = build_role("fedrep", {"head": HEAD, "body_epochs": 1}).fit(
+    metrics = build_role("fedrep", role_args_of("fedrep", head=HEAD, body_epochs=1)).fit(
         model, data, replace(args, epochs=3), ctx(HEAD)
     )
     (head_args, head_fixed_1, body_fixed_1), (body_args, head_fixed_2, body_fixed_2) = phases

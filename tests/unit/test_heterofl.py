@@ -12,6 +12,7 @@ from method_helpers import ctx
 from test_strategy_base import make, run
 
 from pflower.client_app.roles.heterofl import (
+    HETEROFL_CLASSES,
     HeteroFLRole,
     class_presence,
     masked_cross_entropy,
@@ -21,7 +22,6 @@ from pflower.client_app.training import TrainArgs
 from pflower.federated_data import ClientData
 from pflower.models import build_model
 from pflower.models.lenet import Scaler
-from pflower.protocol.roles import HETEROFL_CLASSES
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.heterofl_math import fits_inside, partial_average, slice_arrays
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 from test_strategy_base import make, run
 
-from pflower.client_app.roles.kapc import criterion, log_bound, select_omega
+from pflower.client_app.roles.kapc import REGULARIZER_PREFIX, criterion, log_bound, select_omega
 from pflower.models import build_model
-from pflower.protocol.roles import REGULARIZER_PREFIX
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies import build_strategy, client_spec
 from pflower.strategies.kapc_math import (

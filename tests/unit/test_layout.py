@@ -23,6 +23,13 @@ FORBIDDEN = {
     "federated_data": {"server_app", "simulation", "reports", "client_app", "strategies"},
     "simulation": {"reports"},
 }
+#: part -> the modules of a forbidden part it may still import: a strategy reads its client role's
+#: arguments (the options its client reads, declared once there) and the array names they share
+ALLOWED = {"strategies": ("client_app.roles",)}
+
+
+def allowed(part: str, target: str) -> bool:
+    return any(target == a or target.startswith(a + ".") for a in ALLOWED.get(part, ()))
 
 
 def module_name(path: Path) -> str:
@@ -126,7 +133,7 @@ def test_a_part_imports_only_the_parts_below_it(part):
         for module, targets in graph.items()
         if module.split(".")[0] == part
         for target in targets
-        if target.split(".")[0] in FORBIDDEN[part]
+        if target.split(".")[0] in FORBIDDEN[part] and not allowed(part, target)
     )
     assert wrong == []
 

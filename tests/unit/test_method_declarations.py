@@ -1,22 +1,21 @@
-"""A method's options are declared once, as its options dataclass (strategies.base.options): its
-conf/method/<name>.yaml starts from it and declares no option again; its client role's arguments
-(protocol.roles, what the message carries) must agree with it; methods and roles register by
-subclassing."""
+"""A method's options are declared once (protocol.options): the options its client reads in its
+role's arguments (client_app/roles/), which its options dataclass extends with the server's; its
+conf/method/<name>.yaml starts from them and declares no option again; the message carries that
+declaration's values; methods and roles register by subclassing."""
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
+import re
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from pflower.protocol.roles import ROLE_ARGS, has_default
+from pflower.protocol.options import option
+from pflower.protocol.roles import RoleArgs
 from pflower.server_app.config import OPTIONS_GROUP, ConfigError, compose_config, conf_dir, method_defaults
 from pflower.strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
-from pflower.strategies.base.options import option
 
 
 def second_declarations(text: str) -> list[str]:
@@ -53,98 +52,101 @@ def test_a_second_declaration_is_caught_and_an_override_still_finds_its_key():
     assert compose_config(["method=kapc", "method.lam=0.5"]).method.lam == 0.5
 
 
-def field_types(hint) -> set:
-    return (
-        set(typing.get_args(hint)) - {type(None)}
-        if typing.get_origin(hint) in (typing.Union, types.UnionType)
-        else {hint}
-    )
+def declaring_class(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO whose own body declares field ``name``."""
+    return next((c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {})), None)
 
 
-def role_disagreements(method: str, sent: dict[str, object], role_args: type) -> list[str]:
-    """Where what the strategy sends its role (``sent``, one round's role arguments at the default
-    options) disagrees with the method's options: a field both declare must have a type the role
-    accepts and carry the option's value (an option with default null is resolved by the strategy:
-    KAPC's omega_min = L - 2 is sent as a number). ``traits.derived_role_args`` of the strategy names
-    the fields it computes from several options instead (Felo's feature_samples: 0 unless
-    feature_upload=samples)."""
-    cls = STRATEGIES[method]
-    hints, arg_hints = typing.get_type_hints(cls.options_type), typing.get_type_hints(role_args)
-    problems = []
-    for name, default in cls.options_type.defaults().items():
-        if name not in arg_hints:
-            continue
-        if not field_types(hints[name]) <= field_types(arg_hints[name]):
-            problems.append(f"{name}: options type {hints[name]} does not fit role args type {arg_hints[name]}")
-        if default is not None and name not in cls.traits.derived_role_args and sent.get(name) != default:
-            problems.append(f"{name}: options {default!r}, sent {sent.get(name)!r}")
-    return problems
+def repeated_declarations(method: str, options: type, role_args: type) -> list[str]:
+    """Where an option of ``method`` is declared twice: a field named in the bodies of two classes of
+    its options' or its role arguments' MRO, or an option its client reads (a field of its role's
+    arguments) declared apart from them (the options dataclass must extend the role's arguments)."""
+    found = []
+    for name in {f.name for f in dataclasses.fields(options)} | {f.name for f in dataclasses.fields(role_args)}:
+        owners = {c for c in (*options.__mro__, *role_args.__mro__) if name in c.__dict__.get("__annotations__", {})}
+        if len(owners) > 1:
+            found.append(f"{method}: {name} in {sorted(c.__name__ for c in owners)}")
+    return sorted(found)
 
 
-def sent_role_args(method: str, **options) -> dict[str, object]:
+def role_of(method: str) -> type:
+    from pflower.client_app.roles import ROLES
+
+    return ROLES[STRATEGIES[method].traits.role].args_type
+
+
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
+def test_every_option_is_declared_once_and_the_client_reads_that_declaration(method):
+    options, args = STRATEGIES[method].options_type, role_of(method)
+    assert repeated_declarations(method, options, args) == []
+    shared = set(options.names()) & set(args.names())
+    assert all(declaring_class(options, n) is declaring_class(args, n) for n in shared), shared
+
+
+def test_an_option_declared_again_is_caught():
+    """The check itself: a MOON options class that declares tau again (another default) is named."""
+    MOONArgs = role_of("moon")
+
+    @dataclasses.dataclass(frozen=True)
+    class RedeclaredMOON(MOONArgs):
+        tau: float = option(0.2, "again")
+
+    assert repeated_declarations("moon", RedeclaredMOON, MOONArgs) == ["moon: tau in ['MOONArgs', 'RedeclaredMOON']"]
+
+    @dataclasses.dataclass(frozen=True)
+    class ApartMOON(MethodOptions):  # the same name beside, not from, the role's arguments
+        mu: float = option(1.0, "apart")
+
+    assert repeated_declarations("moon", ApartMOON, MOONArgs) == ["moon: mu in ['ApartMOON', 'MOONArgs']"]
+
+
+def built_role_args(method: str, **options):
     from pflower.models import build_model
     from pflower.strategies import client_spec
+    from pflower.strategies.base.task_messages import role_args
 
     model = build_model("lenet5", (1, 28, 28), 10, seed=0)
     spec = {**client_spec(lr=0.01), "model": {"name": "lenet5"}}
     del spec["data"]  # the data spec is the runner's (FedMD reads its transfer set from it when given)
     run = {"total_rounds": 200} if "total_rounds" in STRATEGIES[method].options_type.names() else {}  # the paper's K
     strategy = STRATEGIES[method](model, spec, num_clients=4, fraction_train=0.5, **run, **options)
-    args = strategy.role_config(0, 1)
-    return args.to_dict() if hasattr(args, "to_dict") else dict(args)
+    return strategy, role_args(strategy, 0, 1)
 
 
 @pytest.mark.parametrize("method", sorted(STRATEGIES))
-def test_the_options_and_the_role_arguments_agree(method):
-    role_args = ROLE_ARGS[STRATEGIES[method].traits.role]
-    assert role_disagreements(method, sent_role_args(method), role_args) == []
+def test_the_message_carries_the_options_its_client_reads(method):
+    """Round 1's role arguments hold the method's value of every option its role declares (a
+    resolved null aside: FedCMD's candidates, KAPC's omega_min) and travel whole."""
+    strategy, args = built_role_args(method)
+    options = strategy.options.to_dict()
+    resolved = set(strategy.role_config(0, 1))
+    assert {n: getattr(args, n) for n in args.names() if n in options and n not in resolved} == {
+        n: options[n] for n in args.names() if n in options and n not in resolved
+    }
+    assert type(args).from_wire(args.wire(), strategy.traits.role) == args
 
 
-def role_second_declarations(role_args: dict[str, type]) -> list[str]:
-    """Role-argument fields that declare an option's default again: a field with a default of its
-    own, named like an option that every method using the role has (where some method has no such
-    option the default is the role's neutral value: ``SGDArgs.finetune_epochs`` 0 for FedPer)."""
-    found = []
-    for role, args in role_args.items():
-        users = [c for c in STRATEGIES.values() if c.traits.role == role]
-        for f in dataclasses.fields(args):
-            if users and has_default(f) and all(f.name in c.options_type.names() for c in users):
-                found.append(f"{args.__name__}.{f.name}")
-    return found
+def test_a_message_without_an_argument_or_with_an_unknown_one_is_refused_naming_it():
+    from pflower.protocol.roles import RoleArgsError
 
-
-def test_a_role_argument_that_carries_an_option_declares_no_default_of_its_own():
-    assert role_second_declarations(ROLE_ARGS) == []
-    MOON = ROLE_ARGS["moon"]
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class DefaultedMOON(MOON):  # the check itself: tau's default written again is named
-        tau: float = 0.5
-
-    assert role_second_declarations({"moon": DefaultedMOON}) == ["DefaultedMOON.tau"]
-
-
-def test_a_message_without_an_option_is_refused_naming_it():
-    from pflower.protocol.roles import RoleArgsError, role_args
-
+    MOONArgs = role_of("moon")
     with pytest.raises(RoleArgsError, match=r"role 'moon' got no \['tau'\]"):
-        role_args("moon", {"mu": 1.0})
-    assert role_args("sgd", {}).finetune_epochs == 0  # a neutral default stays
+        MOONArgs.from_wire({"mu": 1.0}, "moon")
+    with pytest.raises(RoleArgsError, match=r"role 'moon' got unknown argument\(s\) \['nu'\]"):
+        MOONArgs.from_wire({"mu": 1.0, "tau": 0.5, "nu": 1}, "moon")
+    with pytest.raises(RoleArgsError, match=r"role 'moon': option tau must be > 0, got 0"):
+        MOONArgs.from_wire({"mu": 1.0, "tau": 0}, "moon")
 
 
-def test_a_role_argument_that_drifts_from_its_option_is_caught():
-    """The check itself: KAPC sending lam 0.5 while its option says 1.0 is named, and so is an
-    option whose type the role would refuse."""
-    sent = {**sent_role_args("kapc"), "lam": 0.5}
-    assert role_disagreements("kapc", sent, ROLE_ARGS["kapc"]) == ["lam: options 1.0, sent 0.5"]
+def test_a_sent_value_is_no_option():
+    """FedCMD's phase is checked like an option but neither listed, composed nor accepted."""
+    from pflower.strategies.fedcmd import FedCMDOptions
 
-    @dataclasses.dataclass(frozen=True)
-    class NarrowKAPCArgs(ROLE_ARGS["kapc"]):
-        lam: int = 1
-
-    assert "lam: options type <class 'float'> does not fit role args type <class 'int'>" in role_disagreements(
-        "kapc", sent_role_args("kapc"), NarrowKAPCArgs
-    )
+    assert "phase" not in FedCMDOptions.names() and "phase" not in FedCMDOptions.defaults()
+    with pytest.raises(OptionError, match=r"has no option\(s\) \['phase'\]"):
+        FedCMDOptions.build("fedcmd", {"phase": 1})
+    with pytest.raises(OptionError, match="option phase must be one of"):
+        role_of("fedcmd")(phase=3)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +196,7 @@ def test_methods_and_roles_register_by_subclassing():
     assert set(STRATEGIES) == set(declared_methods()) and {"fedavg", "kapc_bls", "velo", "fedhe"} <= set(STRATEGIES)
     assert all(cls.name == name for name, cls in STRATEGIES.items())
     assert {cls.traits.role for cls in STRATEGIES.values()} <= set(ROLES)
-    assert set(ROLES) == set(ROLE_ARGS) and all(ROLES[n].args_type is ROLE_ARGS[n] for n in ROLES)
+    assert all(issubclass(ROLES[n].args_type, RoleArgs) for n in ROLES)
     with pytest.raises(TypeError, match="method name 'fedavg' is taken"):
         type("Impostor", (PersonalizedStrategy,), {"name": "fedavg", "__module__": "pflower.strategies.impostor"})
 
@@ -205,7 +207,7 @@ def test_pflower_methods_prints_a_method_s_options_from_its_dataclass(capsys):
     assert main(["methods", "fedprox"]) == 0
     out = capsys.readouterr().out
     assert "fedprox: client role proximal" in out
-    assert "mu      float  1.0      >= 0" in out and "proximal weight" in out
+    assert re.search(r"\nmu +float +1\.0 +>= 0 +proximal weight", out), out
     assert main(["methods", "nosuch"]) == 2
 
 

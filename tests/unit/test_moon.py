@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from method_helpers import ctx, replied_keys, trained_states
+from method_helpers import ctx, replied_keys, role_args_of, trained_states
 from test_strategy_base import make, run, sent_keys
 
 from pflower.client_app.roles import build_role
@@ -34,7 +34,7 @@ def test_moon_persists_the_previous_local_model_between_rounds(client):
         torch.equal(a, b)
         for a, b in zip(previous_model(model, role_ctx).state_dict().values(), model.state_dict().values())
     )
-    metrics = build_role("moon", {"mu": 1.0, "tau": 0.5}).fit(model, data, args, role_ctx)
+    metrics = build_role("moon", role_args_of("moon", mu=1.0, tau=0.5)).fit(model, data, args, role_ctx)
     trained = {k: v.clone() for k, v in model.state_dict().items()}
     assert set(role_ctx.extra_state) == {MOON_PREFIX + k for k in trained} and math.isfinite(metrics["train_loss"])
     next_round = copy.deepcopy(model)

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pflower.protocol import ROLE_ARGS, RoleArgsError, SpecError, TaskSpec, role_args
-from pflower.protocol.roles import FedBabuArgs, ProximalArgs, SGDArgs
+from pflower.client_app.roles import ROLES, build_role
+from pflower.client_app.roles.base import SGDArgs
+from pflower.client_app.roles.fedbabu import FedBabuArgs
+from pflower.client_app.roles.proximal import ProximalArgs
+from pflower.protocol import OptionError, RoleArgs, RoleArgsError, SpecError, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = dict(run="r", seed=1, model={"name": "lenet5"}, data={"dataset": "digits"}, train={"epochs": 1})
@@ -37,23 +40,23 @@ def test_a_training_setting_the_client_does_not_know_is_refused_naming_the_updat
 
 
 def test_role_arguments_are_checked_where_they_are_built_and_where_they_are_read():
-    with pytest.raises(RoleArgsError, match="mu"):
+    with pytest.raises(OptionError, match="mu"):
         ProximalArgs(mu=-1)
-    with pytest.raises(RoleArgsError, match="finetune_part"):
+    with pytest.raises(OptionError, match="finetune_part"):
         FedBabuArgs(finetune_epochs=5, finetune_part="tail")
     with pytest.raises(RoleArgsError, match="unknown argument"):
-        role_args("proximal", {"mu": 1.0, "nu": 2.0})
-    with pytest.raises(RoleArgsError, match="unknown client role"):
-        role_args("nosuch", {})
-    assert role_args("proximal", ProximalArgs(mu=0.5).to_dict()) == ProximalArgs(mu=0.5)
-    assert issubclass(ROLE_ARGS["fedap"], SGDArgs)  # roles built on SGDRole may fine-tune before evaluating
+        build_role("proximal", {"mu": 1.0, "nu": 2.0, "finetune_epochs": 0})
+    with pytest.raises(RoleArgsError, match=r"role 'proximal': option mu must be >= 0"):
+        build_role("proximal", {"mu": -1.0, "finetune_epochs": 0})
+    with pytest.raises(ValueError, match="unknown client role"):
+        build_role("nosuch", {})
+    assert build_role("proximal", ProximalArgs(mu=0.5).wire()).args == ProximalArgs(mu=0.5)
+    assert issubclass(ROLES["fedap"].args_type, SGDArgs)  # roles built on SGDRole may fine-tune before evaluating
 
 
-def test_every_client_role_reads_the_protocols_arguments():
-    from pflower.client_app.roles import ROLES
-
-    assert set(ROLES) == set(ROLE_ARGS)
-    assert all(ROLES[name].args_type is ROLE_ARGS[name] for name in ROLES)
+def test_every_client_role_reads_arguments_declared_beside_it():
+    assert all(issubclass(role.args_type, RoleArgs) for role in ROLES.values())
+    assert all(role.args_type.__module__ == role.__module__ or role.args_type is SGDArgs for role in ROLES.values())
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
@@ -71,7 +74,7 @@ def test_every_strategy_sends_arguments_its_role_accepts(compose, tiny_overrides
         strategy = build(compose(*tiny_overrides, f"method={method}", *extra), run_token="t")
         for rnd in (1, 3):
             spec = strategy.task_spec(0, rnd, "train")
-            role_args(spec.role, spec.role_args)  # raises if the role would refuse them
+            build_role(spec.role, spec.role_args)  # raises if the role would refuse them
 
 
 def imports_of(path: Path) -> set[str]:
@@ -109,8 +112,6 @@ CLIENT_BENCHMARKS = {"benchmarks/batched_profile.py", "benchmarks/authors/felo_a
     "side, forbidden",
     [
         ("server_app", "client_app"),
-        ("strategies", "client_app"),
-        ("benchmarks", "client_app"),
         ("protocol", "client_app"),
         ("models", "client_app"),
         ("federated_data", "client_app"),
@@ -124,11 +125,26 @@ CLIENT_BENCHMARKS = {"benchmarks/batched_profile.py", "benchmarks/authors/felo_a
 )
 def test_the_server_never_imports_client_code_and_the_client_never_imports_strategies(side, forbidden):
     """Module-level and function-level imports alike; both sides share protocol/, models/ and
-    federated_data/ instead. The only exception: the simulation engines, which host both sides."""
+    federated_data/ instead. The exceptions: the simulation engines, which host both sides, and a
+    strategy reading its client role's arguments (below)."""
     bad = {
         str(p.relative_to(ROOT)): sorted(m for m in imports_of(p) if m == forbidden or m.startswith(forbidden + "."))
         for p in (ROOT / side).rglob("*.py")
         if str(p.relative_to(ROOT)) not in SIMULATION_HARNESS | CLIENT_BENCHMARKS
+    }
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_a_strategy_takes_from_the_client_side_only_its_roles_declarations():
+    """strategies/ and benchmarks/ may import client_app.roles (the role's arguments, where the
+    options its client reads are declared once, and the array names) and nothing else of it."""
+    bad = {
+        str(p.relative_to(ROOT)): sorted(
+            m for m in imports_of(p) if m.startswith("client_app") and not m.startswith("client_app.roles")
+        )
+        for side in ("strategies", "benchmarks")
+        for p in (ROOT / side).rglob("*.py")
+        if str(p.relative_to(ROOT)) not in CLIENT_BENCHMARKS
     }
     assert not {k: v for k, v in bad.items() if v}
 

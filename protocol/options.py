@@ -1,14 +1,18 @@
 """A method's options, declared once.
 
-Each method declares its options as one frozen dataclass beside its strategy (a subclass of
-:class:`MethodOptions`), every field made with :func:`option`: its default, type (the annotation),
-allowed values or range, and a line of documentation. Everything else reads that declaration:
-the strategy (``self.options``, built and checked before round 1), hydra's ``method=<name>``
-(``conf/method/<name>.yaml`` starts from the defaults registered by
-:func:`pflower.server_app.config.register_method_options` and names no option again), config
-validation (``pflower sim`` refuses a bad value before any run starts, naming the option),
-``pflower methods NAME`` and the docs' tables, and the client role's arguments (a field that
-carries an option has no default of its own: the strategy always sends it).
+Each option is one field made with :func:`option`: its default, type (the annotation), allowed
+values or range, and a line of documentation. An option the client reads is declared in its
+role's arguments (a :class:`pflower.protocol.roles.RoleArgs` beside the role, in
+``client_app/roles/``); the method's options dataclass beside its strategy extends that class
+with the options only the server reads. Everything else reads that declaration: the strategy
+(``self.options``, built and checked before round 1), the client role (``self.args``, the same
+fields decoded from the message), hydra's ``method=<name>`` (``conf/method/<name>.yaml`` starts
+from the defaults registered by :func:`pflower.server_app.config.register_method_options` and
+names no option again), config validation (``pflower sim`` refuses a bad value before any run
+starts, naming the option), ``pflower methods NAME`` and the docs' tables.
+
+A field made with :func:`sent` is not an option: its value is one the strategy computes for its
+client (FedCMD's phase, FedRep's head groups) and sends with the options.
 """
 
 from __future__ import annotations
@@ -56,6 +60,20 @@ def option(
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def sent(default: Any, doc: str, **bounds: Any) -> Any:
+    """A field of a role's arguments that is no user option: the strategy computes it (from the
+    model, the round or several options) and sends it. Checked like an option (``bounds``: those
+    of :func:`option`), never listed, composed or accepted as ``method.<name>=``."""
+    made = option(default, doc, **bounds)
+    made.metadata = types.MappingProxyType({**made.metadata, "sent": True})
+    return made
+
+
+def is_option(f: dataclasses.Field) -> bool:
+    """Whether a field is a user option (not a :func:`sent` value)."""
+    return not f.metadata.get("sent", False)
 
 
 def _accepts(tp: Any, value: Any) -> tuple[bool, Any]:
@@ -121,7 +139,7 @@ class MethodOptions:
     @classmethod
     def names(cls) -> list[str]:
         """The option names, in declaration order (what ``method.<name>=`` accepts)."""
-        return [f.name for f in fields(cls)]
+        return [f.name for f in fields(cls) if is_option(f)]
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -129,6 +147,7 @@ class MethodOptions:
         return {
             f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             for f in fields(cls)
+            if is_option(f)
         }
 
     @classmethod
@@ -153,8 +172,8 @@ class MethodOptions:
             ) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The values by name (the run's summary and log list them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The options' values by name (the run's summary and log list them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if is_option(f)}
 
     @classmethod
     def describe(cls) -> list[dict[str, str]]:
@@ -162,6 +181,8 @@ class MethodOptions:
         hints, defaults = cls.hints(), cls.defaults()
         rows = []
         for f in fields(cls):
+            if not is_option(f):
+                continue
             default = defaults[f.name]
             rows.append(
                 {

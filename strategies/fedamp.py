@@ -157,10 +157,6 @@ class FedAMP(PersonalizedStrategy):
             xi[r, o], xi[r, others] = row[0], row[1:]
         return dict(zip(client_ids, mixing_average(columns, xi, keys=keys)))
 
-    def cloud_model(self, client_id: int) -> dict[str, np.ndarray]:
-        """u_i = sum_j xi_ij w_j."""
-        return self.cloud_models([client_id])[client_id]
-
     @override
     def extra_downlinks(
         self, client_ids: Sequence[int], server_round: int, task: str = "train"

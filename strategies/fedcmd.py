@@ -28,7 +28,7 @@ from .base.phases import phase_rounds
 from .base.strategy import PersonalizedStrategy
 from .base.validation import ClientUpdate
 from .fedcmd_math import personal_layer_index, personalized_posts, round_winner
-from .shared.model_distance import gram_matrix
+from .shared.model_distance import copy_arrays, gram_matrix
 from .shared.similarity import EQ8_EPS, cosine_from_gram
 
 
@@ -75,9 +75,9 @@ class FedCMDState:
             "votes": [[r, c, v] for r in sorted(self.votes) for c, v in sorted(self.votes[r].items())],
             "round_winners": [[r, self.round_winners[r]] for r in sorted(self.round_winners)],
             "personal_layer": self.personal_layer,
-            "phi_init": _copy(self.phi_init),
-            "post_init": _copy(self.post_init),
-            "post_store": {str(c): _copy(a) for c, a in sorted(self.post_store.items())},
+            "phi_init": copy_arrays(self.phi_init),
+            "post_init": copy_arrays(self.post_init),
+            "post_store": {str(c): copy_arrays(a) for c, a in sorted(self.post_store.items())},
             "phi_seen": sorted(self.phi_seen),
         }
 
@@ -92,15 +92,11 @@ class FedCMDState:
             votes=votes,
             round_winners={int(r): str(w) for r, w in d.get("round_winners", [])},
             personal_layer=d.get("personal_layer"),
-            phi_init=_copy(d.get("phi_init", {})),
-            post_init=_copy(d.get("post_init", {})),
-            post_store={int(c): _copy(a) for c, a in d.get("post_store", {}).items()},
+            phi_init=copy_arrays(d.get("phi_init", {})),
+            post_init=copy_arrays(d.get("post_init", {})),
+            post_store={int(c): copy_arrays(a) for c, a in d.get("post_store", {}).items()},
             phi_seen={int(c) for c in d.get("phi_seen", [])},
         )
-
-
-def _copy(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {k: np.array(v, copy=True) for k, v in arrays.items()}
 
 
 @dataclass(frozen=True)
@@ -191,8 +187,8 @@ class FedCMD(PersonalizedStrategy):
             winners = [st.candidates.index(w) for w in st.winners_in_order()]
             layer = st.candidates[personal_layer_index(winners, st.total_client_votes(), len(st.candidates))]
         st.personal_layer = layer
-        st.phi_init = _copy({k: self.model.global_arrays[k] for k in self.model.keys([layer])})
-        st.post_init = _copy({k: self.model.global_arrays[k] for k in self.model.keys(self.post_groups())})
+        st.phi_init = copy_arrays({k: self.model.global_arrays[k] for k in self.model.keys([layer])})
+        st.post_init = copy_arrays({k: self.model.global_arrays[k] for k in self.model.keys(self.post_groups())})
         log(INFO, "FedCMD: personal layer l* = %s (round winners %s)", layer, st.winners_in_order())
 
     # ------------------------------------------------------------------ hooks

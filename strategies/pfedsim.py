@@ -132,10 +132,6 @@ class PFedSim(PersonalizedStrategy):
         bodies = [self.bodies.get(int(j), warm) for j in used]
         return dict(zip(client_ids, mixing_average(bodies, rows[:, used], keys=list(warm))))
 
-    def personal_body(self, client_id: int) -> dict[str, np.ndarray]:
-        """One client's body (:meth:`personal_bodies` for one client)."""
-        return self.personal_bodies([client_id])[client_id]
-
     @override
     def downlinks(self, client_ids: Sequence[int], server_round: int) -> dict[int, dict[str, np.ndarray]]:
         if not self.personalizing(server_round):  # the warm-up: the base's global values

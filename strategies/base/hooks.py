@@ -206,7 +206,3 @@ class MethodHooks:
         :meth:`personal_keys` (the base's, not a hook)."""
         stay = set(self.personal_keys(client_id, server_round))
         return [k for k in self.model.keys(groups, client_id) if k not in stay]
-
-    def downlink(self, client_id: int, server_round: int) -> dict[str, np.ndarray]:
-        """:meth:`downlinks` of one client (a convenience, not a hook)."""
-        return self.downlinks([client_id], server_round)[client_id]

@@ -67,35 +67,6 @@ from .validation import ClientUpdate, record_bytes
 # every method, by name: a strategy class defined in this package with its own ``name`` joins it
 METHODS: dict[str, type[PersonalizedStrategy]] = {}
 
-# names that moved: a subclass defining one of these would be silently ignored, so it is refused
-_RETIRED_HOOKS = {
-    "downlink": "override downlinks(client_ids, server_round) (a whole round at once)",
-    "extra_downlink": "override extra_downlinks(client_ids, server_round, task) (a whole round at once)",
-    "evaluate_extras": "override extra_downlinks(client_ids, server_round, task), which the evaluation calls too",
-    "uplink_groups": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
-    "uplink_sets": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
-    "extra_uplink": "override uplink(client_id, server_round) -> Uplink(groups, key_sets, extra)",
-    "absorb_relay": "return the absorbing function from relay(server_round)",
-    "attach_public_test": "override attach_public(images, labels)",
-    "extra_state": "list the attributes in traits.state (MethodTraits)",
-    "load_extra_state": "list the attributes in traits.state (MethodTraits)",
-    "checkpoint_exclude": "list what is state in traits.state; the rest is rebuilt from the config",
-    **{
-        name: f"declare it in traits = MethodTraits({name}=...)"
-        for name in (
-            "role",
-            "client_keeps",
-            "shared_buffers",
-            "heterogeneous",
-            "linear_head",
-            "needs_public_data",
-            "evaluates_on_public",
-            "clients_evaluate_on_public",
-            "diagnostic_panels",
-        )
-    },
-}
-
 
 class PersonalizedStrategy(MethodHooks, Strategy):
     """Base of every pflower method: FedAvg-shaped rounds with per-client messages (what a method
@@ -103,9 +74,6 @@ class PersonalizedStrategy(MethodHooks, Strategy):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for hook, instead in _RETIRED_HOOKS.items():
-            if hook in cls.__dict__:
-                raise TypeError(f"{cls.__name__} defines {hook}; {instead}")
         if not isinstance(cls.traits, MethodTraits):
             raise TypeError(f"{cls.__name__}.traits must be a MethodTraits, got {type(cls.traits).__name__}")
         if _passes_everything_on(cls.__init__):  # `help(FedCMD)` and an IDE show the real parameters

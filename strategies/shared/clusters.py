@@ -11,15 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from ..base.validation import ClientUpdate
 from .aggregation import fedavg
 from .model_distance import copy_arrays
 
 Arrays = Mapping[str, np.ndarray]
+
+
+class Update(Protocol):
+    """What clustered aggregation reads of a client's reply (the base's ``ClientUpdate`` is one)."""
+
+    @property
+    def client_id(self) -> int: ...
+    @property
+    def arrays(self) -> Arrays: ...
+    @property
+    def num_examples(self) -> int: ...
+
+
+U = TypeVar("U", bound=Update)
 
 
 @dataclass
@@ -63,10 +76,10 @@ class Clusters:
         """The index of the largest cluster (the first of equals)."""
         return max(range(len(self.members)), key=lambda c: (len(self.members[c]), -c))
 
-    def group(self, updates: Sequence[ClientUpdate]) -> dict[int, list[ClientUpdate]]:
+    def group(self, updates: Sequence[U]) -> dict[int, list[U]]:
         """The round's updates with arrays, by cluster index (client-id order inside; clients in no cluster left
         out)."""
-        out: dict[int, list[ClientUpdate]] = {}
+        out: dict[int, list[U]] = {}
         for u in sorted(updates, key=lambda u: u.client_id):
             c = self._index.get(u.client_id)
             if u.arrays and c is not None:
@@ -88,7 +101,7 @@ class Clusters:
         return cls([[int(c) for c in m] for m in state["members"]], [copy_arrays(m) for m in state["models"]])
 
 
-def cluster_fedavg(updates: Sequence[ClientUpdate], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+def cluster_fedavg(updates: Sequence[Update], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """FedAvg of one cluster's updates (over ``keys``, default all they hold)."""
     models = [u.arrays if keys is None else {k: u.arrays[k] for k in keys} for u in updates]
     return fedavg(models, [u.num_examples for u in updates])

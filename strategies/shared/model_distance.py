@@ -77,20 +77,6 @@ def spread(models: Sequence[Arrays], keys: Sequence[str]) -> float:
     return total
 
 
-def squared_distances(gram: np.ndarray) -> np.ndarray:
-    """||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij, clipped at 0 (rounding), with a zero diagonal."""
-    diag = np.diag(gram)
-    d = np.maximum(diag[:, None] + diag[None, :] - 2.0 * gram, 0.0)
-    np.fill_diagonal(d, 0.0)
-    return d
-
-
-def cosine_matrix(gram: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """cos(w_i, w_j) in [-1, 1] (not clipped at 0, unlike FedCMD's Eq. 8); a zero vector gives 0."""
-    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-    return np.clip(gram / (np.outer(norms, norms) + eps), -1.0, 1.0)
-
-
 def difference(a: Arrays, b: Arrays, keys: Sequence[str]) -> dict[str, np.ndarray]:
     """a - b over ``keys`` (float32 like the model tensors; FedDyn, CFL's updates)."""
     return {k: np.asarray(a[k], dtype=np.float32) - np.asarray(b[k], dtype=np.float32) for k in keys}
@@ -99,13 +85,3 @@ def difference(a: Arrays, b: Arrays, keys: Sequence[str]) -> dict[str, np.ndarra
 def copy_arrays(arrays: Arrays) -> dict[str, np.ndarray]:
     """Independent copies (for stores a strategy keeps and checkpoints)."""
     return {k: np.array(v, copy=True) for k, v in arrays.items()}
-
-
-def store_state(store: Mapping[int, Arrays]) -> dict[str, dict[str, np.ndarray]]:
-    """A per-client store (client id -> arrays) as plain checkpointable values (string keys, copies)."""
-    return {str(c): copy_arrays(a) for c, a in sorted(store.items())}
-
-
-def store_from_state(state: Mapping[str, Arrays]) -> dict[int, dict[str, np.ndarray]]:
-    """Inverse of :func:`store_state`."""
-    return {int(c): copy_arrays(a) for c, a in state.items()}

@@ -293,11 +293,3 @@ def test_evaluate_fn_is_called_every_round_and_its_metrics_join_the_record(compo
     strategy.start(InProcessGrid(4), num_rounds=2, evaluate_fn=evaluate_fn, on_round=records.append)
     assert [c[0] for c in calls] == [1, 2] and calls[0][1] == set(strategy.model.global_arrays)
     assert [r["server_acc"] for r in records] == [0.25, 0.5]
-
-
-# ----------------------------------------------------------------------------- hooks that moved
-def test_defining_a_retired_hook_is_an_error_at_class_creation():
-    with pytest.raises(TypeError, match="downlinks"):
-        type("Old", (FedAvg,), {"downlink": lambda self, client_id, server_round: {}})
-    with pytest.raises(TypeError, match="client_keeps"):
-        type("Bad", (FedAvg,), {"client_keeps": "everything"})

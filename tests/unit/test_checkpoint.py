@@ -458,7 +458,7 @@ def test_extra_state_is_plain_and_restores_the_server_state(compose, tiny_overri
         if method == "fedfomo":
             assert fresh.choose(cid) == strategy.choose(cid)
             continue
-        down, again = strategy.downlink(cid, 3), fresh.downlink(cid, 3)
+        down, again = strategy.downlinks([cid], 3)[cid], fresh.downlinks([cid], 3)[cid]
         extra_down, extra_again = strategy.extra_downlinks([cid], 3)[cid], fresh.extra_downlinks([cid], 3)[cid]
         assert set(down) == set(again) and all(np.array_equal(down[k], again[k]) for k in down)
         assert set(extra_down) == set(extra_again) and all(

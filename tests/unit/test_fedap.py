@@ -33,7 +33,7 @@ def test_fedap_weights_and_model_momentum_on_hand_numbers(compose, tiny_override
         j: {k: np.full(strategy.model.template[k][0], v, np.float32) for k in keys}
         for j, v in ((0, 6.0), (1, 12.0), (2, 0.0))
     }
-    down = strategy.downlink(0, 1)  # 0.5 * own + 1/12 * theta_1 + 5/12 * theta_2 = 3 + 1 + 0
+    down = strategy.downlinks([0], 1)[0]  # 0.5 * own + 1/12 * theta_1 + 5/12 * theta_2 = 3 + 1 + 0
     assert set(down) == set(keys) and not set(down) & set(strategy.bn_keys)
     assert all(np.allclose(v, 4.0) for v in down.values())
     assert strategy.weights(3) == {3: 1.0}  # no statistics yet: its own (warm-up) model

@@ -191,10 +191,10 @@ def test_after_training_dataset_granularity_code_scores(compose, tiny_overrides)
 def test_phi_init_is_resent_until_a_phase2_reply_is_accepted(compose, tiny_overrides):
     strategy = make(compose, tiny_overrides, "method=fedcmd", "method.kp=0", "method.force_layer=fc2")
     fc2 = set(strategy.model.keys(["fc2"]))
-    assert fc2 <= set(strategy.downlink(1, 1))
+    assert fc2 <= set(strategy.downlinks([1], 1)[1])
     upd = ClientUpdate(0, 0, {k: v.copy() for k, v in strategy.model.global_arrays.items()}, 10, {})
     strategy.aggregate(1, [upd])  # client 1 crashed; client 0 replied
-    assert fc2 <= set(strategy.downlink(1, 2)) and not fc2 & set(strategy.downlink(0, 2))
+    assert fc2 <= set(strategy.downlinks([1], 2)[1]) and not fc2 & set(strategy.downlinks([0], 2)[0])
 
 
 def test_state_is_enough_to_resume(compose, tiny_overrides):
@@ -204,7 +204,7 @@ def test_state_is_enough_to_resume(compose, tiny_overrides):
     fresh.state = FedCMDState.from_dict(strategy.state.to_dict())
     fresh.model.global_arrays = {k: v.copy() for k, v in strategy.model.global_arrays.items()}
     for cid in range(4):
-        a, b = strategy.downlink(cid, 4), fresh.downlink(cid, 4)
+        a, b = strategy.downlinks([cid], 4)[cid], fresh.downlinks([cid], 4)[cid]
         assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
         assert strategy.role_config(cid, 4) == fresh.role_config(cid, 4)
 

@@ -50,4 +50,4 @@ def test_fedprox_sends_mu_to_the_proximal_role(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedprox", "method.mu=0.01")
     spec = strategy.task_spec(0, 1, "train").to_json()
     assert '"role": "proximal"' in spec and '"mu": 0.01' in spec
-    assert set(strategy.downlink(0, 1)) == set(strategy.model.global_arrays)
+    assert set(strategy.downlinks([0], 1)[0]) == set(strategy.model.global_arrays)

@@ -50,9 +50,7 @@ def check_client_spec(spec: Any) -> None:
 RENAMED = {"fraction": "fraction_train", "min_clients": "min_train_nodes", "min_available": "min_available_nodes"}
 #: Flower FedAvg keywords pflower's methods do not take -> why
 NOT_TAKEN = {
-    "fraction_evaluate": "pflower's methods evaluate every client they train, before and after its local "
-    "training, and every client after the last round",
-    "min_evaluate_nodes": "pflower's methods evaluate the clients they train (min_train_nodes) and, at the end, all",
+    "min_evaluate_nodes": "pflower's per-round evaluation draws fraction_evaluate of the known clients (at least one)",
     "weighted_by_key": "pflower's methods weigh replies by their num-examples, as the message contract says",
     "arrayrecord_key": "pflower's messages name their records themselves (the message contract)",
     "configrecord_key": "pflower's messages name their records themselves (the message contract)",
@@ -144,7 +142,11 @@ def for_run(
     return out
 
 
-def agrees_with_spec(record: Mapping[str, Any], train: Mapping[str, Any]) -> bool:
-    """Whether Flower's ``train_config`` only repeats the client spec's training settings (every
-    key one of ``lr``, ``local-epochs``, ``batch-size``, with the client spec's value)."""
-    return all(key in TRAIN_CONFIG_KEYS and train.get(TRAIN_CONFIG_KEYS[key]) == value for key, value in record.items())
+def disagreements_with_spec(record: Mapping[str, Any], train: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of Flower's ``train_config`` that name a training setting of the client spec
+    (``lr``, ``local-epochs``, ``batch-size``) with another value; any other key is the config's own."""
+    return {
+        key: value
+        for key, value in record.items()
+        if key in TRAIN_CONFIG_KEYS and train.get(TRAIN_CONFIG_KEYS[key]) != value
+    }

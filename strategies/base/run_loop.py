@@ -42,10 +42,14 @@ class RoundRunner(Protocol):
     def discover(self, grid: Grid, wait_for: int | None = None, timeout: float | None = None) -> None: ...
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
     def relay(self, server_round: int) -> Absorb | None: ...
-    def relay_train(self, server_round: int, grid: Grid, absorb: Absorb) -> Generator[Message, list[Message], None]: ...
+    def relay_train(
+        self, server_round: int, grid: Grid, absorb: Absorb, config: ConfigRecord
+    ) -> Generator[Message, list[Message], None]: ...
     def aggregate_train(self, server_round: int, replies: Any) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any: ...
     def aggregate_evaluate(self, server_round: int, replies: Any) -> MetricRecord | None: ...
+    def configure_final_evaluation(self, server_round: int, grid: Grid) -> Any: ...
+    def aggregate_final_evaluation(self, server_round: int, replies: Any) -> MetricRecord | None: ...
     def global_record(self) -> ArrayRecord: ...
 
 
@@ -93,6 +97,8 @@ def run_rounds(
     timeout: float,
     evaluate_fn: EvaluateFn | None,
     on_round: RoundCallback | None,
+    train_config: Mapping[str, Any] | None = None,
+    evaluate_config: Mapping[str, Any] | None = None,
 ) -> Result:
     """What :meth:`PersonalizedStrategy.start` does (see there)."""
     s = strategy
@@ -107,6 +113,8 @@ def run_rounds(
     s.timing.begin(timeout, s.run.history)
     if initial_arrays is not None and first == 1:
         s.model.set_initial(initial_arrays)
+    arrays = s.global_record()  # Flower's loop carries the global model from round to round
+    train_config, evaluate_config = ConfigRecord(dict(train_config or {})), ConfigRecord(dict(evaluate_config or {}))
     started = time.perf_counter()
     s.discover(grid)
     lost = []
@@ -118,10 +126,11 @@ def run_rounds(
         t0 = time.perf_counter()
         absorb = s.relay(rnd)
         if absorb is not None:
-            replies = relay_round(grid, s.relay_train(rnd, grid, absorb), timeout)
+            replies = relay_round(grid, s.relay_train(rnd, grid, absorb, train_config), timeout)
         else:
-            replies = send_and_receive(grid, s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid), timeout)
-        arrays, metrics = s.aggregate_train(rnd, replies)
+            replies = send_and_receive(grid, s.configure_train(rnd, arrays, train_config, grid), timeout)
+        aggregated, metrics = s.aggregate_train(rnd, replies)
+        arrays = aggregated if aggregated is not None else arrays
         record = s.run.history[-1]
         late = late_replies(grid).take()  # replies to earlier rounds that came during this one
         if late:
@@ -133,17 +142,23 @@ def run_rounds(
             if server is not None:
                 record.update({f"server_{k}": float(v) for k, v in server.items()})
                 result.evaluate_metrics_serverapp[rnd] = server
+        evaluation = s.configure_evaluate(rnd, arrays, evaluate_config, grid)  # none at fraction_evaluate=0
+        if evaluation:
+            evaluated = s.aggregate_evaluate(rnd, send_and_receive(grid, evaluation, timeout))
+            if evaluated is not None:
+                record.update(dict(evaluated))
+                result.evaluate_metrics_clientapp[rnd] = evaluated
         record["round_time_s"] = time.perf_counter() - t0
         record["run_elapsed_s"] = s.timing.elapsed_before + (time.perf_counter() - started)
-        result.arrays = arrays
+        result.arrays = aggregated
         if metrics is not None:
             result.train_metrics_clientapp[rnd] = metrics
         log(INFO, "%s", format_round(record, num_rounds))
         if on_round is not None:
             on_round(record)
     if s.final_eval:
-        replies = send_and_receive(grid, s.configure_evaluate(num_rounds, ArrayRecord(), ConfigRecord(), grid), timeout)
-        final = s.aggregate_evaluate(num_rounds, replies)
+        replies = send_and_receive(grid, s.configure_final_evaluation(num_rounds, grid), timeout)
+        final = s.aggregate_final_evaluation(num_rounds, replies)
         if final is not None:
             result.evaluate_metrics_clientapp[num_rounds] = final
             log(INFO, "final evaluation over %d clients: acc %.4f", int(final["final_clients"]), final["final_acc"])

@@ -50,7 +50,7 @@ from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 from .architectures import Architectures, check_linear_head
 from .checkpoint import CheckpointError
 from .client_directory import ClientDirectory
-from .client_spec import SetupError, agrees_with_spec, check_client_spec, check_flower_keywords
+from .client_spec import SetupError, check_client_spec, check_flower_keywords, disagreements_with_spec
 from .clients import Clients
 from .evaluation import client_time_totals, final_evaluation, per_client_accuracy, weighted_test_metrics
 from .hooks import Absorb, MethodHooks, MethodTraits
@@ -99,6 +99,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         seed: int = 42,
         final_eval: bool = True,
         discover_timeout: float = 300.0,
+        fraction_evaluate: float = 0.0,
         **options: Any,
     ) -> None:
         """``fraction_train``, ``min_train_nodes`` and ``min_available_nodes`` are Flower's FedAvg
@@ -107,7 +108,10 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         the method's (``options_type``), checked here, before round 1; the method reads them as
         ``self.options``. A keyword of Flower's FedAvg that pflower's methods do not take is
         refused in one line saying why (:func:`check_flower_keywords`). ``num_clients``: omitted, as
-        Flower's strategies do, it is the number of nodes connected when ``start()`` is called."""
+        Flower's strategies do, it is the number of nodes connected when ``start()`` is called.
+        ``fraction_evaluate``: Flower's too, the share of the known clients evaluated after every
+        round (:meth:`configure_evaluate`); pflower's default is 0, not Flower's 1, because its
+        ``test_before``/``test_after`` protocol already evaluates every client a round trains."""
         check_flower_keywords(options)
         # what start() needs to build the strategy again with what only the run knows (the grid's
         # node count, the run's rounds as total_rounds): see _take_from_start
@@ -122,6 +126,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
                 "seed": seed,
                 "final_eval": final_eval,
                 "discover_timeout": discover_timeout,
+                "fraction_evaluate": fraction_evaluate,
             },
             dict(options),
             num_clients is None,
@@ -130,6 +135,9 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.options = self.options_type.build(self.name, _provisional_horizon(self.options_type, options))
         if not 0.0 < fraction_train <= 1.0:
             raise SetupError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise SetupError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        self.fraction_evaluate = fraction_evaluate
         check_client_spec(client_spec)
         spec = dict(client_spec)
         lr_schedule = LRSchedule.from_config(spec.pop("lr_schedule", None))
@@ -229,9 +237,11 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         message_type: str,
         down: Mapping[str, np.ndarray],
         extra: Mapping[str, np.ndarray],
+        config: Mapping[str, Any] | None = None,
     ) -> Message:
         """The message of ``task`` for ``client_id``: ``down`` (model tensors) and ``extra`` (method
-        tensors) with the task spec, entered in the round's :class:`RoundLedger`."""
+        tensors) with the task spec and ``config`` (Flower's train or evaluate config: keys of the
+        message contract win), entered in the round's :class:`RoundLedger`."""
         spec = self.task_spec(client_id, server_round, task)
         message, arrays, groups = task_message(
             spec,
@@ -243,7 +253,7 @@ class PersonalizedStrategy(MethodHooks, Strategy):
             down,
             extra,
             self.model.template_of(client_id),
-            plain=self.plain_config(client_id, server_round, spec),
+            plain={**(config or {}), **self.plain_config(client_id, server_round, spec)},
         )
         self.ledger.record(client_id, message, record_bytes(arrays), groups)
         return message
@@ -282,11 +292,19 @@ class PersonalizedStrategy(MethodHooks, Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The round's train messages, one per sampled client. ``config`` (``start()``'s
+        ``train_config``) goes into every message's config, as in Flower's FedAvg. ``arrays`` is
+        the global model as Flower's loop carries it (``initial_arrays``, then each round's
+        aggregate); where pflower differs: each client's arrays are built from the method's state
+        (:meth:`downlinks`: its shared groups' global values, a personalized mix, its cluster's
+        model), whose global part these arrays are, so they are not read again."""
         ids = self.round_clients(server_round, grid)
         down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round)
         # pop: each client's arrays are freed once its message holds them (peak: one round of messages)
         return [
-            self.build_message(cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid))
+            self.build_message(
+                cid, server_round, "train", MessageType.TRAIN, down.pop(cid), extra.pop(cid), dict(config or {})
+            )
             for cid in ids
         ]
 
@@ -306,13 +324,17 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         self.ledger.reset()
         self.ledger.bytes_down += self.clients.take_bytes_down()  # the method's own batch belongs to this round
 
-    def relay_train(self, server_round: int, grid: Grid, absorb: Absorb) -> Generator[Message, list[Message], None]:
+    def relay_train(
+        self, server_round: int, grid: Grid, absorb: Absorb, config: ConfigRecord | None = None
+    ) -> Generator[Message, list[Message], None]:
         """:meth:`configure_train` one client at a time: yields a message, is sent its replies,
         hands each valid reply to ``absorb`` (:meth:`relay`). Every message of the round is in
         the ledger, so :meth:`aggregate_train` collects the round's replies as for a batch."""
         for cid in self.round_clients(server_round, grid):
             down, extra = self.downlinks([cid], server_round), self.extra_downlinks([cid], server_round)
-            replies = yield self.build_message(cid, server_round, "train", MessageType.TRAIN, down[cid], extra[cid])
+            replies = yield self.build_message(
+                cid, server_round, "train", MessageType.TRAIN, down[cid], extra[cid], dict(config or {})
+            )
             expected = lambda c: self.expected_uploads(c, server_round)  # noqa: E731
             updates, _ = collect_batch(
                 server_round, replies, "train", self.ledger.only(cid), self.directory.clients, expected
@@ -388,17 +410,52 @@ class PersonalizedStrategy(MethodHooks, Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Final evaluation: every known client evaluates the model it would use now."""
+        """Flower's evaluation after a round: ``fraction_evaluate`` of the known clients (at least
+        one; none at 0, pflower's default), drawn from a stream of its own so the training sample
+        stream stays every method's, each evaluating the model it would use now; ``config``
+        (``start()``'s ``evaluate_config``) goes into every message. ``arrays`` as in
+        :meth:`configure_train`. pflower's own protocol (``test_before``/``test_after`` of every
+        trained client, every client after the last round) runs besides it."""
+        if self.fraction_evaluate <= 0.0:
+            return []
         self.open_batch(server_round, "evaluate", grid)
-        ids = sorted(self.clients)
-        down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round, "evaluate")
-        return [
-            self.build_message(cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), extra.pop(cid, {}))
-            for cid in ids
-        ]
+        known = sorted(self.clients)
+        if not known:
+            return []
+        k = max(1, int(round(self.fraction_evaluate * len(known))))
+        draw = np.random.default_rng([int(self.run.seed), int(server_round), 7919])
+        ids = sorted(int(c) for c in draw.choice(known, size=min(k, len(known)), replace=False))
+        return self.evaluate_messages(server_round, ids, dict(config or {}))
 
     @override
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """A round's evaluation replies: their accuracy and loss, sample-weighted (``evaluate_acc``,
+        ``evaluate_loss``, ``evaluate_clients``)."""
+        updates, _ = self.collect_replies(server_round, replies, "evaluate")
+        if not updates:
+            return None
+        numbers = final_evaluation([u.metrics for u in updates], lambda f: {}, False)
+        return MetricRecord({f"evaluate_{k.removeprefix('final_')}": v for k, v in numbers.items()})
+
+    def configure_final_evaluation(self, server_round: int, grid: Grid) -> list[Message]:
+        """The final evaluation (pflower's, after the last round): every known client evaluates the
+        model it would use now."""
+        self.open_batch(server_round, "evaluate", grid)
+        return self.evaluate_messages(server_round, sorted(self.clients), {})
+
+    def evaluate_messages(self, server_round: int, ids: Sequence[int], config: Mapping[str, Any]) -> list[Message]:
+        """One evaluate message per client of ``ids``: the model it would use now, and ``config``."""
+        down, extra = self.downlinks(ids, server_round), self.extra_downlinks(ids, server_round, "evaluate")
+        return [
+            self.build_message(
+                cid, server_round, "evaluate", MessageType.EVALUATE, down.pop(cid), extra.pop(cid, {}), config
+            )
+            for cid in ids
+        ]
+
+    def aggregate_final_evaluation(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The final evaluation's numbers (``final_acc``, per architecture, the global test set's),
+        kept for the summary with each client's accuracy."""
         updates, dropped = self.collect_replies(server_round, replies, "evaluate")
         if not updates:
             return None
@@ -480,23 +537,28 @@ class PersonalizedStrategy(MethodHooks, Strategy):
         A fresh strategy starts at round 1; one restored with :meth:`load_state_dict` goes on
         after its last round. ``evaluate_fn(round, arrays)`` (Flower's server-side evaluation)
         is called after each round with the default architecture's global arrays; its metrics
-        join the round's record with a ``server_`` prefix. ``on_round`` receives each round's
+        join the round's record with a ``server_`` prefix. ``train_config`` and ``evaluate_config``
+        go into every train and evaluate message's config (Flower's meaning; a training setting
+        ``client_spec`` holds must agree with it). With ``fraction_evaluate`` > 0, every round
+        ends with :meth:`configure_evaluate` / :meth:`aggregate_evaluate` (``evaluate_*`` keys in the
+        round's record). ``on_round`` receives each round's
         record as soon as it is aggregated, with the strategy's state complete for that round
         (the runner appends the record to metrics.jsonl, then writes the checkpoint, before the
         next round starts).
         """
         self._take_from_start(grid, num_rounds)
         self._started_with = frozenset(vars(self))
-        for name, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
-            # Flower's strategies send it to every client; pflower's spec already says it all, so
-            # only a train_config that repeats client_spec (Flower's quickstart passes its lr) is taken
-            if record and (name == "evaluate_config" or not agrees_with_spec(record, self.run.client_spec["train"])):
-                raise ValueError(
-                    f"{name}={dict(record)!r}: pflower's strategies configure the clients' training from "
-                    "client_spec (pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)) and "
-                    f"from the method's options, and send no {name}: move these settings there"
-                )
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn, on_round)
+        # as Flower's FedAvg does, every train (evaluate) message carries train_config (evaluate_config);
+        # a training setting of client_spec it names must agree with it: pflower's clients train from the spec
+        clashing = disagreements_with_spec(dict(train_config or {}), self.run.client_spec["train"])
+        if clashing:
+            raise ValueError(
+                f"train_config sets {clashing}, which client_spec sets otherwise: pflower's clients train from "
+                "client_spec (pflower.strategies.client_spec(lr=..., local_epochs=..., batch_size=...)); set them there"
+            )
+        return run_rounds(
+            self, grid, initial_arrays, num_rounds, timeout, evaluate_fn, on_round, train_config, evaluate_config
+        )
 
     def _take_from_start(self, grid: Grid, num_rounds: int) -> None:
         """Build the strategy again, before its first round, with what only ``start()`` knows and

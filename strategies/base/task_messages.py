@@ -112,7 +112,7 @@ def task_message(
         group_of(k.split("/", 1)[-1]) for k in extra if k.split("/", 1)[-1] in template
     }
     config = ConfigRecord(
-        {wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json(), **(plain or {})}
+        {**(plain or {}), wire.ROUND_KEY: server_round, wire.CLIENT_KEY: client_id, wire.SPEC_KEY: spec.to_json()}
     )
     content = RecordDict({wire.ARRAYS_RECORD: arrays, wire.CONFIG_RECORD: config})
     return Message(content=content, message_type=message_type, dst_node_id=node_id, ttl=ttl), arrays, groups

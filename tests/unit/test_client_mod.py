@@ -244,7 +244,7 @@ def test_initial_arrays_with_a_tensor_the_model_lacks_or_another_shape_are_refus
 
 def test_a_train_config_that_differs_from_the_client_spec_is_refused():
     strategy = FedAvg(Net(), client_spec(lr=0.05), num_clients=3)
-    with pytest.raises(ValueError, match="train_config=.*move these settings there"):
+    with pytest.raises(ValueError, match="train_config sets .*set them there"):
         strategy.start(grid=InProcessGrid(3), train_config=ConfigRecord({"lr": 0.1}))
 
 

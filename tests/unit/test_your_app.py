@@ -34,9 +34,9 @@ def test_a_strategy_takes_the_users_module_and_names_its_layer_groups():
     assert spec["train"]["lr"] == 0.05 and spec["train"]["epochs"] == 1 and len(spec["run"]) == 8
 
 
-def test_start_refuses_flowers_train_config_instead_of_dropping_it():
+def test_start_refuses_a_train_config_that_contradicts_the_client_spec_instead_of_dropping_it():
     strategy = FedPer(Net(), client_spec(), num_clients=2)
-    with pytest.raises(ValueError, match=r"train_config=\{'lr': 0.1\}: pflower's strategies configure"):
+    with pytest.raises(ValueError, match=r"train_config sets \{'lr': 0.1\}, which client_spec sets otherwise"):
         strategy.start(InProcessGrid(2), num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
 
 
@@ -156,7 +156,7 @@ def test_every_method_takes_the_arguments_a_flower_user_passes_to_fedavg(method)
         ({"fraction": 0.5}, r"fraction= is Flower's fraction_train= in pflower's strategies: pass fraction_train="),
         ({"min_clients": 2}, r"min_clients= is Flower's min_train_nodes="),
         ({"min_available": 2}, r"min_available= is Flower's min_available_nodes="),
-        ({"fraction_evaluate": 0.5}, r"fraction_evaluate= is not taken: pflower's methods evaluate every client"),
+        ({"min_evaluate_nodes": 2}, r"min_evaluate_nodes= is not taken: pflower's per-round evaluation draws"),
         ({"train_metrics_aggr_fn": len}, r"train_metrics_aggr_fn= is not taken: pflower aggregates"),
     ],
 )

@@ -21,7 +21,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-GROUPS = ("experiment", "method", "dataset", "model", "partition")
+# the config groups (group=choice), in the order `pflower sim --help` lists them
+GROUPS = ("method", "dataset", "model", "partition", "experiment")
 # keys a resumed run may set differently from the run it continues (output_dir is ignored: the
 # run directory is given); everything else comes from the run's saved config.yaml
 RESUME_FREE = ("resume", "rounds", "round_timeout", "checkpoint_every", "progress", "resume_force", "output_dir")
@@ -155,9 +156,6 @@ def leave_out_other_methods_options(cfg: DictConfig, overrides: Iterable[str]) -
         with open_dict(cfg):
             for k in foreign:
                 del cfg.method[k]
-
-
-GROUPS = ("method", "dataset", "model", "partition", "experiment")
 
 
 def group_choices(group: str) -> list[str]:

@@ -49,6 +49,27 @@ def option(
     """A field of a :class:`MethodOptions` dataclass: ``low``/``high`` are inclusive bounds,
     ``above``/``below`` strict ones; ``choices`` the allowed values (``None`` always allowed
     when the annotation admits it)."""
+    return _field(default, doc, choices=choices, low=low, high=high, above=above, below=below)
+
+
+def sent(default: Any, doc: str, **bounds: Any) -> Any:
+    """A field of a role's arguments that is no user option: the strategy computes it (from the
+    model, the round or several options) and sends it. Checked like an option (``bounds``: those
+    of :func:`option`), never listed, composed or accepted as ``method.<name>=``."""
+    return _field(default, doc, sent=True, **bounds)
+
+
+def _field(
+    default: Any,
+    doc: str,
+    *,
+    sent: bool = False,
+    choices: Sequence[Any] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+) -> Any:
     meta = {
         "doc": doc,
         "choices": tuple(choices) if choices is not None else None,
@@ -56,19 +77,11 @@ def option(
         "high": high,
         "above": above,
         "below": below,
+        "sent": sent,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def sent(default: Any, doc: str, **bounds: Any) -> Any:
-    """A field of a role's arguments that is no user option: the strategy computes it (from the
-    model, the round or several options) and sends it. Checked like an option (``bounds``: those
-    of :func:`option`), never listed, composed or accepted as ``method.<name>=``."""
-    made = option(default, doc, **bounds)
-    made.metadata = types.MappingProxyType({**made.metadata, "sent": True})
-    return made
 
 
 def is_option(f: dataclasses.Field) -> bool:

@@ -16,7 +16,8 @@ SMALL = ["num_clients=3", "rounds=2", "local_epochs=1", "fraction=1.0", "partiti
 NET = ["model=custom", "model.target=user_code:Net"]  # Flower's quickstart-pytorch model
 MOBILE = ["model=custom", "model.target=user_code:mobilenet", "+model.options.num_classes=10"]
 # MobileNetV2 on one thread without oneDNN (the suite's numerics) is slow to train: 90 digits (30 a
-# client) show each method runs on it as 300 did; its 8 tests took 166 s at 300, 48 s at 90
+# client) show each method runs on it as 300 did; its 8 tests took 166 s at 300 (inside the whole
+# suite on 2 workers) and 48 s at 90 (this file alone, one worker), two seed runs at nice 19 beside both
 MOBILE_DATA = ["dataset=custom", "dataset.options.target=user_code:load_digits32", "+dataset.options.size=90"]
 MOBILE_FELO = [*MOBILE, "model.groups={features:[features],hidden:[classifier.0],classifier:[classifier.3]}"]
 EXTRA = {"fedcmd": ["method.kp=1"], "fedcpmd": ["method.kp=1"], "fedtsdp": ["dataset.public=holdout"]}

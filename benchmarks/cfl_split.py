@@ -99,13 +99,13 @@ def run_cfl(root: Path, out: Path, overrides: Sequence[str] = ()) -> tuple[dict[
     """One CFL run on the federation under ``root``: its summary and its rounds."""
     import torch
 
-    from pflower.server_app.config import compose_config
     from pflower.server_app.results import read_metrics
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import run_experiment
 
     torch.set_num_threads(1)
-    cfg = compose_config([*SETUP, f"output_dir={out}", *overrides])
-    summary = run_experiment(grid_of(root, record=False, client_threads=1), cfg, check_partition=False)
+    plan = plan_run([*SETUP, f"output_dir={out}", *overrides])
+    summary = run_experiment(grid_of(root, record=False, client_threads=1), plan, check_partition=False)
     return summary, read_metrics(summary["run_dir"])
 
 

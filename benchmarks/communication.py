@@ -166,7 +166,7 @@ def counting_grid(num_nodes: int) -> Any:
 # ---------------------------------------------------------------------------- one method's run
 def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, Any]:
     """Run ``method`` on the in-process grid; return its message batches and round records."""
-    from pflower.server_app.config import compose_config
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import build, check_data
     from pflower.strategies import STRATEGIES, method_options
 
@@ -174,7 +174,7 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
     # FedTSDP's server holds public data: a hold-out of the pool (the bytes per message do not depend on it)
     public = ["dataset.public=holdout"] if STRATEGIES[method].traits.needs_public_data else []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose_config(
+        plan = plan_run(
             [
                 *WORKLOAD,
                 *public,
@@ -185,25 +185,25 @@ def run_method(method: str, overrides: Sequence[str], rounds: int) -> dict[str, 
                 *(f"method.{k}={v}" for k, v in args.items()),
             ]
         )
-        check_data(cfg)
-        strategy = build(cfg, run_token=f"comm-{method}")
-        grid = counting_grid(int(cfg.num_clients))
+        check_data(plan)
+        strategy = build(plan, run_token=f"comm-{method}")
+        grid = counting_grid(plan.run.num_clients)
         t0 = time.perf_counter()
-        strategy.start(grid, num_rounds=rounds, timeout=float(cfg.round_timeout))
+        strategy.start(grid, num_rounds=rounds, timeout=plan.run.round_timeout)
         seconds = time.perf_counter() - t0
     return {
         "method": method,
         "batches": grid.batches,
         "history": [dict(r) for r in strategy.run.history],
         "clients_per_round": strategy.run.sample_size(),
-        "num_clients": int(cfg.num_clients),
+        "num_clients": plan.run.num_clients,
         "seconds": seconds,
         "method_args": args,
         "group_keys": {g: list(strategy.model.schema().group_keys[g]) for g in strategy.model.groups},
         "model_params": int(sum(v.size for v in strategy.model.global_arrays.values())),
         "model_bytes": int(sum(v.nbytes for v in strategy.model.global_arrays.values())),
-        "model": f"{cfg.model.name} (fc_layers {cfg.model.get('fc_layers', '-')})",
-        "dataset": str(cfg.dataset.name),
+        "model": f"{plan.run.model} (fc_layers {next(iter(plan.archs.values())).get('fc_layers', '-')})",
+        "dataset": plan.run.dataset,
     }
 
 

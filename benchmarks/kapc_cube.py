@@ -105,14 +105,14 @@ def within_between(cube: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def run_variant(overrides: list[str], root: Path, out: Path) -> dict[str, Any]:
     import torch
 
-    from pflower.server_app.config import compose_config
     from pflower.server_app.results import read_metrics
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import run_experiment
 
     torch.set_num_threads(1)
-    cfg = compose_config([*SETUP, f"output_dir={out}", *overrides])
+    plan = plan_run([*SETUP, f"output_dir={out}", *overrides])
     t0 = time.perf_counter()
-    summary = run_experiment(two_group_grid(root, record=False, client_threads=1), cfg, check_partition=False)
+    summary = run_experiment(two_group_grid(root, record=False, client_threads=1), plan, check_partition=False)
     rounds = read_metrics(summary["run_dir"])
     row: dict[str, Any] = {
         "best mean acc": f"{100 * summary['best_mean_acc']:.1f}",

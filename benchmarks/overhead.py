@@ -46,37 +46,35 @@ WORKLOAD = ["experiment=fedcmd_fmnist", "method=fedavg", "final_eval=false"]
 
 def pflower_run(rounds: int, out: Path, extra: list[str]) -> dict[str, Any]:
     """One pflower simulation; returns wall time, per-round records and the final model."""
-    from pflower.server_app.config import compose_config
+    from pflower.server_app.run_plan import plan_run
     from pflower.simulation.simulate import simulate
     from pflower.strategies.base.checkpoint import load_checkpoint
 
-    cfg = compose_config([*WORKLOAD, f"rounds={rounds}", f"output_dir={out}", *extra])
+    plan = plan_run([*WORKLOAD, f"rounds={rounds}", f"output_dir={out}", *extra])
     t0 = time.perf_counter()
-    summary = simulate(cfg)
+    summary = simulate(plan)
     wall = time.perf_counter() - t0
     run_dir = Path(summary["run_dir"])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = load_checkpoint(run_dir).decode()["global_arrays"]
-    return {"cfg": cfg, "wall": wall, "records": records, "final": final}
+    return {"plan": plan, "wall": wall, "records": records, "final": final}
 
 
-def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, threads: int) -> dict[str, Any]:
+def floor_run(plan: Any, clients_per_round: list[list[int]], evaluate: bool, threads: int) -> dict[str, Any]:
     """The same FedAvg rounds as a plain loop: no messages, no processes, no files."""
-    from pflower.federated_data import DataSpec, load_client_data
+    from pflower.federated_data import load_client_data
     from pflower.models import build_model
-    from pflower.server_app.config import data_spec_dict
 
     torch.set_num_threads(threads)
-    spec = DataSpec.from_dict(data_spec_dict(cfg))
+    spec, seed, train = plan.data, plan.run.seed, plan.client_fields["train"]
     t_data = time.perf_counter()
     data = {cid: load_client_data(spec, cid) for r in clients_per_round for cid in r}
     t_data = time.perf_counter() - t_data
-    model_kwargs = {k: v for k, v in dict(cfg.model).items() if k != "name"}
-    global_model = build_model(
-        cfg.model.name, spec.info.in_shape, spec.info.num_classes, seed=int(cfg.seed), **model_kwargs
-    )
+    (model_spec,) = plan.archs.values()
+    model_kwargs = {k: v for k, v in model_spec.items() if k != "name"}
+    global_model = build_model(model_spec["name"], spec.info.in_shape, spec.info.num_classes, seed=seed, **model_kwargs)
     global_state = {k: v.clone() for k, v in global_model.state_dict().items()}
-    epochs, bs, lr = int(cfg.local_epochs), int(cfg.batch_size), float(cfg.lr)
+    epochs, bs, lr = int(train["epochs"]), int(train["batch_size"]), float(train["lr"])
     round_times = []
     for rnd, clients in enumerate(clients_per_round, start=1):
         t0 = time.perf_counter()
@@ -87,8 +85,8 @@ def floor_run(cfg: Any, clients_per_round: list[list[int]], evaluate: bool, thre
             model.load_state_dict(global_state)
             if evaluate:
                 _accuracy(model, d.x_test, d.y_test)
-            gen = torch.Generator().manual_seed(zlib.crc32(f"{cfg.seed}-{cid}-{rnd}".encode()))
-            torch.manual_seed(zlib.crc32(f"{cfg.seed}-{cid}-{rnd}".encode()))
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}-{cid}-{rnd}".encode()))
+            torch.manual_seed(zlib.crc32(f"{seed}-{cid}-{rnd}".encode()))
             opt = torch.optim.SGD(model.parameters(), lr=lr)
             model.train()
             n = len(d.y_train)
@@ -163,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             recs = run["records"]
             clients = [r["clients"] for r in recs]
             default_threads = torch.get_num_threads()
-            floor = floor_run(run["cfg"], clients, evaluate=False, threads=default_threads)
-            floor_eval = floor_run(run["cfg"], clients, evaluate=True, threads=default_threads)
-            floor_1 = floor_run(run["cfg"], clients, evaluate=False, threads=1) if args.single_thread_floor else None
+            floor = floor_run(run["plan"], clients, evaluate=False, threads=default_threads)
+            floor_eval = floor_run(run["plan"], clients, evaluate=True, threads=default_threads)
+            floor_1 = floor_run(run["plan"], clients, evaluate=False, threads=1) if args.single_thread_floor else None
             torch.set_num_threads(default_threads)
             p_round = statistics.median(r["round_time_s"] for r in recs[1:])
             f_round = statistics.median(floor["round_times"][1:])

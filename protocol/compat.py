@@ -1,4 +1,4 @@
-"""The one place pflower reaches into other libraries' internals: Flower's, hydra's and Ray's.
+"""The one place pflower reaches into other libraries' internals: Flower's and Ray's.
 
 Each name here is something pflower relies on that its library does not document as public API
 (Flower's public API is ``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp`` and
@@ -7,7 +7,7 @@ parameters pflower uses, so a release that moves or changes one fails there, by 
 deep inside a run. This is why ``pyproject.toml`` pins flwr to the release the suite passed on.
 
 The cheap imports are done here; the ones that cost (Flower's SuperLink state, its SuperExec,
-hydra's sweeper, Ray) are functions that import on first use.
+Ray) are functions that import on first use.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ __all__ = [
     "FLOWER_LOGGER",
     "ErrorCode",
     "TaskIdentity",
-    "basic_sweeper",
     "clientapp_runtime",
     "flwr_cli",
     "node_unavailable_reason",
@@ -176,14 +175,6 @@ def wire_measures() -> SimpleNamespace:
         get_object_tree=get_object_tree,
         no_object_id_recompute=no_object_id_recompute,
     )
-
-
-def basic_sweeper() -> Any:
-    """hydra's basic sweeper class, whose ``split_arguments(overrides, max_batch_size)`` expands a
-    multirun command line as ``pflower sim -m`` runs it (server_app.progress counts the runs)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    return BasicSweeper
 
 
 def ray_bootstrap_address(address: str) -> str:

@@ -148,7 +148,7 @@ def plan_jobs(
 def check_jobs(jobs: Sequence[Job]) -> None:
     """Every job that still has to run composes, validates and builds its strategy: refuse them all at once
     otherwise."""
-    from pflower.server_app.config import compose_config
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import check_strategy
 
     problems = []
@@ -156,7 +156,7 @@ def check_jobs(jobs: Sequence[Job]) -> None:
         if job.status() != "new":
             continue
         try:
-            check_strategy(compose_config(job.config()))
+            check_strategy(plan_run(job.config()))
         except ValueError as exc:  # ConfigError is one
             problems.append(f"  {job.protocol}/{job.entry}/seed{job.seed}: {exc}")
     if problems:
@@ -167,7 +167,7 @@ def check_jobs(jobs: Sequence[Job]) -> None:
 
 def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]]:
     """Run what is not done, one after another (each run in this process, its protocol's engine)."""
-    from pflower.server_app.config import compose_config
+    from pflower.server_app.run_plan import plan_run
     from pflower.simulation.simulate import simulate
 
     check_jobs(jobs)
@@ -182,7 +182,7 @@ def run_jobs(jobs: Sequence[Job], dry_run: bool = False) -> list[tuple[Job, str]
         print(f"[{i}/{len(jobs)}] {job.protocol} {job.entry} seed {job.seed}: {action}", flush=True)
         if not dry_run and state != "done":
             overrides = job.config() + ([f"resume={job.run_dir()}"] if state == "stopped" else [])
-            simulate(compose_config(overrides))
+            simulate(plan_run(overrides))
         done.append((job, action))
     return done
 

@@ -25,9 +25,9 @@ if str(ROOT) not in sys.path:  # runnable from a source checkout without install
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pflower.federated_data import DataSpec
     from pflower.federated_data.export import export_partitions
-    from pflower.server_app.config import ConfigError, compose_config, data_spec_dict
+    from pflower.server_app.config import ConfigError
+    from pflower.server_app.run_plan import plan_run
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory to write client_<id>/ directories into")
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="hydra overrides (num_clients=3 dataset=digits alpha=1.0 ...)")
     args = parser.parse_args(argv)
     try:
-        cfg = compose_config(args.overrides)
-        spec = DataSpec.from_dict(data_spec_dict(cfg))
+        spec = plan_run(args.overrides).data
         paths = export_partitions(spec, Path(args.out), args.clients)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,8 +12,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower.protocol.logs import quiet_flower_logs
 
-from .config import compose_config, overrides_from_run_config
+from .config import overrides_from_run_config
 from .failures import one_line_errors
+from .run_plan import plan_run
 from .runner import prepare_run, run_experiment
 from .superlink import check_superlink_checkout
 
@@ -25,7 +26,8 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Compose conf/ with the run-config, prepare the run (its strategy built once), then run it.
+    """Plan the run from the run-config (conf/ composed with it, as ``pflower sim`` plans),
+    prepare it (its strategy built once), then run it.
 
     A bad key or value, a checkpoint that cannot be resumed, or a federation that does not fit
     the config (e.g. 20 SuperNodes for num_clients=10) is one ``pflower:`` line in the run's log
@@ -34,8 +36,8 @@ def main(grid: Grid, context: Context) -> None:
     with one_line_errors():
         if Path(sys.argv[0]).name == "flwr-simulation":  # a local SuperLink's run: is it this checkout's?
             check_superlink_checkout(APP_DIR, Path.cwd())
-        cfg = compose_config(overrides_from_run_config(dict(context.run_config)))
-        prepared = prepare_run(cfg)  # resolved once into a plan, the strategy built once; a bad option: one line
+        plan = plan_run(overrides_from_run_config(dict(context.run_config)))
+        prepared = prepare_run(plan)  # the strategy built once; a bad option: one line
         output_dir = prepared.plan.run.output_dir
         if not Path(output_dir).expanduser().is_absolute():
             # the ServerApp runs in the SuperLink's working directory, not the one `flwr run` ran in

@@ -255,7 +255,7 @@ def sim_help() -> str:
     lines = [
         "usage: pflower sim [-m [--jobs N | --together]] [key=value ...] [group=choice ...]",
         "",
-        "  -m          a sweep: one run per combination of the comma-separated values",
+        "  -m          a sweep: one run per combination of the swept values (a,b; range(1,4); glob(fed*))",
         "  --jobs N    with -m: N runs at a time, each its own process (docs/scaling.md)",
         "  --together  with -m and backend=batched: the runs in one process, each round's training of",
         "              all of them as one computation (docs/scaling.md)",
@@ -323,6 +323,14 @@ def explain_override_error(exc: Exception, overrides: Iterable[str]) -> str:
         return (
             f"unknown key {full!r}: {hint}(the keys: docs/configuration.md and conf/config.yaml; "
             "a method's options: `pflower methods <name>`)"
+        )
+    ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        given = ambiguous.group(1)
+        key = given.split("=", 1)[0]
+        return (
+            f"{given}: a comma-separated value sweeps; add -m for one run per value (pflower sim -m {given}), "
+            f"or write {key}=[a,b] for a list"
         )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"bad configuration override: {first}"
@@ -412,6 +420,11 @@ def load_saved_config(run_dir: Path) -> DictConfig:
     if not isinstance(saved, DictConfig) or "method" not in saved:
         raise ConfigError(f"cannot resume: {path} is not a pflower config")
     return saved
+
+
+def differs_from_saved(record: str, run_dir: Path) -> list[tuple[str, Any, Any]]:
+    """:func:`config_diff` of a plan's composed config (its YAML ``record``) and the run's saved one."""
+    return config_diff(OmegaConf.create(record), load_saved_config(run_dir))
 
 
 def config_diff(a: DictConfig, b: DictConfig) -> list[tuple[str, Any, Any]]:
@@ -761,26 +774,6 @@ def data_spec_dict(cfg: DictConfig) -> dict[str, Any]:
         "subsample": float(ds.get("subsample", 1.0)),
         "seed": int(cfg.seed),
     }
-
-
-def client_spec(
-    cfg: DictConfig,
-    run_token: str,
-    client_state_dir: str | None = None,
-    server_store_dir: str | None = None,
-    *,
-    data: dict[str, Any] | None = None,
-    models: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Everything a client needs, sent in every message's config (a SuperNode knows only its id).
-
-    ``client_state_dir`` is where clients without a node ``state-dir`` persist their personal
-    tensors (simulation only: the path is the server's). ``data`` and ``models``: the data spec
-    fields and model entries when already resolved (a :class:`server_app.run_plan.RunPlan`).
-    """
-    from pflower.strategies.base.client_spec import for_run
-
-    return for_run(client_spec_fields(cfg, data=data, models=models), run_token, client_state_dir, server_store_dir)
 
 
 def client_spec_fields(

@@ -20,8 +20,7 @@ of very different cost is estimated from the costs met up to now).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 Clock = Callable[[], float]
 
@@ -70,11 +69,11 @@ def bar(fraction: float, width: int = 20) -> str:
 
 
 class Sweep:
-    """Position and timing of the runs of one sweep (hydra multirun), in this process.
+    """Position and timing of the runs of one sweep (``pflower sim -m``), in this process.
 
     ``total`` is the number of runs when known (None otherwise), ``swept`` the keys that vary
     (they label each run); ``start_job`` and ``end_job`` bracket each run (``index`` is
-    hydra's 0-based job number).
+    the run's 0-based place in the sweep).
     """
 
     def __init__(self, total: int | None = None, swept: Sequence[str] = (), clock: Clock = time.monotonic) -> None:
@@ -153,25 +152,6 @@ class RunProgress:
         else:
             parts.append(f"sweep {sweep_elapsed}")
         return " | ".join(parts)
-
-
-def parse_sweep(args: Sequence[str], params: Mapping[str, Any] | None = None) -> tuple[int | None, list[str]]:
-    """(number of runs, swept keys) of a hydra multirun command line, as the basic sweeper
-    expands it: ``hydra.sweeper.params`` then the command line's overrides. (None, [])
-    when it cannot be told here (e.g. ``glob(...)``, which needs hydra's config loader)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from pflower.protocol.compat import basic_sweeper
-
-    lines = [f"{k}={v}" for k, v in (params or {}).items()]
-    lines += [a for a in args if "=" in a and not a.startswith("-")]
-    try:
-        overrides = [o for o in OverridesParser.create().parse_overrides(lines) if not o.is_hydra_override()]
-        batches = basic_sweeper().split_arguments(overrides, None)
-    except Exception:  # hydra raises several types; the size is only for display
-        return None, []
-    swept = [o.get_key_element() for o in overrides if o.is_sweep_override()]
-    return sum(len(b) for b in batches), swept
 
 
 def job_label(task_overrides: Sequence[str], swept: Sequence[str]) -> str:

@@ -1,15 +1,19 @@
 """A run's config resolved once into the typed pieces the runner's steps read.
 
-The composed config (a hydra ``DictConfig``) is resolved here a single time per run: the run's
-own settings (rounds, clients, timeouts, output), the engine's, the data specification every
-client is sent and the server partitions, the architectures and who runs which, and the method's
-options. The runner passes this object from step to step, and the engines and the ServerApp take
-it; nothing after this reads the ``DictConfig``: the plan keeps only its YAML text (``record``),
-the run's ``config.yaml`` and what a resume compares with the saved one.
+:func:`plan_run` is the one way from overrides to a run: ``pflower sim`` (each run of a sweep),
+``pflower run``'s pre-check, the ServerApp of `flwr run`, the leaderboard and the benchmarks call
+it. It composes conf/ with the overrides (hydra; a resume takes the run's saved config.yaml),
+validates the result and resolves it a single time into this plan: the run's own settings
+(rounds, clients, timeouts, output), the engine's, the data specification every client is sent
+and the server partitions, the architectures and who runs which, and the method's options. The
+runner, the engines and the ServerApp take the plan; nothing after this reads the composed
+config: the plan keeps only its YAML text (``record``), the run's ``config.yaml`` and what a
+resume compares with the saved one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +22,23 @@ from omegaconf import DictConfig, OmegaConf
 from pflower.federated_data import DataSpec
 from pflower.strategies.base.client_spec import for_run
 
-from .config import MIXED, client_spec_fields, data_spec_dict, method_args, model_archs, model_entries, model_spec
+from .config import (
+    MIXED,
+    client_spec_fields,
+    compose_config,
+    data_spec_dict,
+    method_args,
+    model_archs,
+    model_entries,
+    model_spec,
+)
+
+
+def plan_run(overrides: Sequence[str] = ()) -> RunPlan:
+    """The validated plan of one run from its overrides (``method=fedper``, ``rounds=30``,
+    ``resume=<run dir>``...): the only function that turns overrides into a run; a bad key or value
+    is a :class:`server_app.config.ConfigError` naming it and the fix."""
+    return RunPlan.of(compose_config(list(overrides)))
 
 
 @dataclass(frozen=True)
@@ -118,10 +138,8 @@ class RunPlan:
     client_fields: dict[str, Any]  # the client spec but the run's token and folders (config.client_spec_fields)
 
     @classmethod
-    def of(cls, cfg: DictConfig | RunPlan) -> RunPlan:
-        """The plan of ``cfg`` (a plan is returned as it is)."""
-        if isinstance(cfg, RunPlan):
-            return cfg
+    def of(cls, cfg: DictConfig) -> RunPlan:
+        """The plan of a composed, validated config (:func:`plan_run` composes and calls this)."""
         fields = data_spec_dict(cfg)
         archs, assign = model_archs(cfg)
         models = model_entries(cfg, (archs, assign))

@@ -16,7 +16,6 @@ from typing import Any
 
 from flwr.common import log
 from flwr.serverapp import Grid
-from omegaconf import DictConfig, OmegaConf
 
 from pflower.federated_data import data_origin, load_public_data, partition_sizes
 from pflower.federated_data.partition import PartitionError
@@ -27,7 +26,7 @@ from pflower.strategies.base.evaluation import summarize
 from pflower.strategies.base.replies import ClientsFailed
 from pflower.strategies.base.round_log import format_value
 
-from .config import ConfigError, config_diff, load_saved_config
+from .config import ConfigError, differs_from_saved
 from .failures import discard_unstarted_run
 from .interrupt import RunInterrupted, checkpointed_round
 from .progress import RunProgress, Sweep
@@ -36,10 +35,10 @@ from .results import RunWriter, atomic_write, jsonable, make_run_dir
 from .run_plan import RunPlan
 
 
-def check_data(cfg: DictConfig | RunPlan) -> list[int]:
+def check_data(plan: RunPlan) -> list[int]:
     """Build the partition once on the server (simulation shares the data): fail before round 1."""
     try:
-        return partition_sizes(RunPlan.of(cfg).data)
+        return partition_sizes(plan.data)
     except (PartitionError, FileNotFoundError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -55,9 +54,8 @@ def client_state_dir(value: str | None, run_dir: Path | None) -> str | None:
     return str(Path(str(value)).expanduser().resolve())
 
 
-def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet]:
+def build_models(plan: RunPlan) -> LayeredNet | dict[str, LayeredNet]:
     """The run's initial model (seeded), or one per architecture of a mixed federation."""
-    plan = RunPlan.of(cfg)
     info, seed = plan.data.info, plan.run.seed
     models = {
         arch: build_model(
@@ -68,8 +66,9 @@ def build_models(cfg: DictConfig | RunPlan) -> LayeredNet | dict[str, LayeredNet
     return models if plan.mixed else next(iter(models.values()))
 
 
-def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
-    plan = RunPlan.of(cfg)
+def build(plan: RunPlan, run_token: str, run_dir: Path | None = None) -> PersonalizedStrategy:
+    """The run's strategy, its models built and its public data attached (``run_dir``: where its
+    client state and server store go; None for a check that runs nothing)."""
     run = plan.run
     spec = plan.client_spec(
         run_token,
@@ -100,9 +99,8 @@ def build(cfg: DictConfig | RunPlan, run_token: str, run_dir: Path | None = None
     return strategy
 
 
-def public_images(cfg: DictConfig | RunPlan) -> Any:
+def public_images(plan: RunPlan) -> Any:
     """The server's public unlabelled images (FedTSDP): the ``dataset.public`` split, labels dropped."""
-    plan = RunPlan.of(cfg)
     if plan.data.public == "none" or plan.data.info.node_local:
         raise ConfigError(
             f"method {plan.method!r} needs public unlabelled data on the server: set dataset.public=holdout "
@@ -112,12 +110,12 @@ def public_images(cfg: DictConfig | RunPlan) -> Any:
     return load_public_data(plan.data)[0]
 
 
-def check_strategy(cfg: DictConfig | RunPlan) -> None:
-    """Build a strategy for ``cfg`` and drop it: the pre-check of many runs at once (a sweep, the
+def check_strategy(plan: RunPlan) -> None:
+    """Build a strategy for ``plan`` and drop it: the pre-check of many runs at once (a sweep, the
     leaderboard's plan), before any of them starts. A single run is checked by :func:`prepare_run`,
     which builds its strategy once and keeps it."""
     try:
-        build(RunPlan.of(cfg), run_token="check")
+        build(plan, run_token="check")
     except ConfigError:
         raise
     except ValueError as exc:
@@ -146,11 +144,10 @@ class PreparedRun:
             discard_unstarted_run(self.run_dir, made_root=self.made_root and quiet, quiet=quiet)
 
 
-def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> PreparedRun:
-    """Resolve ``cfg``, check the checkpoint it resumes and its data partition, make its run
-    directory and build its strategy: a method option that cannot work (FedCMD's ``kp >= rounds``...)
-    is one line (ConfigError) and leaves no run directory behind."""
-    plan = RunPlan.of(cfg)  # the config resolved once; every step below reads it
+def prepare_run(plan: RunPlan, check_partition: bool = True) -> PreparedRun:
+    """Check the checkpoint ``plan`` resumes and its data partition, make its run directory and
+    build its strategy: a method option that cannot work (FedCMD's ``kp >= rounds``...) is one line
+    (ConfigError) and leaves no run directory behind."""
     checkpoint = resumable(plan) if plan.run.resume else None
     if check_partition:
         check_data(plan)
@@ -172,14 +169,14 @@ def prepare_run(cfg: DictConfig | RunPlan, check_partition: bool = True) -> Prep
 
 
 def run_experiment(
-    grid: Grid, cfg: DictConfig | PreparedRun, check_partition: bool = True, sweep: Sweep | None = None
+    grid: Grid, run: RunPlan | PreparedRun, check_partition: bool = True, sweep: Sweep | None = None
 ) -> dict[str, Any]:
-    """Run ``cfg`` (or a run :func:`prepare_run` made ready) on ``grid``; returns the summary (also
-    written to the run directory).
+    """Run the plan ``run`` (or a run :func:`prepare_run` made ready) on ``grid``; returns the
+    summary (also written to the run directory).
 
     ``sweep``: the run's place in a ``pflower sim -m`` sweep, for the progress lines.
     """
-    prepared = cfg if isinstance(cfg, PreparedRun) else prepare_run(cfg, check_partition)
+    prepared = run if isinstance(run, PreparedRun) else prepare_run(run, check_partition)
     try:
         return _run_in(prepared, grid, sweep)
     except KeyboardInterrupt as exc:  # Ctrl-C: the checkpoint stays; the command says how to go on
@@ -266,13 +263,12 @@ def _run_in(prepared: PreparedRun, grid: Grid, sweep: Sweep | None) -> dict[str,
     return summary
 
 
-def data_record(cfg: DictConfig | RunPlan, strategy: PersonalizedStrategy) -> dict[str, Any]:
+def data_record(plan: RunPlan, strategy: PersonalizedStrategy) -> dict[str, Any]:
     """The summary's partition, alpha (and for node-held data, where it came from).
 
     With ``dataset=local`` the config's partition keys say nothing about the data: each node
     reports its directory's meta.json at discovery, and the run records what they report (the
     partition the directories were exported from, if they all agree)."""
-    plan = RunPlan.of(cfg)
     if not plan.data.info.node_local:
         return {
             "partition": plan.run.partition,
@@ -323,11 +319,11 @@ def resumable(plan: RunPlan) -> Checkpoint:
     run unchanged (its record against the run's config.yaml)."""
     run_dir = Path(str(plan.run.resume)).expanduser().resolve()
     checkpoint = load_checkpoint(run_dir)
-    diff = config_diff(OmegaConf.create(plan.record), load_saved_config(run_dir))
+    diff = differs_from_saved(plan.record, run_dir)
     if diff:
         raise ConfigError(
             f"resume={run_dir}: the config differs from the run's config.yaml in {[d[0] for d in diff][:8]}; "
-            "compose it with server_app.config.compose_config([..., 'resume=<dir>']), which takes the saved one"
+            "plan it with server_app.run_plan.plan_run([..., 'resume=<dir>']), which takes the saved one"
         )
     if checkpoint.method != plan.method:
         raise CheckpointError(

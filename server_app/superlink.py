@@ -427,7 +427,8 @@ def checked_flwr_args(argv: list[str], checkout: Path, home: Path | None = None)
     from pflower.conf import __file__ as conf_init
     from pflower.protocol.compat import parse_run_config
 
-    from .config import compose_config, overrides_from_run_config
+    from .config import overrides_from_run_config
+    from .run_plan import plan_run
     from .runner import check_data, check_strategy
 
     if Path(conf_init).resolve().parent != (checkout / "conf").resolve():
@@ -437,15 +438,15 @@ def checked_flwr_args(argv: list[str], checkout: Path, home: Path | None = None)
         given = parse_run_config(_option_values(argv, "--run-config", "-c"))
     except (KeyError, OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"pyproject.toml's [tool.flwr.app.config] cannot be read ({exc})") from exc
-    cfg = compose_config(overrides_from_run_config({**declared, **given}))
-    check_strategy(cfg)
-    if not cfg.get("resume"):
-        check_data(cfg)  # the data folder and the partition, as `pflower sim` checks them
+    plan = plan_run(overrides_from_run_config({**declared, **given}))
+    check_strategy(plan)
+    if not plan.run.resume:
+        check_data(plan)  # the data folder and the partition, as `pflower sim` checks them
     said: list[str] = []
     federation = " ".join(_option_values(argv, "--federation-config"))
     if "num-supernodes" not in federation:
         theirs, where = user_federation(home) if home is not None else ({}, "")
-        clients = int(cfg.num_clients)
+        clients = plan.run.num_clients
         extra = []
         if theirs.get("num-supernodes") != clients:
             extra.append(f"num-supernodes={clients}")

@@ -1,96 +1,150 @@
 """``pflower sim``: simulate runs on this machine.
 
-``pflower sim key=value ...`` composes conf/ exactly like `flwr run .` does and runs it
-in-process through Flower's simulation engine, one simulated SuperNode per client;
-``pflower sim -m method=fedavg,fedper`` sweeps (hydra multirun).
+``pflower sim key=value ...`` plans the run exactly like `flwr run .` does
+(:func:`server_app.run_plan.plan_run`: conf/ composed with the overrides, validated, resolved
+once) and runs it in-process, one simulated SuperNode per client. ``pflower sim -m
+method=fedavg,fedper`` sweeps: the command line expands into one override list per run, as hydra's
+basic sweeper expands a multirun (``a,b``, ``range()``, ``choice()``, ``glob()``; the cartesian
+product), every run is planned by the same function before the first starts, and the runs go one
+after the other (``--jobs N``: N at a time, each its own process; ``--together``: as one
+computation).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
-
-from pflower.server_app.config import (
-    ConfigError,
-    conf_dir,
-    leave_out_other_methods_options,
-    register_method_options,
-    resume_config,
-    validate,
-)
-from pflower.server_app.progress import Sweep, job_label, parse_sweep
+from pflower.server_app.config import ConfigError
+from pflower.server_app.progress import Sweep, job_label
 
 from .simulate import simulate
 
+if TYPE_CHECKING:
+    from pflower.server_app.run_plan import RunPlan
 
-def split_sweep(value: str) -> list[str]:
-    """``a,b`` -> [a, b]; a value with brackets, quotes or a sweep function is kept whole."""
-    if "," not in value or any(c in value for c in "[]{}()'\""):
-        return [value]
-    return value.split(",")
-
-
-def sweep_combinations(argv: list[str]) -> list[list[str]]:
-    """The overrides of every run a command line asks for: one list for a single run; for ``-m``
-    every combination of the swept values (hydra's basic sweeper: the cartesian product)."""
-    import itertools
-
-    overrides = [
-        a
-        for a in argv
-        if ("=" in a or a.startswith("~"))  # `~key` deletes a key (what a model-mismatch error advises)
-        and not a.startswith("-")
-        and not a.split("=", 1)[0].lstrip("+~").startswith("hydra")
-    ]
-
-    def values(o: str) -> list[str]:
-        key, eq, value = o.partition("=")
-        return [f"{key}={v}" for v in split_sweep(value)] if eq else [o]
-
-    if "-m" not in argv and "--multirun" not in argv:
-        return [[values(o)[0] for o in overrides]]
-    return [list(c) for c in itertools.product(*(values(o) for o in overrides))]
+SWEEP_FLAGS = ("-m", "--multirun")
+FLAGS = (*SWEEP_FLAGS, "--together")  # with --jobs N / -j N, taken out first (sweep_jobs.parse_jobs)
 
 
-def precheck(argv: list[str]) -> DictConfig | None:
-    """Compose and validate the command line's config before hydra runs it: one line for an unknown
-    key or group choice, a value of the wrong type or range. A sweep (``-m``) goes further: every
-    combination is composed, validated and its strategy built (as a single run is before it
-    starts), and the data partition made once per distinct data set-up, so a sweep that would stop
-    halfway is refused before its first run, with every bad combination listed."""
-    from pflower.server_app.config import compose_config, data_spec_dict
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    """The command line's overrides (``key=value``, ``~key``), its flags left out; a flag or a
+    ``hydra.*`` setting ``pflower sim`` does not take is refused in one line."""
+    out = []
+    for arg in argv:
+        if arg in FLAGS:
+            continue
+        key = arg.partition("=")[0].lstrip("+~")
+        if arg.startswith("-"):
+            raise ConfigError(
+                f"pflower sim has no flag {arg}; it takes key=value overrides, -m (a sweep), --jobs N, --together "
+                "and --help (`pflower sim --help`)"
+            )
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            raise ConfigError(
+                f"{arg}: pflower sim composes conf/ itself and starts no hydra app, so hydra's own settings have no "
+                "effect; drop it (a run writes under output_dir=<folder>)"
+            )
+        if "=" not in arg and not arg.startswith("~"):
+            raise ConfigError(f"{arg!r} is not an override: write key=value (e.g. method=fedper) or ~key to drop a key")
+        out.append(arg)
+    return out
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """Every run's overrides of a ``-m`` sweep, in the order hydra's basic sweeper runs them: each
+    swept value (``a,b``, ``range(1,4)``, ``choice(...)``, ``glob(fed*)`` over a config group's
+    files) once, the cartesian product over the swept keys; an override that sweeps nothing stays as
+    written (``~model.fc_layers`` too)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from pflower.server_app.config import conf_dir, register_method_options
+
+    register_method_options()  # glob(...) over method files lists the registered methods' files
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            choices: dict[str, list[str]] = {}
+            for override in parser.parse_overrides(list(overrides)):
+                key = override.get_key_element()
+                if override.is_sweep_override():
+                    if not override.is_discrete_sweep():
+                        raise ConfigError(
+                            f"{override.input_line}: an interval sweep has no list of runs; list the values "
+                            "(a,b,c) or use range(start,stop,step)"
+                        )
+                    choices.pop(key, None)  # a key given twice: the last one, at its place, as hydra does
+                    choices[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+                else:
+                    choices.pop(key, None)
+                    choices[key] = [override.input_line]
+    except HydraException as exc:
+        raise ConfigError(f"the sweep cannot be expanded: {exc}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    return [list(c) for c in itertools.product(*choices.values())]
+
+
+def runs_of(argv: Sequence[str]) -> list[list[str]]:
+    """The overrides of every run the command line asks for: one list for a single run (a value
+    such as ``a,b`` then is hydra's to refuse, with the advice to add ``-m``), every combination of
+    the swept values for a sweep."""
+    overrides = overrides_of(argv)
+    if not any(a in SWEEP_FLAGS for a in argv):
+        return [overrides]
+    return expand_sweep(overrides)
+
+
+def swept_keys(runs: Sequence[Sequence[str]]) -> list[str]:
+    """The keys whose value differs between the runs (they label each run)."""
+    values: dict[str, set[str]] = {}
+    for run in runs:
+        for override in run:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    return [key for key, seen in values.items() if len(seen) > 1]
+
+
+def run_label(run: Sequence[str], swept: Sequence[str], k: int) -> str:
+    """``method=fedper seed=2``: the run's swept values (``run k`` when nothing varies)."""
+    return job_label(run, swept) or f"run {k + 1}"
+
+
+def plan_sweep(runs: Sequence[Sequence[str]]) -> list[RunPlan]:
+    """Every run of a sweep planned, its strategy built and its data partition made (once per
+    distinct data set-up), before any run starts: a sweep that would stop halfway is refused
+    before its first run, with every bad run listed."""
     from pflower.server_app.failures import USER_ERRORS
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import check_data, check_strategy
 
-    sweep = "-m" in argv or "--multirun" in argv
-    if not sweep and plain_single_run(argv):
-        return compose_config(sweep_combinations(argv)[0])  # composed and validated once: it runs as it is
     problems: list[str] = []
-    seen_data: dict[str, str | None] = {}
-    combos = sweep_combinations(argv)
-    varying = {i for i in range(len(combos[0])) if len({c[i] for c in combos}) > 1} if combos else set()
-    for combo in combos:
-        if any("(" in c for c in combo):  # hydra sweep functions (range, glob...) are hydra's to expand
-            continue
+    plans: list[RunPlan] = []
+    data_problem: dict[str, str | None] = {}
+    swept = swept_keys(runs)
+    for k, run in enumerate(runs):
         try:
-            cfg = compose_config(combo)
-            if sweep:
-                check_strategy(cfg)
-                key = json.dumps(data_spec_dict(cfg), sort_keys=True, default=str)
-                if key not in seen_data:
-                    try:
-                        check_data(cfg)
-                        seen_data[key] = None
-                    except USER_ERRORS as exc:
-                        seen_data[key] = str(exc)
-                if seen_data[key]:
-                    raise ConfigError(seen_data[key])
+            plan = plan_run(run)
+            check_strategy(plan)
+            key = json.dumps(plan.data_fields, sort_keys=True, default=str)
+            if key not in data_problem:
+                try:
+                    check_data(plan)
+                    data_problem[key] = None
+                except USER_ERRORS as exc:
+                    data_problem[key] = str(exc)
+            if data_problem[key]:
+                raise ConfigError(data_problem[key])
+            plans.append(plan)
         except USER_ERRORS as exc:
-            if not sweep:
-                raise
-            label = " ".join(c for i, c in enumerate(combo) if i in varying) or " ".join(combo) or "(defaults)"
+            label = job_label(run, swept) or " ".join(run) or "(defaults)"
             problems.append(f"  {label}: {exc}")
     if len(problems) == 1:
         raise ConfigError(f"the sweep's run {problems[0].strip()} (no run of the sweep was started)")
@@ -99,55 +153,7 @@ def precheck(argv: list[str]) -> DictConfig | None:
             f"{len(problems)} of the sweep's runs cannot start, so none was started; fix or drop these:\n"
             + "\n".join(problems)
         )
-    return None
-
-
-def plain_single_run(argv: list[str]) -> bool:
-    """A single run of ``key=value`` overrides only (no hydra flag or ``hydra.*`` key, no value hydra
-    would read as a sweep): ``pflower sim`` runs the config :func:`precheck` composed instead of
-    handing the command line to hydra to compose again."""
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        deletion = not eq and arg.startswith("~")
-        if (not eq and not deletion) or arg.startswith("-") or key.lstrip("+~").startswith("hydra"):
-            return False
-        if len(split_sweep(value)) > 1:
-            return False
-    return True
-
-
-def _sweep_job(argv: list[str], sweeps: list[Sweep]) -> Sweep | None:
-    """The current hydra job's place in its multirun sweep (None for a single run).
-
-    The sweep's size is not in hydra's job config: it is worked out once from the command
-    line and ``hydra.sweeper.params``, as the basic sweeper expands them.
-    """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return None
-    if not sweeps:
-        params = hc.sweeper.get("params") if "sweeper" in hc else None
-        total, swept = parse_sweep(argv, OmegaConf.to_container(params) if params else None)
-        sweeps.append(Sweep(total, swept))
-    sweep = sweeps[0]
-    sweep.start_job(int(hc.job.num), job_label(list(hc.overrides.task), sweep.swept))
-    return sweep
-
-
-def forced_method_options(argv: list[str]) -> list[str]:
-    """A sweep over methods with a ``method.<option>=`` beside it (``-m method=kapc,kapc_bls
-    method.lam=0.5``): hydra composes its primary config with the default method first, which has
-    no such option, and stops with "Key 'lam' is not in struct". Handed to hydra as
-    ``++method.<option>=`` (set or add), every run gets the value; :func:`precheck` has composed
-    each combination with the plain override already, so a typo or an option one of the methods
-    lacks was refused before this."""
-    swept = any(a.partition("=")[0].lstrip("+") == "method" and len(split_sweep(a.partition("=")[2])) > 1 for a in argv)
-    if not swept:
-        return argv
-    return [f"++{a}" if a.startswith("method.") and "=" in a else a for a in argv]
+    return plans
 
 
 def sim_main(argv: list[str]) -> int:
@@ -165,113 +171,68 @@ def sim_main(argv: list[str]) -> int:
 
 
 def _sim_main(argv: list[str]) -> int:
-    import hydra
-
     from pflower.protocol.logs import quiet_flower_logs
     from pflower.server_app.config import sim_help
+    from pflower.server_app.failures import USER_ERRORS
+
+    from .sweep_jobs import parse_jobs, run_concurrently
 
     if "--help" in argv or "-h" in argv:  # not hydra's generic page
         print(sim_help())
         return 0
     quiet_flower_logs()
-    from pflower.server_app.failures import USER_ERRORS
-
-    sweeps: list[Sweep] = []
-    register_method_options()  # the methods' option defaults, which conf/method/*.yaml start from
-
-    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
-    def _run(cfg: DictConfig) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
-        OmegaConf.resolve(cfg)
-        leave_out_other_methods_options(cfg, HydraConfig.get().overrides.task)
-        sweep = _sweep_job(argv, sweeps)
-        try:
-            if cfg.get("resume"):  # the run's saved config, with the command line's rounds
-                cfg = resume_config(cfg, HydraConfig.get().overrides.task)
-            validate(cfg)
-            simulate(cfg, sweep)
-        except USER_ERRORS as exc:
-            # hydra would print a traceback for an Exception; a SystemExit passes through it
-            print(f"pflower: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        finally:
-            if sweep is not None:
-                sweep.end_job()
-
-    from .sweep_jobs import parse_jobs, run_concurrently
-
     try:
         jobs, argv = parse_jobs(argv)
         together = "--together" in argv
-        argv = [a for a in argv if a != "--together"]
-        sweep_mode = "-m" in argv or "--multirun" in argv
-        if together:
-            return _together_main(argv, jobs)
+        sweep_mode = any(a in SWEEP_FLAGS for a in argv)
+        if together and not sweep_mode:
+            raise ConfigError("--together runs a sweep's runs as one computation: add -m (e.g. -m seed=1,2,3)")
+        if together and jobs > 1:
+            raise ConfigError("--together runs the whole sweep in one process: drop --jobs")
         if jobs > 1 and not sweep_mode:
             raise ConfigError("--jobs runs a sweep's runs at once: add -m (e.g. pflower sim -m seed=1,2,3 --jobs 2)")
-        combos = sweep_combinations(argv) if jobs > 1 else []
-        if any("(" in o for combo in combos for o in combo):
-            raise ConfigError(
-                "--jobs needs the sweep's values listed (a,b,c); hydra sweep functions such as range() run without it"
-            )
-        single = precheck(argv)
+        runs = runs_of(argv)
+        if sweep_mode:
+            plans = plan_sweep(runs)  # every run planned and checked before the first starts
+        else:
+            from pflower.server_app.run_plan import plan_run
+
+            plans = [plan_run(runs[0])]
     except (*USER_ERRORS, ValueError) as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2
     if jobs > 1:
-        return run_concurrently(combos, jobs)
-    if single is not None:
+        return run_concurrently(runs, jobs)
+    swept = swept_keys(runs)
+    labels = [run_label(run, swept, k) for k, run in enumerate(runs)]
+    if together:
+        return _together(plans, labels)
+    sweep = Sweep(len(plans), swept) if sweep_mode else None
+    for k, plan in enumerate(plans):
+        if sweep is not None:
+            sweep.start_job(k, job_label(runs[k], swept))
         try:
-            simulate(single)
+            simulate(plan, sweep)
         except USER_ERRORS as exc:
             print(f"pflower: {exc}", file=sys.stderr)
+            if sweep is not None and k + 1 < len(plans):
+                print(f"pflower: the sweep stopped with run {k + 1} of {len(plans)} ({labels[k]})", file=sys.stderr)
             return 2
-        return 0
-    argv = forced_method_options(argv)
-    # hydra's logging left alone (`none`): its `disabled` configs run dictConfig with
-    # disable_existing_loggers, which silenced Flower's logger (the round and progress lines)
-    sys.argv = [
-        "pflower sim",
-        *argv,
-        "hydra.output_subdir=null",
-        "hydra/job_logging=none",
-        "hydra/hydra_logging=none",
-        "hydra.run.dir=.",
-        "hydra.sweep.dir=.",
-        "hydra.sweep.subdir=.",
-    ]
-    try:
-        _run()
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
+        finally:
+            if sweep is not None:
+                sweep.end_job()
     return 0
 
 
-def _together_main(argv: list[str], jobs: int) -> int:
+def _together(plans: list[RunPlan], labels: list[str]) -> int:
     """``pflower sim -m ... backend=batched --together``: the sweep's runs in this process, each
     round's training of all of them as one computation (:mod:`simulation.together`)."""
-    from pflower.server_app.config import compose_config
     from pflower.server_app.failures import USER_ERRORS
 
     from .together import run_together
 
     try:
-        if "-m" not in argv and "--multirun" not in argv:
-            raise ConfigError("--together runs a sweep's runs as one computation: add -m (e.g. -m seed=1,2,3)")
-        if jobs > 1:
-            raise ConfigError("--together runs the whole sweep in one process: drop --jobs")
-        combos = sweep_combinations(argv)
-        if any("(" in o for combo in combos for o in combo):
-            raise ConfigError("--together needs the sweep's values listed (a,b,c), not a hydra sweep function")
-        precheck(argv)  # every combination composed, validated and its strategy and data checked
-        cfgs = []
-        for combo in combos:
-            cfg = compose_config(combo)
-            cfgs.append(resume_config(cfg, combo) if cfg.get("resume") else cfg)
-        varying = {i for i in range(len(combos[0])) if len({c[i] for c in combos}) > 1}
-        labels = [" ".join(o for i, o in enumerate(c) if i in varying) or f"run {k + 1}" for k, c in enumerate(combos)]
-        outcomes = run_together(cfgs, labels)
+        outcomes = run_together(plans, labels)
     except USER_ERRORS as exc:
         print(f"pflower: {exc}", file=sys.stderr)
         return 2

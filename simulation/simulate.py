@@ -10,28 +10,25 @@ from logging import INFO
 from typing import TYPE_CHECKING, Any
 
 from flwr.common import log
-from omegaconf import DictConfig
 
 from pflower.server_app.config import ConfigError
 from pflower.server_app.interrupt import RunInterrupted, below_at_ctrl_c, descendants, end_processes
 from pflower.server_app.progress import Sweep
-from pflower.server_app.run_plan import EngineSettings
+from pflower.server_app.run_plan import EngineSettings, RunPlan
 
 if TYPE_CHECKING:
     from pflower.server_app.runner import PreparedRun
 
 
-def simulate(cfg: DictConfig, sweep: Sweep | None = None) -> dict[str, Any]:
-    """Run one composed config in Flower's simulation engine (in this process), or with
-    ``backend=serial`` on an in-process Grid (no Ray).
-
-    ``cfg`` is validated already (server_app.config.compose_config does it; so does ``pflower
-    sim``'s sweep path). ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the progress
-    lines).
+def simulate(plan: RunPlan, sweep: Sweep | None = None) -> dict[str, Any]:
+    """Run one planned run (:func:`server_app.run_plan.plan_run`) on the engine it names: Flower's
+    simulation engine (Ray) in this process, or an in-process Grid (``backend=serial``,
+    ``parallel``, ``batched``). ``sweep``: the run's place in a ``pflower sim -m`` sweep (for the
+    progress lines).
     """
     from pflower.server_app.runner import prepare_run
 
-    prepared = prepare_run(cfg)  # the strategy built once, a bad option refused before an engine starts
+    prepared = prepare_run(plan)  # the strategy built once, a bad option refused before an engine starts
     try:
         return _simulate(prepared, sweep)
     except BaseException:

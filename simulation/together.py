@@ -24,12 +24,14 @@ import logging
 import threading
 from collections.abc import Sequence
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.common import log
-from omegaconf import DictConfig
 
 from .shared_trainer import SharedTrainer
+
+if TYPE_CHECKING:
+    from pflower.server_app.run_plan import RunPlan
 
 
 class _RunLabels(logging.Filter):
@@ -47,21 +49,21 @@ class _RunLabels(logging.Filter):
         return True
 
 
-def run_together(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None) -> list[dict[str, Any] | Exception]:
-    """Run every composed config (each ``backend=batched``) at once, their training shared
+def run_together(plans: Sequence[RunPlan], labels: Sequence[str] | None = None) -> list[dict[str, Any] | Exception]:
+    """Run every plan (each ``backend=batched``) at once, their training shared
     (module docstring); each run's summary, or the exception that ended it."""
     from pflower.server_app.config import ConfigError, resolve_workers
     from pflower.server_app.runner import prepare_run, run_experiment
 
     from .batched import BatchedGrid
 
-    wrong = [i for i, cfg in enumerate(cfgs) if cfg.get("backend") != "batched"]
+    wrong = [i for i, plan in enumerate(plans) if plan.engine.backend != "batched"]
     if wrong:
         raise ConfigError(
             "--together trains a sweep's runs as one computation on the batched engine: add backend=batched"
         )
-    labels = list(labels or [f"run {k + 1}" for k in range(len(cfgs))])
-    prepared = [prepare_run(cfg) for cfg in cfgs]  # every run refused or ready before any starts
+    labels = list(labels or [f"run {k + 1}" for k in range(len(plans))])
+    prepared = [prepare_run(plan) for plan in plans]  # every run refused or ready before any starts
     trainer = SharedTrainer(len(prepared))
     out: list[dict[str, Any] | Exception] = [RuntimeError("did not run")] * len(prepared)
 
@@ -81,8 +83,8 @@ def run_together(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None
             finally:
                 trainer.leave()
 
-    log(INFO, "together: %d runs, each round's training as one computation: %s", len(cfgs), "; ".join(labels))
-    workers = [threading.Thread(target=one, args=(k,), name=f"pflower-together-{k}") for k in range(len(cfgs))]
+    log(INFO, "together: %d runs, each round's training as one computation: %s", len(plans), "; ".join(labels))
+    workers = [threading.Thread(target=one, args=(k,), name=f"pflower-together-{k}") for k in range(len(plans))]
     labelled = _RunLabels({w.name: labels[k] for k, w in enumerate(workers)})
     flower_logger = logging.getLogger("flwr")
     flower_logger.addFilter(labelled)

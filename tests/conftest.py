@@ -97,11 +97,11 @@ def _private_cache(tmp_path_factory):
 
 @pytest.fixture
 def compose(tmp_path):
-    """compose(*overrides) -> DictConfig with outputs under tmp_path."""
-    from pflower.server_app.config import compose_config
+    """compose(*overrides) -> the run's RunPlan (server_app.run_plan.plan_run) with outputs under tmp_path."""
+    from pflower.server_app.run_plan import plan_run
 
     def _compose(*overrides: str):
-        return compose_config([f"output_dir={tmp_path / 'outputs'}", *overrides])
+        return plan_run([f"output_dir={tmp_path / 'outputs'}", *overrides])
 
     return _compose
 

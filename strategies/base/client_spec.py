@@ -1,6 +1,6 @@
 """``client_spec(...)``: what a strategy tells every client, for a strategy built in your own ServerApp.
 
-pflower's runner builds this from the config (``server_app.config.client_spec``); a Flower app
+pflower's runner builds this from the config (``server_app.run_plan.RunPlan.client_spec``); a Flower app
 that builds a strategy itself calls :func:`client_spec` with the local-training settings. The
 model and data parts are left out: the clients that run pflower's client builder
 (:func:`pflower.client_app.build_clientapp`) bring their own.
@@ -97,7 +97,7 @@ def client_spec(
     ``lr_schedule`` with ``rounds``: the per-round learning rate (conf/config.yaml's lr_schedule);
     ``optimizer_state``: ``fresh`` (a new local optimizer every round) or ``kept`` (each client's
     runs on from its previous round, kept with its personal state).
-    pflower's runner builds its spec with this too (``server_app.config.client_spec``), adding
+    pflower's runner builds its spec with this too (``server_app.run_plan.RunPlan.client_spec``), adding
     the data spec, the model entries and ``state_versions`` from the config."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")

@@ -258,14 +258,12 @@ class Cluster:
     # ------------------------------------------------------------------ lifecycle
     def prepare(self, data_overrides: list[str]) -> None:
         """Demo TLS material (SANs include the SuperLink's address) and one data directory per node."""
-        from pflower.federated_data import DataSpec
         from pflower.federated_data.export import export_partitions
-        from pflower.server_app.config import compose_config, data_spec_dict
+        from pflower.server_app.run_plan import plan_run
 
         sans = [self.place.superlink_address]
         gen_certs.generate(self.tmp / "certs", self.topo.nodes + self.extra_keys, sans)
-        cfg = compose_config([f"num_clients={self.topo.nodes}", *data_overrides])
-        export_partitions(DataSpec.from_dict(data_spec_dict(cfg)), self.tmp / "data")
+        export_partitions(plan_run([f"num_clients={self.topo.nodes}", *data_overrides]).data, self.tmp / "data")
 
     def start(self, name: str, argv: list[str], home: str, netns_index: int | None = None) -> Proc:
         prefix = self.netns.prefix(netns_index) if (self.netns and netns_index is not None) else []

@@ -137,18 +137,18 @@ def run_case(case: str, grid: Callable[[int], Any] | None = None, extra: tuple[s
     ``extra``: overrides after the case's own (settings that must not move a number)."""
     import torch
 
-    from pflower.server_app.config import compose_config
     from pflower.server_app.results import read_metrics
+    from pflower.server_app.run_plan import plan_run
     from pflower.server_app.runner import check_strategy, run_experiment
     from pflower.simulation.inprocess import InProcessGrid
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
-        cfg = compose_config([*overrides(case), *extra, f"output_dir={out}"])
-        check_strategy(cfg)
-        made = (grid or (lambda n: InProcessGrid(n, record=False, client_threads=1)))(int(cfg.num_clients))
+        plan = plan_run([*overrides(case), *extra, f"output_dir={out}"])
+        check_strategy(plan)
+        made = (grid or (lambda n: InProcessGrid(n, record=False, client_threads=1)))(plan.run.num_clients)
         try:
-            summary = run_experiment(made, cfg)
+            summary = run_experiment(made, plan)
         finally:
             made.close()
         rounds = read_metrics(summary["run_dir"])

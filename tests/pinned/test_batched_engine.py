@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflower.server_app.config import compose_config
+from pflower.server_app.run_plan import plan_run
 from pflower.server_app.runner import run_experiment
 from pflower.simulation.batched import BatchedGrid
 from pflower.simulation.inprocess import InProcessGrid
@@ -69,13 +69,13 @@ def one_run(case: str, grid_cls, extra: list[str], tmp_path, name: str):  # noqa
     """One short run of ``case`` on the synthetic images (``batch_clients=2``: a round in chunks)."""
     base = ["dataset=synthetic" if o == "dataset=digits" else o for o in overrides(case)]
     rounds = f"rounds={ROUNDS.get(case, 1)}"
-    cfg = compose_config([*base, "dataset.options.num_samples=1200", *extra, rounds, f"output_dir={tmp_path / name}"])
-    n = int(cfg.num_clients)
+    plan = plan_run([*base, "dataset.options.num_samples=1200", *extra, rounds, f"output_dir={tmp_path / name}"])
+    n = plan.run.num_clients
     if grid_cls is BatchedGrid:  # evaluation batched too (on a CPU the default evaluates one at a time)
         grid = BatchedGrid(n, batch_clients=2, threads=1, record=True, batch_eval=True)
     else:
         grid = InProcessGrid(n)
-    run_experiment(grid, cfg)
+    run_experiment(grid, plan)
     return grid
 
 
@@ -144,7 +144,7 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
     import pflower.client_app.batched as engine
 
     sizes = group_sizes(monkeypatch, engine, "train_together")
-    cfg = compose_config(
+    plan = plan_run(
         [
             "dataset=synthetic",
             "num_clients=5",
@@ -158,7 +158,7 @@ def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
         ]
     )
     grid = BatchedGrid(5, batch_clients=2, threads=1)
-    run_experiment(grid, cfg)
+    run_experiment(grid, plan)
     assert sizes == [2, 2, 1, 2, 2, 1]
     assert grid.batched_clients == 10 and grid.alone_clients == 0
 
@@ -171,11 +171,11 @@ def test_evaluation_is_batched_when_asked_and_on_cuda_by_default(batch_eval, tog
     import pflower.simulation.batched as engine
 
     calls = group_sizes(monkeypatch, engine, "evaluate_together")
-    cfg = compose_config(
+    plan = plan_run(
         ["dataset=synthetic", "num_clients=2", "fraction=1.0", "rounds=2", "local_epochs=1", "partition.min_size=20"]
         + ["method=fedavg", "progress=false", "final_eval=false", f"output_dir={tmp_path}"]
     )
-    run_experiment(BatchedGrid(2, threads=1, batch_eval=batch_eval), cfg)
+    run_experiment(BatchedGrid(2, threads=1, batch_eval=batch_eval), plan)
     assert sum(calls) == 2 * together and all(n == 2 for n in calls)
 
 
@@ -200,9 +200,9 @@ def test_a_client_with_dropout_trains_alone_with_the_serial_engines_masks(tmp_pa
     grids = {}
     serial, batched = InProcessGrid(3, record=True, client_threads=1), BatchedGrid(3, threads=1, record=True)
     for name, grid in (("serial", serial), ("batched", batched)):
-        cfg = compose_config([*overrides_, f"output_dir={tmp_path / name}"])
+        plan = plan_run([*overrides_, f"output_dir={tmp_path / name}"])
         with caplog.at_level(logging.INFO):
-            run_experiment(grid, cfg)
+            run_experiment(grid, plan)
         grids[name] = grid
     assert grids["batched"].alone_clients == 3 and any("vmap" in r.getMessage() for r in caplog.records)
     for a, b in zip(train_replies(grids["serial"]), train_replies(grids["batched"])):
@@ -224,9 +224,9 @@ def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path)
     seeds = ["seed=1", "seed=2"]
     alone = []
     for seed in seeds:
-        cfg = compose_config([*base, seed, f"output_dir={tmp_path / 'alone'}"])
-        grid = BatchedGrid(int(cfg.num_clients), threads=1, record=True)
-        run_experiment(grid, cfg)
+        plan = plan_run([*base, seed, f"output_dir={tmp_path / 'alone'}"])
+        grid = BatchedGrid(plan.run.num_clients, threads=1, record=True)
+        run_experiment(grid, plan)
         alone.append(train_replies(grid))
     recorded: dict[int, BatchedGrid] = {}  # run -> its grid (each made in its run's thread)
     real = BatchedGrid.__init__
@@ -237,10 +237,10 @@ def test_runs_together_equal_each_run_alone_within_the_tolerance(case, tmp_path)
         real(self, *args, **{**kwargs, "record": True})
         recorded[int(threading.current_thread().name.rsplit("-", 1)[1])] = self
 
-    cfgs = [compose_config([*base, seed, f"output_dir={tmp_path / 'together'}"]) for seed in seeds]
+    plans = [plan_run([*base, seed, f"output_dir={tmp_path / 'together'}"]) for seed in seeds]
     try:
         BatchedGrid.__init__ = recording
-        outcomes = run_together(cfgs, seeds)
+        outcomes = run_together(plans, seeds)
     finally:
         BatchedGrid.__init__ = real
     assert not any(isinstance(o, Exception) for o in outcomes), outcomes
@@ -268,9 +268,9 @@ def test_a_method_without_plans_runs_on_the_parallel_engine_with_its_numbers(tmp
     from pinned.cases import fingerprint, first_difference, load_pinned
 
     torch.set_num_threads(1)
-    cfg = compose_config([*overrides("moon"), "backend=batched", "workers=2", f"output_dir={tmp_path}"])
+    plan = plan_run([*overrides("moon"), "backend=batched", "workers=2", f"output_dir={tmp_path}"])
     with caplog.at_level(logging.INFO):
-        summary = simulate(cfg)
+        summary = simulate(plan)
     assert any("client role moon has no FitPlan" in r.getMessage() for r in caplog.records)
     got = json.loads(json.dumps(fingerprint(read_metrics(summary["run_dir"]), summary), sort_keys=True))
     assert first_difference(load_pinned()["moon"], got) is None

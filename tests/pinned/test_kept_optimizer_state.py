@@ -11,8 +11,8 @@ import json
 import pytest
 from grid_faults import Crash, CrashingGrid
 
-from pflower.server_app.config import compose_config
 from pflower.server_app.results import read_metrics
+from pflower.server_app.run_plan import plan_run
 from pflower.server_app.runner import run_experiment
 from pflower.simulation.batched import BatchedGrid
 from pflower.simulation.inprocess import InProcessGrid
@@ -52,17 +52,17 @@ def test_a_resume_on_the_other_engine_equals_the_uninterrupted_kept_run(tmp_path
     """Crash Felo after round 2 on the parallel engine, resume on the serial one."""
     expected = run_case("felo", extra=KEPT["felo"])
     out = tmp_path / "out"
-    cfg = compose_config([*overrides("felo"), *KEPT["felo"], f"output_dir={out}"])
-    n = int(cfg.num_clients)
+    plan = plan_run([*overrides("felo"), *KEPT["felo"], f"output_dir={out}"])
+    n = plan.run.num_clients
     crashing = CrashingParallelGrid(n, workers=2, client_threads=1, crash_at=3)
     with pytest.raises(Crash):
-        run_experiment(crashing, cfg)
+        run_experiment(crashing, plan)
     crashing.close()
     (run_dir,) = [p for p in out.glob("*/*") if p.is_dir()]
     second = InProcessGrid(n, record=False, client_threads=1)
     try:
         summary = run_experiment(
-            second, compose_config([*overrides("felo"), *KEPT["felo"], f"output_dir={out}", f"resume={run_dir}"])
+            second, plan_run([*overrides("felo"), *KEPT["felo"], f"output_dir={out}", f"resume={run_dir}"])
         )
     finally:
         second.close()

@@ -11,8 +11,8 @@ import pytest
 import torch
 from grid_faults import Crash, CrashingGrid
 
-from pflower.server_app.config import compose_config
 from pflower.server_app.results import read_metrics
+from pflower.server_app.run_plan import plan_run
 from pflower.server_app.runner import run_experiment
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.simulation.parallel import ParallelGrid
@@ -45,20 +45,20 @@ def test_a_resume_across_engines_equals_the_uninterrupted_run(case, first_half, 
     """Methods with persistent client state (Ditto's personal model, FedCPMD's per-client layer,
     KAPC's cube, Velo's CVAE on the server): crash after round 2 on one engine, resume on the other."""
     out = tmp_path / "out"
-    cfg = compose_config([*overrides(case), f"output_dir={out}"])
-    n = int(cfg.num_clients)
+    plan = plan_run([*overrides(case), f"output_dir={out}"])
+    n = plan.run.num_clients
     crashing = (
         CrashingParallelGrid(n, workers=2, client_threads=1, crash_at=3)
         if first_half == "parallel"
         else CrashingGrid(n, record=False, client_threads=1, crash_at=3)
     )
     with pytest.raises(Crash):
-        run_experiment(crashing, cfg)
+        run_experiment(crashing, plan)
     crashing.close()
     (run_dir,) = [p for p in out.glob("*/*") if p.is_dir()]
     second = InProcessGrid(n, record=False, client_threads=1) if first_half == "parallel" else parallel(n)
     try:
-        summary = run_experiment(second, compose_config([*overrides(case), f"output_dir={out}", f"resume={run_dir}"]))
+        summary = run_experiment(second, plan_run([*overrides(case), f"output_dir={out}", f"resume={run_dir}"]))
     finally:
         second.close()
     got = fingerprint(read_metrics(run_dir), {k: v for k, v in summary.items() if not k.startswith("resumed_after")})
@@ -72,11 +72,11 @@ def test_workers_serve_any_node_and_the_state_comes_back(tmp_path):
     personal head its worker saved (the parent's copy was replaced, not left stale)."""
     from pflower.simulation.inprocess import personal_state
 
-    cfg = compose_config([*overrides("fedper"), "fraction=1.0", "rounds=1", f"output_dir={tmp_path}"])
+    plan = plan_run([*overrides("fedper"), "fraction=1.0", "rounds=1", f"output_dir={tmp_path}"])
     grid = parallel(6)
     before = dict(grid.contexts)
     try:
-        run_experiment(grid, cfg)
+        run_experiment(grid, plan)
         for node, ctx in grid.contexts.items():
             assert ctx is not before[node] and personal_state(ctx) is not None
         assert len(grid.busy_s) == 12  # 6 train + 6 final evaluate tasks ran on the workers

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from grid_faults import Crash, CrashingGrid
 
-from pflower.server_app.config import compose_config
 from pflower.server_app.results import read_metrics
+from pflower.server_app.run_plan import plan_run
 from pflower.server_app.runner import run_experiment
 from pflower.simulation.inprocess import InProcessGrid
 from pinned.cases import CASES, fingerprint, first_difference, load_pinned, overrides
@@ -22,12 +22,12 @@ RESUME_KEYS = ("resumed_after_round", "resumed_after_rounds")
 
 
 def crash_then_resume(case: str, out: Path, crash_at: int) -> tuple[Path, dict]:
-    cfg = compose_config([*overrides(case), f"output_dir={out}"])
-    n = int(cfg.num_clients)
+    plan = plan_run([*overrides(case), f"output_dir={out}"])
+    n = plan.run.num_clients
     with pytest.raises(Crash):
-        run_experiment(CrashingGrid(n, record=False, client_threads=1, crash_at=crash_at), cfg)
+        run_experiment(CrashingGrid(n, record=False, client_threads=1, crash_at=crash_at), plan)
     (run_dir,) = [p for p in out.glob("*/*") if p.is_dir()]
-    resumed = compose_config([*overrides(case), f"output_dir={out}", f"resume={run_dir}"])
+    resumed = plan_run([*overrides(case), f"output_dir={out}", f"resume={run_dir}"])
     # a new grid: every client context is empty, as in a new simulation process
     return run_dir, run_experiment(InProcessGrid(n, record=False, client_threads=1), resumed)
 

@@ -46,6 +46,17 @@ def test_pflower_sim_composes_validates_resolves_and_builds_once(counts, tiny_ov
     assert dict(counts) == ONCE
 
 
+def test_a_sweep_plans_each_run_once(counts, tiny_overrides, tmp_path):
+    """Each run of a sweep composed, validated and resolved once; its strategy built twice: once
+    when the sweep is checked before its first run, once to run."""
+    from pflower.cli import main
+
+    argv = ["sim", "-m", "seed=1,2", *tiny_overrides, "method=fedper", "rounds=1", "backend=serial"]
+    assert main([*argv, "progress=false", f"output_dir={tmp_path}"]) == 0
+    assert dict(counts) == {"composition": 2, "validation": 2, "resolution": 2, "model build": 4, "strategy build": 4}
+    assert len(list(tmp_path.glob("*/*/summary.json"))) == 2
+
+
 @pytest.mark.heavy  # over 1 s: left out of the quick tier
 def test_the_serverapp_composes_validates_resolves_and_builds_once(counts, tmp_path):
     from pflower.server_app.app import main as server_app_main

@@ -52,7 +52,7 @@ def run_dirs(out: Path) -> set[Path]:
 
 def crashed_run(compose, overrides, crash_at=3, after_replies=False) -> tuple[Path, CrashingGrid]:
     cfg = compose(*overrides)
-    out = Path(cfg.output_dir)
+    out = Path(cfg.run.output_dir)
     before = run_dirs(out)
     grid = CrashingGrid(4, crash_at=crash_at, after_replies=after_replies)
     with pytest.raises(Crash):
@@ -218,8 +218,8 @@ def test_a_run_saved_before_a_key_existed_resumes_with_its_command_line(compose,
     saved = OmegaConf.load(run_dir / "config.yaml")
     del saved.dataset["transfer_fraction"]  # as a run made before FedMD's transfer split was
     OmegaConf.save(saved, run_dir / "config.yaml")
-    cfg = compose(f"resume={run_dir}", *overrides)
-    assert "transfer_fraction" not in cfg.dataset
+    plan = compose(f"resume={run_dir}", *overrides)
+    assert "transfer_fraction" not in OmegaConf.create(plan.record).dataset
     with pytest.raises(ConfigError, match=r"dataset.transfer_fraction: given 0.2"):
         compose(f"resume={run_dir}", *overrides, "dataset.transfer_fraction=0.2")
 

@@ -233,36 +233,22 @@ def test_an_option_typo_in_a_users_own_serverapp_is_one_line_in_flowers_log():
 
 def test_a_key_deletion_reaches_the_run_as_the_model_error_advises(tmp_path, capsys):
     """`~model.fc_layers` (what the error for an experiment's LeNet-5 option on a ResNet says to
-    write) was dropped by the command line's first composition, which then failed on the very key."""
-    from pflower.simulation.cli import plain_single_run, sweep_combinations
+    write) reaches the run as written, in a single run and in every run of a sweep."""
+    from pflower.server_app.run_plan import plan_run
+    from pflower.simulation.cli import runs_of
 
     argv = ["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=1,2"]
-    assert sweep_combinations(argv) == [["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=1"]]
-    assert sweep_combinations(["-m", *argv])[1] == [
-        "experiment=fedcmd_fmnist",
-        "model=resnet18",
-        "~model.fc_layers",
-        "seed=2",
-    ]
-    assert plain_single_run(["model=resnet18", "~model.fc_layers"]) and not plain_single_run(["--help"])
-    from pflower.simulation.cli import precheck
-
-    cfg = precheck(["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "dataset=digits"])
-    assert cfg is not None and "fc_layers" not in cfg.model and cfg.model.name == "resnet18"
+    assert runs_of(argv) == [argv]  # no -m: one run (its `seed=1,2` is hydra's to refuse)
+    assert runs_of(["-m", *argv])[1] == ["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=2"]
+    plan = plan_run(["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "dataset=digits"])
+    (spec,) = plan.archs.values()
+    assert spec["name"] == "resnet18" and "fc_layers" not in spec
 
 
-def test_a_method_option_beside_a_sweep_over_methods_is_forced_for_hydra():
-    from pflower.simulation.cli import forced_method_options
-
-    argv = ["-m", "method=kapc,kapc_bls", "method.lam=0.5", "rounds=1"]
-    assert forced_method_options(argv) == ["-m", "method=kapc,kapc_bls", "++method.lam=0.5", "rounds=1"]
-    assert forced_method_options(["-m", "method=kapc", "method.lam=0.5"]) == ["-m", "method=kapc", "method.lam=0.5"]
-
-
-@pytest.mark.heavy  # two runs through hydra's multirun
+@pytest.mark.heavy  # two runs of a sweep
 def test_a_sweep_over_methods_takes_an_option_both_have(tmp_path):
-    """`-m method=kapc,kapc_bls method.lam=0.5` stopped in hydra's first composition (the default
-    method has no lam: "Key 'lam' is not in struct") before any run."""
+    """`-m method=kapc,kapc_bls method.lam=0.5`: each run planned on its own, so the default
+    method (which has no lam) is never composed with the option."""
     import yaml
 
     from pflower.cli import main

@@ -45,7 +45,7 @@ class FailingGrid(InProcessGrid):
 
 
 def run_dirs(cfg) -> list[Path]:
-    return [p for p in Path(cfg.output_dir).glob("*/*") if p.is_dir()]
+    return [p for p in Path(cfg.run.output_dir).glob("*/*") if p.is_dir()]
 
 
 @pytest.mark.heavy  # over 1 s: left out of the quick tier

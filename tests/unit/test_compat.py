@@ -97,8 +97,7 @@ def test_flowers_fab_build_calls_the_walk_server_app_flwr_cli_replaces():
     assert "collect_files(" in inspect.getsource(cli.build.build_fab_from_disk)
 
 
-def test_hydras_sweeper_and_rays_bootstrap_address():
-    assert {"overrides", "max_batch_size"} <= params(compat.basic_sweeper().split_arguments)
+def test_rays_bootstrap_address():
     assert len(params(compat.ray_bootstrap_address)) == 1
 
 

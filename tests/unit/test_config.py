@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from pflower.server_app.config import ConfigError, _defaults, compose_config, conf_dir, overrides_from_run_config
+from pflower.server_app.run_plan import plan_run
 from pflower.server_app.runner import check_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,14 +67,14 @@ def test_unknown_run_config_key():
 
 def test_more_clients_than_samples_fails_before_round_one():
     with pytest.raises(ConfigError, match="samples"):
-        check_data(compose_config(["num_clients=5000"]))
+        check_data(plan_run(["num_clients=5000"]))
 
 
 def test_missing_dataset_files_say_where_and_how(tmp_path, monkeypatch):
     monkeypatch.delenv("PFLOWER_DATA", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ConfigError, match=r"cifar10.*looked for.*" + str(tmp_path / "nowhere")):
-        check_data(compose_config(["dataset=cifar10", f"dataset.root={tmp_path / 'nowhere'}"]))
+        check_data(plan_run(["dataset=cifar10", f"dataset.root={tmp_path / 'nowhere'}"]))
 
 
 def _user_inputs(name: str, tmp_path) -> list[str]:

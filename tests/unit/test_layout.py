@@ -155,9 +155,15 @@ def test_the_server_app_folder_holds_what_the_server_app_does():
     assert lines < 2900, f"server_app/ has {lines} lines: engines belong in simulation/, reports in reports/"
 
 
-#: modules below the runner: they take the resolved plan (server_app/run_plan.py), never the config
+#: modules from the runner down: they take the resolved plan (server_app/run_plan.py), never the config
 BELOW_THE_RUNNER = (
     "server_app/app.py",
+    "server_app/runner.py",
+    "server_app/superlink.py",
+    "simulation/cli.py",
+    "simulation/simulate.py",
+    "simulation/together.py",
+    "simulation/sweep_jobs.py",
     "simulation/inprocess.py",
     "simulation/parallel.py",
     "simulation/batched.py",
@@ -186,6 +192,28 @@ def test_below_the_runner_nothing_reads_the_composed_config(place):
     target = ROOT / place
     files = [target] if target.is_file() else sorted(target.rglob("*.py"))
     assert [hit for f in files for hit in _reads_a_config(f)] == []
+
+
+#: where a composed config may be a parameter: its composition and its resolution into a plan
+COMPOSITION = ("server_app/config.py", "server_app/run_plan.py")
+
+
+def test_no_function_outside_the_composition_takes_a_dictconfig():
+    """Overrides become a run through one function (run_plan.plan_run); no signature elsewhere
+    takes a composed config or a union with one."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith((".venv/", "tests/", "docs/")) or rel in COMPOSITION:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                annotations = [a.annotation for a in (*node.args.args, *node.args.kwonlyargs) if a.annotation]
+                if any(
+                    "DictConfig" in ast.unparse(a) for a in [*annotations, *([node.returns] if node.returns else [])]
+                ):
+                    found.append(f"{rel}:{node.lineno} {node.name}")
+    assert found == []
 
 
 def test_the_plan_is_frozen_and_the_engines_take_it():

@@ -44,13 +44,12 @@ def test_export_script_uses_the_same_composition_as_the_simulation(tmp_path, cap
 
 
 def test_the_server_has_no_partition_to_check_and_the_node_brings_its_directory(tmp_path, compose):
-    from pflower.server_app.config import data_spec_dict
     from pflower.server_app.runner import check_data
 
     cfg = compose("dataset=local", "num_clients=3")
-    assert check_data(cfg) == [] and partition_sizes(DataSpec.from_dict(data_spec_dict(cfg))) == []
+    assert check_data(cfg) == [] and partition_sizes(cfg.data) == []
     export_partitions(SIM, tmp_path, clients=[2])
-    spec = {"data": data_spec_dict(cfg)}
+    spec = {"data": cfg.data_fields}
     data = client_data(spec, 2, {"client-id": 2, "data-dir": str(tmp_path / "client_2")})
     assert torch.equal(data.y_train, load_client_data(SIM, 2).y_train)
     with pytest.raises(LocalDataError, match="data-dir"):
@@ -122,7 +121,7 @@ def test_a_run_on_node_data_records_the_partition_the_nodes_hold(tmp_path, compo
     for cid in range(3):
         grid.add_node(cid, 1000 + cid, {"client-id": cid, "data-dir": str(tmp_path / "nodes" / f"client_{cid}")})
     cfg = compose("dataset=local", "num_clients=3", "rounds=1", "method=fedavg", "local_epochs=1")
-    assert cfg.partition.alpha == 0.3
+    assert cfg.run.alpha == 0.3
     summary = run_experiment(grid, cfg, check_partition=False)
     assert (summary["partition"], summary["alpha"], summary["partition_clients"]) == ("dirichlet", 1.0, 3)
     assert summary["node_dataset"] == "digits" and summary["data_source"] == "nodes"

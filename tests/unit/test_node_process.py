@@ -231,16 +231,15 @@ def test_deterministic_mode_reaches_the_client_and_keeps_the_numbers_on_cpu(comp
     code = (
         "import json, sys, torch\n"
         "from simulation.simulate import simulate\n"
-        "from server_app.config import compose_config\n"
-        "cfg = compose_config(sys.argv[2:])\n"
-        "s = simulate(cfg)\n"
+        "from server_app.run_plan import plan_run\n"
+        "s = simulate(plan_run(sys.argv[2:]))\n"
         "print(json.dumps({'det': torch.are_deterministic_algorithms_enabled(), 'acc': "
         "s['headline_test_before_acc']}))\n"
     )
     from pflower.simulation.simulate import simulate
 
     common = [*tiny_overrides, "method=fedavg", "backend=serial"]
-    args = [*common, "deterministic=true", f"output_dir={compose().output_dir}/det"]
+    args = [*common, "deterministic=true", f"output_dir={compose().run.output_dir}/det"]
     proc = subprocess.run([sys.executable, "-c", code, "x", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     det = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflower.server_app.progress import RunProgress, Sweep, bar, eta, format_duration, job_label, parse_sweep, sweep_eta
+from pflower.server_app.progress import RunProgress, Sweep, bar, eta, format_duration, job_label, sweep_eta
 
 
 class Clock:
@@ -109,50 +109,9 @@ def test_misjudged_sweep_size_is_dropped():
     assert sweep.total is None and sweep.position() == "run 3"
 
 
-def test_parse_sweep_counts_runs_as_hydra_does():
-    assert parse_sweep(["-m", "method=fedavg,fedper,local", "alpha=0.1,0.5", "rounds=5", "hydra.run.dir=."]) == (
-        6,
-        ["method", "alpha"],
-    )
-    assert parse_sweep(["method=fedavg", "rounds=5"]) == (1, [])
-    assert parse_sweep(["seed=range(0,4)"]) == (4, ["seed"])
-    assert parse_sweep(["method=fedavg,fedper"], {"seed": "1,2"}) == (4, ["seed", "method"])
-    assert parse_sweep(["method=glob(fed*)"]) == (None, [])  # needs hydra's config loader: size unknown
-
-
 def test_job_label_keeps_the_swept_keys():
     assert job_label(["method=fedper", "rounds=5", "alpha=0.1"], ["method", "alpha"]) == "method=fedper alpha=0.1"
     assert job_label(["rounds=5"], []) == ""
-
-
-def test_sweep_job_reads_hydras_job_number(monkeypatch):
-    """cli._sweep_job inside a multirun job: position from hydra's job number, size from the command line."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import read_write
-
-    from pflower.server_app.config import conf_dir, register_method_options
-    from pflower.simulation import cli
-
-    register_method_options()
-    argv = ["-m", "method=fedavg,fedper,local", "rounds=2"]
-    with initialize_config_dir(version_base=None, config_dir=str(conf_dir())):
-        cfg = compose("config", overrides=["method=fedper", "rounds=2"], return_hydra_config=True)
-    with read_write(cfg.hydra):
-        cfg.hydra.mode = "MULTIRUN"
-        cfg.hydra.job.num = 1
-        cfg.hydra.overrides.task = ["method=fedper", "rounds=2"]
-    HydraConfig.instance().set_config(cfg)
-    try:
-        sweeps: list[Sweep] = []
-        sweep = cli._sweep_job(argv, sweeps)
-        assert sweep is sweeps[0] and sweep.position() == "run 2/3 (method=fedper)"
-        with read_write(cfg.hydra):
-            cfg.hydra.mode = "RUN"
-        HydraConfig.instance().set_config(cfg)
-        assert cli._sweep_job(argv, []) is None
-    finally:
-        HydraConfig.instance().cfg = None
 
 
 @pytest.mark.parametrize("progress", [True, False])

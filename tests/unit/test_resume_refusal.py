@@ -30,10 +30,10 @@ def deployed_grid(n: int, state_dir: Path | None = None, cls=InProcessGrid, **kw
 
 def crashed(compose, overrides, grid) -> Path:
     cfg = compose(*overrides)
-    before = set(Path(cfg.output_dir).glob("*/*"))
+    before = set(Path(cfg.run.output_dir).glob("*/*"))
     with pytest.raises(Crash):
         run_experiment(grid, cfg)
-    (run_dir,) = [p for p in set(Path(cfg.output_dir).glob("*/*")) - before if p.is_dir()]
+    (run_dir,) = [p for p in set(Path(cfg.run.output_dir).glob("*/*")) - before if p.is_dir()]
     return run_dir
 
 

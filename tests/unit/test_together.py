@@ -78,7 +78,6 @@ def test_a_trainer_needs_a_run():
             "pflower: --together trains a sweep's runs as one computation on the batched",
         ),
         (["-m", "--together", "--jobs", "2", "seed=1,2", "backend=batched"], "drop --jobs"),
-        (["-m", "--together", "seed=range(1,3)", "backend=batched"], "needs the sweep's values listed"),
     ],
 )
 def test_together_refusals_are_one_line(args, message, tmp_path, monkeypatch, capsys):

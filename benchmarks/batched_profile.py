@@ -3,11 +3,11 @@ against the batched engine's one computation, on this machine's CPU (or ``--devi
 
 Ten LeNet-5 clients of 640 FMNIST-shaped samples each train one epoch of batch 32 (20 steps
 each), first one after the other (``client_app.training.train``, what the serial and parallel
-engines run), then together (``client_app.batched.train_together``, the batched engine). Prints
+engines run), then together (``client_app.grouped_training.train_together``, the batched engine). Prints
 milliseconds per client-step (median of ``--repeats``) and, from ``torch.profiler``, the
 operators that take the time in each. Then the same clients' evaluation on a test split of
 ``--test-samples`` each: one model at a time (``client_app.training.evaluate``) against
-together (``client_app.batched.evaluate_together``, what ``batch_eval`` turns on), in
+together (``client_app.grouped_training.evaluate_together``, what ``batch_eval`` turns on), in
 milliseconds per client.
 """
 
@@ -22,7 +22,7 @@ from statistics import median
 import torch
 
 from benchmarks.common import markdown_table, publish, run_header
-from pflower.client_app.batched import evaluate_together, train_together
+from pflower.client_app.grouped_training import evaluate_together, train_together
 from pflower.client_app.roles.base import FitPlan
 from pflower.client_app.training import TrainArgs, evaluate, train
 from pflower.models import build_model

@@ -49,7 +49,7 @@ from typing import Any
 from flwr.app import Message
 
 from benchmarks.common import markdown_table, median, run_header, write_result
-from pflower.protocol.compat import wire_measures
+from pflower.compat import wire_measures
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX as EXTRA_PREFIX
 from pflower.simulation.inprocess import InProcessGrid
 

@@ -76,8 +76,8 @@ def traced_sim(out_dir: str, extra: list[str], result_file: str) -> None:
             owner = getattr(owner, part)
         wrapped = _timed(record, step, getattr(owner, name))
         setattr(owner, name, wrapped)
-        if target == "pflower.server_app.config:validate":  # simulation.cli holds its own reference
-            importlib.import_module("pflower.simulation.cli").validate = wrapped
+        if target == "pflower.server_app.config:validate":  # simulation.sim_command holds its own reference
+            importlib.import_module("pflower.simulation.sim_command").validate = wrapped
     from pflower.strategies.base.strategy import PersonalizedStrategy
 
     # the modules the run imports, loaded here (to wrap them) rather than on first use

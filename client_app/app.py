@@ -7,7 +7,7 @@ import functools
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from pflower.protocol.logs import quiet_flower_logs
+from pflower.logs import quiet_flower_logs
 
 from .failures import one_line_failures
 from .runtime import handle_evaluate, handle_hello, handle_train

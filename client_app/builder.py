@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from pflower.protocol.logs import quiet_flower_logs
+from pflower.logs import quiet_flower_logs
 
 from .failures import one_line_failures
-from .hooks import ClientHooks, DataFn, ModelFn
 from .runtime import handle_evaluate, handle_hello, handle_train
+from .user_parts import ClientHooks, DataFn, ModelFn
 
 
 def build_clientapp(

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from flwr.app import Context, Error, Message
 
+from pflower.compat import ErrorCode
 from pflower.protocol import wire
-from pflower.protocol.compat import ErrorCode
 
 Handler = Callable[[Message, Context], Message]
 

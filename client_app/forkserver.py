@@ -83,7 +83,7 @@ def _run_clientapp_task(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    from pflower.protocol.compat import clientapp_runtime
+    from pflower.compat import clientapp_runtime
 
     runtime = clientapp_runtime()
     forget_app_modules()
@@ -114,7 +114,7 @@ class ForkserverExecutor:
     first executor that forks: one executor per process (the command makes one)."""
 
     def __init__(self, preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
-        from pflower.protocol.compat import superexec
+        from pflower.compat import superexec
 
         self._flower = superexec()
         self.preload = tuple(preload)
@@ -289,7 +289,7 @@ def node_homes(addresses: Sequence[str], flwr_home: Path) -> dict[str, str]:
 def serve_several(addresses: Sequence[str], executor: ForkserverExecutor) -> None:
     """Make Flower's ``flower-superexec`` run one task loop per SuperNode address (:func:`fan_out`),
     each SuperNode's ClientApps installing FABs in a FLWR_HOME of their own (:func:`node_homes`)."""
-    from pflower.protocol.compat import superexec
+    from pflower.compat import superexec
 
     flower = superexec()
     executor.homes = node_homes(addresses, flower.flwr_home())
@@ -301,7 +301,7 @@ def serve_several(addresses: Sequence[str], executor: ForkserverExecutor) -> Non
 
 def install(executor: ForkserverExecutor) -> None:
     """Make Flower's SuperExec loop start its subprocess-type tasks with ``executor``."""
-    from pflower.protocol.compat import superexec
+    from pflower.compat import superexec
 
     flower = superexec()
     ExecutorType, loop = flower.ExecutorType, flower.loop
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except RuntimeError as err:
             raise SystemExit(f"pflower-superexec: {err}") from None
     install(executor)
-    from pflower.protocol.compat import superexec
+    from pflower.compat import superexec
 
     sys.argv = ["pflower-superexec", *rest]
     superexec().flower_superexec()

@@ -34,9 +34,9 @@ from pflower.protocol import wire
 from pflower.protocol.wire import TaskSpec
 
 from .failures import one_line_failures
-from .hooks import ClientHooks, DataFn, ModelFn
 from .roles.base import FitPlan, stages
 from .runtime import TrainTask, finish_train, handle_evaluate, handle_hello, start_train
+from .user_parts import ClientHooks, DataFn, ModelFn
 
 CallNext = Callable[[Message, Context], Message]
 
@@ -44,7 +44,7 @@ CallNext = Callable[[Message, Context], Message]
 class ModError(ValueError):
     """A message or a reply client_mod cannot serve; the text names the fix."""
 
-    user_error = True  # one `pflower:` line in Flower's log (protocol.logs)
+    user_error = True  # one `pflower:` line in Flower's log (pflower.logs)
 
 
 def client_mod(

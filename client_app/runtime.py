@@ -32,7 +32,6 @@ from pflower.models.schema import float_buffer_keys
 from pflower.protocol import wire
 from pflower.protocol.wire import STATE_EXTRA_PREFIX, WIRE_EXTRA_PREFIX, SpecError, TaskSpec
 
-from .hooks import ClientHooks
 from .node import (
     apply_threads,
     cold_start_s,
@@ -45,6 +44,7 @@ from .node import (
 from .roles import Role, RoleContext, build_role
 from .state import ClientState
 from .training import TrainArgs, evaluate, pick_device
+from .user_parts import ClientHooks
 
 # Test hook (tests/e2e only, never set it on a real device): node config ``test-fault`` makes
 # this node tamper with its train replies so the server's validation can be tested on real

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pflower.protocol import compat
+from pflower import compat
 
 HOT_S = 10.0  # how long after a pulled message the node keeps polling fast
 FAST_S = 0.25  # the wait between pulls then

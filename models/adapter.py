@@ -33,7 +33,7 @@ from .layered import LayeredNet
 class ModelAdaptError(ValueError):
     """A module pflower cannot split into layer groups; the message names the module and the fix."""
 
-    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (pflower.logs)
 
 
 #: modules that turn logits into probabilities: pflower's clients train with cross-entropy on the

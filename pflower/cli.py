@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "sim":
-        from pflower.simulation.cli import sim_main
+        from pflower.simulation.sim_command import sim_main
 
         return sim_main(rest)
     if command == "superlink":

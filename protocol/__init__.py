@@ -6,7 +6,7 @@ The client runtime never imports strategies; a strategy may import its client ro
 """
 
 from .options import MethodOptions, OptionError, option, sent
-from .roles import RoleArgs, RoleArgsError
+from .role_args import RoleArgs, RoleArgsError
 from .wire import (
     STATE_EXTRA_PREFIX,
     WIRE_EXTRA_PREFIX,

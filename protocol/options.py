@@ -2,7 +2,7 @@
 
 Each option is one field made with :func:`option`: its default, type (the annotation), allowed
 values or range, and a line of documentation. An option the client reads is declared in its
-role's arguments (a :class:`pflower.protocol.roles.RoleArgs` beside the role, in
+role's arguments (a :class:`pflower.protocol.role_args.RoleArgs` beside the role, in
 ``client_app/roles/``); the method's options dataclass beside its strategy extends that class
 with the options only the server reads. Everything else reads that declaration: the strategy
 (``self.options``, built and checked before round 1), the client role (``self.args``, the same
@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 class OptionError(ValueError):
     """A method option that cannot work; the message names the method, the option and the fix."""
 
-    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (pflower.logs)
 
     def __init__(self, message: str, option: str | None = None) -> None:
         super().__init__(message)

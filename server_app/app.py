@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from pflower.protocol.logs import quiet_flower_logs
+from pflower.logs import quiet_flower_logs
 
 from .config import overrides_from_run_config
 from .failures import one_line_errors

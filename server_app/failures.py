@@ -18,7 +18,7 @@ from pathlib import Path
 
 from flwr.common import log
 
-from pflower.protocol.compat import FLOWER_LOGGER
+from pflower.compat import FLOWER_LOGGER
 from pflower.strategies.base.checkpoint import CheckpointError
 from pflower.strategies.base.client_directory import FederationError
 

@@ -52,7 +52,7 @@ def collect_app_files(root: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pflower.protocol import compat
+    from pflower import compat
 
     cli = compat.flwr_cli()
     cli.build.collect_files = collect_app_files  # what build_fab_from_disk calls

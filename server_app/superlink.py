@@ -424,8 +424,8 @@ def checked_flwr_args(argv: list[str], checkout: Path, home: Path | None = None)
     own ``conf/`` is the checkout's."""
     import tomllib
 
+    from pflower.compat import parse_run_config
     from pflower.conf import __file__ as conf_init
-    from pflower.protocol.compat import parse_run_config
 
     from .config import overrides_from_run_config
     from .run_plan import plan_run

@@ -6,7 +6,7 @@ state, received tensors and ``test_before``: :func:`client_app.runtime.start_tra
 it (``test_after``, what the client keeps, the reply: :func:`~client_app.runtime.finish_train`).
 In between, the clients whose role describes this round's training as a
 :class:`~client_app.roles.base.FitPlan` are grouped (same role, architecture, plan shape and
-training arguments) and each group trains at once (:func:`client_app.batched.train_together`):
+training arguments) and each group trains at once (:func:`client_app.grouped_training.train_together`):
 stacked parameters, ``torch.func.vmap``. A client whose role has no plan this round, or a group
 that cannot run as one computation (an optimizer other than SGD, a model with dropout), trains
 on its own, and the log says so once per role and reason. Messages other than train (discovery,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from flwr.app import Message
 from flwr.common import log
 
-from pflower.client_app.batched import evaluate_alone, evaluate_together, train_tasks
+from pflower.client_app.grouped_training import evaluate_alone, evaluate_together, train_tasks
 from pflower.client_app.runtime import TrainTask, finish_train, record_before, start_train
 
 from .inprocess import InProcessGrid, _threads, error_reply, handle_safely
@@ -127,7 +127,7 @@ class BatchedGrid(InProcessGrid):
     def _evaluate(self, tasks: list[TrainTask], models: list) -> list:
         """Each task's model (an exception: passed on) evaluated on its client's test split and
         the seconds added to its evaluation time: with ``batch_eval``, the models of one
-        architecture and device together (:func:`client_app.batched.evaluate_together`, the
+        architecture and device together (:func:`client_app.grouped_training.evaluate_together`, the
         seconds shared), else, or where a group's evaluation fails, one at a time, where a
         client's own exception is its result."""
         out: list = list(models)

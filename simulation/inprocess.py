@@ -18,7 +18,7 @@ from flwr.serverapp import Grid
 
 from pflower.client_app.runtime import handle_evaluate, handle_hello, handle_train
 from pflower.client_app.state import context_versions
-from pflower.protocol.compat import ErrorCode, TaskIdentity, node_unavailable_reason
+from pflower.compat import ErrorCode, TaskIdentity, node_unavailable_reason
 
 HANDLERS = {"query": handle_hello, "train": handle_train, "evaluate": handle_evaluate}
 Tamper = Callable[[Message], Message]

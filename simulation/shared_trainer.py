@@ -1,6 +1,6 @@
 """The joint training step of ``--together`` runs (:mod:`simulation.together`): every run's
 :class:`~simulation.batched.BatchedGrid` hands its chunk of prepared clients to one
-:class:`SharedTrainer`, which trains every run's chunk in one :func:`client_app.batched.train_tasks`
+:class:`SharedTrainer`, which trains every run's chunk in one :func:`client_app.grouped_training.train_tasks`
 call. Its own module so that the batched engine and the together runner need not import each other.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from pflower.client_app.batched import train_tasks
+from pflower.client_app.grouped_training import train_tasks
 from pflower.client_app.runtime import TrainTask
 
 Say = Callable[[str, str], None]

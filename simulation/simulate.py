@@ -41,7 +41,7 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
 
     engine, num_clients = prepared.plan.engine, prepared.plan.run.num_clients
     if engine.in_process:  # no Ray
-        from pflower.client_app.batched import role_has_plans
+        from pflower.client_app.grouped_training import role_has_plans
         from pflower.server_app.config import resolve_workers
 
         from .batched import BatchedGrid
@@ -99,7 +99,7 @@ def _simulate(prepared: PreparedRun, sweep: Sweep | None) -> dict[str, Any]:
             ended.set()
 
     # run_simulation is deprecated in flwr 1.41 in favour of `flwr run`, but it is the only
-    # in-process entry (a sweep runs several ServerApps in this process); protocol.logs drops
+    # in-process entry (a sweep runs several ServerApps in this process); pflower.logs drops
     # the warning. Ray's FutureWarning about accelerator env vars concerns num_gpus=0 actors only.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     try:
@@ -169,7 +169,7 @@ def check_ray_address(address: str, timeout: float = 3.0) -> str:
 
     if address == "auto":
         # what ray.init(address="auto") itself calls to find the cluster started on this machine
-        from pflower.protocol.compat import ray_bootstrap_address
+        from pflower.compat import ray_bootstrap_address
 
         try:
             found = ray_bootstrap_address("auto")

@@ -6,7 +6,7 @@ checkpoints (each resumes alone with ``resume=``). What they share is the batche
 training step: every run's :class:`~simulation.batched.BatchedGrid` hands its chunk of prepared
 clients to one :class:`SharedTrainer`, which waits until every run still going has handed in
 its chunk (or ended), then trains all of them with one
-:func:`client_app.batched.train_tasks` call, where clients of the same role, architecture and
+:func:`client_app.grouped_training.train_tasks` call, where clients of the same role, architecture and
 training arguments form one group whichever run they belong to: three seeds of a method train
 as one computation three times as wide.
 

@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from pflower.protocol.logs import one_line_user_errors
+from pflower.logs import one_line_user_errors
 from pflower.protocol.options import MethodOptions, OptionError
 
 from .base.client_spec import client_spec

@@ -125,7 +125,7 @@ def tiny_overrides() -> list[str]:
 def serverapp_identity():
     """What a ServerApp process has set before it builds a Message (Flower's TaskIdentity; the
     in-process grid sets the same)."""
-    from pflower.protocol.compat import TaskIdentity
+    from pflower.compat import TaskIdentity
 
     TaskIdentity.run_id = 1
     TaskIdentity.node_id = 0

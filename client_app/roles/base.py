@@ -13,7 +13,7 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 
 from ..training import LossFn, TrainArgs, cross_entropy, train
 
@@ -55,7 +55,7 @@ class FitPlan:
     ``after(model)`` for metrics computed on the trained model. A round may be several plans run
     one after another (stages: FedRep's head then body, Ditto's personal model then the global
     one); each stage's mean loss is reported as ``loss_name`` (:func:`stage_metrics`).
-    One plan runs one client (:func:`run_plan`) or many clients at once (``client_app.batched``),
+    One plan runs one client (:func:`run_plan`) or many clients at once (``client_app.grouped_training``),
     so the two engines share one definition of the role."""
 
     params: list[str] | None = None
@@ -181,7 +181,7 @@ ROLES: dict[str, type[Role]] = {}
 class Role:
     """A method's client side. Subclasses override only what differs from plain SGD.
 
-    ``args_type``: the role's arguments (a :class:`~pflower.protocol.roles.RoleArgs` declared
+    ``args_type``: the role's arguments (a :class:`~pflower.protocol.role_args.RoleArgs` declared
     beside the role; the method's options extend it); ``self.args`` is an instance, decoded and
     checked from the message. A subclass
     with its own ``name`` in ``client_app/roles/`` registers itself (no list to edit).

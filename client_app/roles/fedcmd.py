@@ -16,7 +16,7 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option, sent
-from pflower.protocol.roles import RoleArgs, RoleArgsError
+from pflower.protocol.role_args import RoleArgs, RoleArgsError
 
 from ..training import LossFn, TrainArgs
 from .base import FitPlan, Role, RoleContext, train_own

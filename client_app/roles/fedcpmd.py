@@ -15,7 +15,7 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option, sent
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 
 from ..training import TrainArgs
 from .base import FitPlan, RoleContext

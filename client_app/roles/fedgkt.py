@@ -20,7 +20,7 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.models.gkt import ExtractorThenHead, kd_loss, server_head
 from pflower.protocol.options import option, sent
-from pflower.protocol.roles import RoleArgs, RoleArgsError
+from pflower.protocol.role_args import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext

@@ -18,7 +18,7 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option, sent
-from pflower.protocol.roles import RoleArgs, RoleArgsError
+from pflower.protocol.role_args import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext, train_own

@@ -19,7 +19,7 @@ from torch import nn
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option, sent
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 
 from .base import Role, RoleContext, train_own
 from .felo_knowledge import ClassKnowledge, FeatureSamples, felo_loss

@@ -21,7 +21,7 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.models.schema import batchnorm_layers
 from pflower.protocol.options import option
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 
 from ..training import TrainArgs, cross_entropy
 from .base import Role, RoleContext, train_own

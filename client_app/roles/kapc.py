@@ -23,7 +23,7 @@ from torch import nn
 from pflower.federated_data import ClientData
 from pflower.models.schema import layer_dims, parameter_layers
 from pflower.protocol import options
-from pflower.protocol.roles import RoleArgs, RoleArgsError
+from pflower.protocol.role_args import RoleArgs, RoleArgsError
 
 from ..training import TrainArgs
 from .base import FitPlan, Role, RoleContext

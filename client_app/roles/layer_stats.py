@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflower.protocol.roles import RoleArgsError
+from pflower.protocol.role_args import RoleArgsError
 
 # the choices of FedCMD's and FedCPMD's scoring options (declared in their role arguments)
 SCORE_MODES = ("paper", "code")  # FedCMD layer score (FedCMD paper, layer score (Eq. 5/6))

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from pflower.federated_data import ClientData
 from pflower.protocol.options import option
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 
 from ..training import LossFn, TrainArgs
 from .base import Role, RoleContext, train_own

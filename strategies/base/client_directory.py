@@ -30,7 +30,7 @@ class FederationError(RuntimeError):
     """The federation cannot run this config (its node count, every node refusing): the message
     names the setting to change. The ServerApp reports it as one line, like a config error."""
 
-    user_error = True  # in a user's own ServerApp too: one `pflower:` line in Flower's log (protocol.logs)
+    user_error = True  # in a user's own ServerApp too: one `pflower:` line in Flower's log (pflower.logs)
 
 
 @dataclass

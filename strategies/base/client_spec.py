@@ -20,7 +20,7 @@ class SetupError(ValueError):
     """A strategy built in a user's ServerApp with arguments it cannot run with; the message names
     the argument and the fix."""
 
-    user_error = True  # one `pflower:` line in Flower's log, not a traceback (protocol.logs)
+    user_error = True  # one `pflower:` line in Flower's log, not a traceback (pflower.logs)
 
 
 #: what every client reads from the spec (the rest has defaults)

@@ -17,8 +17,8 @@ from typing import Any
 from flwr.app import Message
 from flwr.common import log
 
+from pflower.compat import ErrorCode
 from pflower.models.schema import Template
-from pflower.protocol.compat import ErrorCode
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX
 
 from .client_directory import ClientInfo, FederationError

@@ -13,7 +13,7 @@ from pflower.models import group_of
 from pflower.models.schema import ModelSchema, Template
 from pflower.protocol import wire
 from pflower.protocol.options import MethodOptions
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 from pflower.protocol.wire import WIRE_EXTRA_PREFIX, TaskSpec
 
 from .architectures import Architectures

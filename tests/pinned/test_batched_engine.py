@@ -141,7 +141,7 @@ def group_sizes(monkeypatch, module, name: str) -> list[int]:  # noqa: ANN001
 def test_a_round_runs_in_chunks_of_batch_clients(tmp_path, monkeypatch):
     """Memory: at most ``batch_clients`` clients are prepared and trained at once, whatever the
     round's size (a round of 1,000 clients holds that many models, not 1,000)."""
-    import pflower.client_app.batched as engine
+    import pflower.client_app.grouped_training as engine
 
     sizes = group_sizes(monkeypatch, engine, "train_together")
     plan = plan_run(

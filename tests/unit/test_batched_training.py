@@ -1,4 +1,4 @@
-"""client_app.batched.train_together: many clients' training as one computation equals training
+"""client_app.grouped_training.train_together: many clients' training as one computation equals training
 them one at a time (client_app.training.train) to float rounding, on inputs without ties."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflower.client_app.batched import NotBatchable, train_together
+from pflower.client_app.grouped_training import NotBatchable, train_together
 from pflower.client_app.roles.base import FitPlan
 from pflower.client_app.roles.proximal import proximal_penalty, snapshot
 from pflower.client_app.training import TrainArgs, train
@@ -148,7 +148,7 @@ def test_evaluate_together_equals_evaluating_each_model_alone():
     """Uneven test sets (one longer than a batch, one without a sample of some class), three
     clients of one architecture and one of another, BatchNorm in eval mode (running statistics
     moved by a training step first, so eval differs from train mode)."""
-    from pflower.client_app.batched import evaluate_together
+    from pflower.client_app.grouped_training import evaluate_together
     from pflower.client_app.training import evaluate
 
     lenet = build_model("lenet5", (1, 28, 28), 10, seed=3)

@@ -235,7 +235,7 @@ def test_a_key_deletion_reaches_the_run_as_the_model_error_advises(tmp_path, cap
     """`~model.fc_layers` (what the error for an experiment's LeNet-5 option on a ResNet says to
     write) reaches the run as written, in a single run and in every run of a sweep."""
     from pflower.server_app.run_plan import plan_run
-    from pflower.simulation.cli import runs_of
+    from pflower.simulation.sim_command import runs_of
 
     argv = ["experiment=fedcmd_fmnist", "model=resnet18", "~model.fc_layers", "seed=1,2"]
     assert runs_of(argv) == [argv]  # no -m: one run (its `seed=1,2` is hydra's to refuse)

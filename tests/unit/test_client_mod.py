@@ -13,9 +13,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from pflower.client_app import client_mod
-from pflower.client_app.hooks import ClientHooks
 from pflower.client_app.runtime import handle_hello
 from pflower.client_app.state import context_versions
+from pflower.client_app.user_parts import ClientHooks
 from pflower.simulation.inprocess import InProcessGrid, error_reply
 from pflower.strategies import STRATEGIES, FedAvg, FedCMD, FedCPMD, FedPer, FedProx, client_spec
 from pflower.strategies.base.client_directory import FederationError

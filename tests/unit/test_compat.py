@@ -1,4 +1,4 @@
-"""protocol/compat.py holds every use of another library's internals; each is checked here for the
+"""pflower/compat.py holds every use of another library's internals; each is checked here for the
 members and parameters pflower relies on, so a release that changes one fails by name (issue 44).
 A second test keeps the rest of the code from reaching into internals behind compat's back."""
 
@@ -10,7 +10,7 @@ import logging
 import re
 from pathlib import Path
 
-from pflower.protocol import compat
+from pflower import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("server_app", "client_app", "strategies", "models", "protocol", "federated_data", "benchmarks", "scripts")
@@ -116,4 +116,4 @@ def test_no_module_but_compat_imports_another_librarys_internals():
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if INTERNAL.match(line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert not found, "import these through protocol/compat.py:\n" + "\n".join(found)
+    assert not found, "import these through pflower/compat.py:\n" + "\n".join(found)

@@ -240,7 +240,7 @@ def test_default_candidates_are_the_fc_groups():
 def test_strategy_and_role_check_options_with_the_one_protocol_definition():
     from pflower.client_app.roles.fedcmd import FedCMDArgs
     from pflower.protocol.options import OptionError
-    from pflower.protocol.roles import RoleArgsError
+    from pflower.protocol.role_args import RoleArgsError
 
     with pytest.raises(OptionError, match="w2_mode"):
         FedCMDArgs(**role_args_of("fedcmd", phase=1, candidates=["fc1"], w2_mode="exact"))

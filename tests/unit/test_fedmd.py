@@ -14,7 +14,7 @@ from pflower.client_app.training import TrainArgs
 from pflower.federated_data import ClientData, DataSpec, load_public_data, load_transfer_data
 from pflower.federated_data.client_data import _pool, client_indices
 from pflower.models import build_model
-from pflower.protocol.roles import RoleArgsError
+from pflower.protocol.role_args import RoleArgsError
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.fedmd import consensus
 

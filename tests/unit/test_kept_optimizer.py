@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflower.client_app.batched import NotBatchable, train_together
+from pflower.client_app.grouped_training import NotBatchable, train_together
 from pflower.client_app.roles.base import FitPlan
 from pflower.client_app.training import OPTIM_STATE, TrainArgs, train
 from pflower.models import build_model

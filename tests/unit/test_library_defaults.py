@@ -73,8 +73,8 @@ class InProcessGridWithData(InProcessGrid):
         super().__init__(num_nodes)
         from user_code import client_digits32
 
-        from pflower.client_app.hooks import ClientHooks
         from pflower.client_app.runtime import handle_evaluate, handle_hello, handle_train
+        from pflower.client_app.user_parts import ClientHooks
 
         hooks = ClientHooks(Net, client_digits32)
         self.handlers = {

@@ -13,7 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from pflower.protocol.options import option
-from pflower.protocol.roles import RoleArgs
+from pflower.protocol.role_args import RoleArgs
 from pflower.server_app.config import OPTIONS_GROUP, ConfigError, compose_config, conf_dir, method_defaults
 from pflower.strategies import STRATEGIES, MethodOptions, OptionError, PersonalizedStrategy
 
@@ -127,7 +127,7 @@ def test_the_message_carries_the_options_its_client_reads(method):
 
 
 def test_a_message_without_an_argument_or_with_an_unknown_one_is_refused_naming_it():
-    from pflower.protocol.roles import RoleArgsError
+    from pflower.protocol.role_args import RoleArgsError
 
     MOONArgs = role_of("moon")
     with pytest.raises(RoleArgsError, match=r"role 'moon' got no \['tau'\]"):

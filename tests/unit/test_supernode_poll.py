@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pflower import compat
 from pflower.client_app import supernode
-from pflower.protocol import compat
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """``pflower sim``'s command line into runs: one list of overrides per run, a ``-m`` sweep expanded
-as hydra's basic sweeper expands a multirun, with no second hydra app (simulation/cli.py)."""
+as hydra's basic sweeper expands a multirun, with no second hydra app (simulation/sim_command.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from pflower.server_app.config import ConfigError
 from pflower.server_app.run_plan import plan_run
-from pflower.simulation.cli import runs_of, swept_keys
+from pflower.simulation.sim_command import runs_of, swept_keys
 
 
 def test_a_sweep_is_the_product_of_its_values_in_hydras_order():

@@ -9,7 +9,7 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from user_code import Digits32, Net, client_digits32
 
-from pflower.client_app.hooks import ClientHooks
+from pflower.client_app.user_parts import ClientHooks
 from pflower.federated_data.datasets import DataHookError
 from pflower.protocol.wire import TaskSpec
 from pflower.simulation.inprocess import InProcessGrid

@@ -171,7 +171,7 @@ def sim_main(argv: list[str]) -> int:
 
 
 def _sim_main(argv: list[str]) -> int:
-    from pflower.protocol.logs import quiet_flower_logs
+    from pflower.logs import quiet_flower_logs
     from pflower.server_app.config import sim_help
     from pflower.server_app.failures import USER_ERRORS
 

@@ -18,7 +18,7 @@ from typing import Any
 # the error codes of Flower's error replies (strategies.base.replies; the in-process grid writes them)
 from flwr.common.constant import ErrorCode
 
-# Flower's logger and its console handler (protocol.logs, server_app.failures)
+# Flower's logger and its console handler (pflower.logs, server_app.failures)
 from flwr.supercore.logger import FLOWER_LOGGER, update_console_handler
 
 # the identity a ServerApp process sets before its strategy builds Messages (the in-process grid)

@@ -334,29 +334,28 @@ def describe_keys(keys: frozenset[str], group_keys: dict[str, list[str]]) -> str
 
 
 def _phase_numbers(run: dict[str, Any], rnds: list[int]) -> dict[str, float]:
+    """Medians over the rounds ``rnds`` of a run's train messages, each direction alike
+    (``down_client``, ``up_round``, ``over_down``...)."""
     train = {b.server_round: b for b in run["batches"] if b.kind == "train"}
     bs = [train[r] for r in rnds if r in train]
-    per = lambda sizes, attr: sum(getattr(s, attr) for s in sizes) / max(len(sizes), 1)  # noqa: E731
+    out: dict[str, Any] = {"clients": median(len(b.down) for b in bs)}
+    for side in ("down", "up"):
+        for key, value in _direction_numbers([getattr(b, side) for b in bs]).items():
+            out[f"over_{side}" if key == "over" else f"{side}_{key}"] = value
+    return out
+
+
+def _direction_numbers(rounds: list[list[Any]]) -> dict[str, Any]:
+    """One direction's messages, a list per round: per client, per message (min, max), per round
+    (bytes on the wire, of arrays, of protocol), and each message's overhead over its arrays."""
+    every = [s for msgs in rounds for s in msgs]
     return {
-        "clients": median(len(b.down) for b in bs),
-        "down_client": median(per(b.down, "wire") for b in bs),
-        "up_client": median(per(b.up, "wire") for b in bs),
-        "down_msg": (
-            min((s.wire for b in bs for s in b.down), default=0),
-            max((s.wire for b in bs for s in b.down), default=0),
-        ),
-        "up_msg": (
-            min((s.wire for b in bs for s in b.up), default=0),
-            max((s.wire for b in bs for s in b.up), default=0),
-        ),
-        "down_round": median(sum(s.wire for s in b.down) for b in bs),
-        "up_round": median(sum(s.wire for s in b.up) for b in bs),
-        "down_arrays_round": median(sum(s.arrays for s in b.down) for b in bs),
-        "up_arrays_round": median(sum(s.arrays for s in b.up) for b in bs),
-        "down_proto_round": median(sum(s.proto for s in b.down) for b in bs),
-        "up_proto_round": median(sum(s.proto for s in b.up) for b in bs),
-        "over_down": median(s.wire - s.arrays for b in bs for s in b.down),
-        "over_up": median(s.wire - s.arrays for b in bs for s in b.up),
+        "client": median(sum(s.wire for s in msgs) / max(len(msgs), 1) for msgs in rounds),
+        "msg": (min((s.wire for s in every), default=0), max((s.wire for s in every), default=0)),
+        "round": median(sum(s.wire for s in msgs) for msgs in rounds),
+        "arrays_round": median(sum(s.arrays for s in msgs) for msgs in rounds),
+        "proto_round": median(sum(s.proto for s in msgs) for msgs in rounds),
+        "over": median(s.wire - s.arrays for s in every),
     }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -189,28 +190,12 @@ def train_together(
     trained = [n for n, p in named.items() if n in wanted and p.requires_grad]
     if not trained or (args.epochs <= 0 if args.steps is None else args.steps <= 0):
         return [float("nan")] * count
-    own_params = [dict(m.named_parameters()) for m in models]
-    own_buffers = [dict(m.named_buffers()) for m in models]
-    params = {n: torch.stack([mine[n].detach() for mine in own_params]).to(device) for n in named}
-    buffers = {n: torch.stack([mine[n] for mine in own_buffers]).to(device) for n in own_buffers[0]}
-    reference = {
-        n: torch.stack([plan.reference[n].to(device) for plan in plans]) for n in plans[0].reference
-    }  # each client's penalty reference
-    penalties = plans[0].penalties()
+    group = _Stacked.of(models, plans, device)
     orders = [list(batch_indices(len(y), args, g)) for (_, y), g in zip(data, generators)]
     offsets = torch.tensor([0, *[len(y) for _, y in data]]).cumsum(0)[:-1].tolist()
     x_all = torch.cat([x for x, _ in data]).to(device)
     y_all = torch.cat([y for _, y in data]).to(device)
-    momentum: dict[str, torch.Tensor] = {}
-    totals = torch.zeros(count, dtype=torch.float64, device=device)
-
-    def client_loss(p: dict, b: dict, ref: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = nn.functional.cross_entropy(functional_call(template, {**p, **b}, (x,)), y)
-        for penalty in penalties:  # in order, as FitPlan.loss_fn adds them
-            loss = loss + penalty(p, ref)
-        return loss
-
-    batched_loss = vmap(client_loss)
+    batched_loss = vmap(_client_loss(template, plans[0].penalties()))
     template.train()
     for step in range(max((len(o) for o in orders), default=0)):
         by_size: dict[int, list[int]] = {}
@@ -218,32 +203,91 @@ def train_together(
             if step < len(order):
                 by_size.setdefault(len(order[step]), []).append(k)
         for ks in by_size.values():
-            whole = len(ks) == count
-            rows = torch.tensor(ks, device=device)
-            pick = (lambda t: t) if whole else (lambda t: t[rows])
-            p = {n: pick(t).detach().requires_grad_(n in trained) for n, t in params.items()}
-            b = {n: pick(t) if whole else t[rows].clone() for n, t in buffers.items()}
             index = torch.stack([orders[k][step] + offsets[k] for k in ks]).to(device)
-            try:
-                losses = batched_loss(p, b, {n: pick(t) for n, t in reference.items()}, x_all[index], y_all[index])
-            except RuntimeError as exc:  # e.g. "vmap: called random operation while in randomness error mode"
-                if step == 0:
-                    raise NotBatchable(f"the model does not run under torch.func.vmap ({exc})") from exc
-                raise
-            grads = torch.autograd.grad(losses.sum(), [p[n] for n in trained])
-            with torch.no_grad():
-                _sgd_step(params, momentum, trained, grads, rows, whole, step == 0, args)
-                if not whole:
-                    for n, t in b.items():
-                        buffers[n][rows] = t
-                totals[rows] += losses.detach().double()
-    with torch.no_grad():
-        for k in range(count):
-            for n, t in own_params[k].items():
-                t.copy_(params[n][k])
-            for n, t in own_buffers[k].items():
-                t.copy_(buffers[n][k])
-    return [float(totals[k]) / max(len(orders[k]), 1) for k in range(count)]
+            group.step(batched_loss, ks, step, (x_all[index], y_all[index]), trained, args)
+    group.write_back(models)
+    return [float(group.totals[k]) / max(len(orders[k]), 1) for k in range(count)]
+
+
+def _client_loss(template: nn.Module, penalties: Sequence[Callable]) -> Callable:
+    """One client's loss on one batch from its own parameters ``p`` and buffers ``b`` (what vmap maps)."""
+
+    def client_loss(p: dict, b: dict, ref: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(functional_call(template, {**p, **b}, (x,)), y)
+        for penalty in penalties:  # in order, as FitPlan.loss_fn adds them
+            loss = loss + penalty(p, ref)
+        return loss
+
+    return client_loss
+
+
+@dataclass
+class _Stacked:
+    """A group's parameters, buffers, penalty references, momentum and summed losses, stacked
+    along a first dimension of one row per client."""
+
+    own_params: list[dict[str, torch.Tensor]]
+    own_buffers: list[dict[str, torch.Tensor]]
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    reference: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    totals: torch.Tensor
+
+    @classmethod
+    def of(cls, models: Sequence[nn.Module], plans: Sequence[FitPlan], device: torch.device) -> _Stacked:
+        own_params = [dict(m.named_parameters()) for m in models]
+        own_buffers = [dict(m.named_buffers()) for m in models]
+        names = list(own_params[0])
+        return cls(
+            own_params,
+            own_buffers,
+            {n: torch.stack([mine[n].detach() for mine in own_params]).to(device) for n in names},
+            {n: torch.stack([mine[n] for mine in own_buffers]).to(device) for n in own_buffers[0]},
+            # each client's penalty reference
+            {n: torch.stack([plan.reference[n].to(device) for plan in plans]) for n in plans[0].reference},
+            {},
+            torch.zeros(len(models), dtype=torch.float64, device=device),
+        )
+
+    def step(
+        self,
+        batched_loss: Callable,
+        ks: list[int],
+        step: int,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        trained: list[str],
+        args: TrainArgs,
+    ) -> None:
+        """One SGD step of the clients ``ks`` (those whose batch at ``step`` has one size) on their
+        stacked ``batch``."""
+        whole = len(ks) == len(self.own_params)
+        rows = torch.tensor(ks, device=self.totals.device)
+        pick = (lambda t: t) if whole else (lambda t: t[rows])
+        p = {n: pick(t).detach().requires_grad_(n in trained) for n, t in self.params.items()}
+        b = {n: pick(t) if whole else t[rows].clone() for n, t in self.buffers.items()}
+        try:
+            losses = batched_loss(p, b, {n: pick(t) for n, t in self.reference.items()}, *batch)
+        except RuntimeError as exc:  # e.g. "vmap: called random operation while in randomness error mode"
+            if step == 0:
+                raise NotBatchable(f"the model does not run under torch.func.vmap ({exc})") from exc
+            raise
+        grads = torch.autograd.grad(losses.sum(), [p[n] for n in trained])
+        with torch.no_grad():
+            _sgd_step(self.params, self.momentum, trained, grads, rows, whole, step == 0, args)
+            if not whole:
+                for n, t in b.items():
+                    self.buffers[n][rows] = t
+            self.totals[rows] += losses.detach().double()
+
+    @torch.no_grad()
+    def write_back(self, models: Sequence[nn.Module]) -> None:
+        """Each client's trained row into its own model's parameters and buffers."""
+        for k in range(len(models)):
+            for n, t in self.own_params[k].items():
+                t.copy_(self.params[n][k])
+            for n, t in self.own_buffers[k].items():
+                t.copy_(self.buffers[n][k])
 
 
 def _sgd_step(

@@ -71,19 +71,7 @@ def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
     """(images [N, C, H, W], labels int64 [N]) of a dataset object (a DataLoader: its dataset) or
     an ``(images, labels)`` pair."""
     if isinstance(data, tuple) and len(data) == 2 and all(hasattr(d, "shape") for d in data):
-        images, labels = (np.asarray(d.detach().cpu() if hasattr(d, "detach") else d) for d in data)
-        if images.ndim == 3:
-            images = images[:, None]  # N x H x W
-        elif images.ndim == 4 and images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4):
-            images = images.transpose(0, 3, 1, 2)  # N x H x W x C
-        if images.ndim not in (2, 4) or labels.shape != (len(images),):
-            raise DataHookError(
-                f"{where}: samples {images.shape} and labels {labels.shape}; pass images [N, C, H, W] or "
-                "feature vectors [N, F], and labels [N]"
-            )
-        if images.dtype != np.uint8 or images.ndim == 2:  # vectors are features, never 0..255 pixels
-            images = images.astype(np.float32, copy=False)
-        return np.ascontiguousarray(images), labels.astype(np.int64)
+        return _pair_arrays(data, where)
     from torch.utils.data import DataLoader
 
     if isinstance(data, DataLoader):  # Flower's quickstart returns loaders: their dataset, item by item
@@ -97,21 +85,43 @@ def arrays_of(data: Any, where: str = "the dataset") -> Arrays:
         raise DataHookError(f"{where} is empty")
     images, labels = [], []
     for i in range(len(data)):
-        item = data[i]
-        if isinstance(item, Mapping):  # Hugging Face rows
-            keys = [k for k in ("image", "img", "pixel_values") if k in item]
-            if not keys or "label" not in item:
-                raise DataHookError(f"{where}[{i}] has keys {sorted(item)}; pflower reads 'image' and 'label'")
-            item = (item[keys[0]], item["label"])
-        if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise DataHookError(f"{where}[{i}] is a {type(item).__name__}; items must be (image, label)")
-        images.append(_image_array(item[0], f"{where}[{i}]"))
-        labels.append(int(item[1]))
+        image, label = _item(data[i], f"{where}[{i}]")
+        images.append(image)
+        labels.append(label)
     shapes = {x.shape for x in images}
     if len(shapes) != 1:
         raise DataHookError(f"{where}: samples of different shapes {sorted(shapes)[:3]}; give them one shape")
     dtype = np.uint8 if all(x.dtype == np.uint8 and x.ndim == 3 for x in images) else np.float32
     return np.stack(images).astype(dtype, copy=False), np.asarray(labels, np.int64)
+
+
+def _pair_arrays(data: tuple[Any, Any], where: str) -> Arrays:
+    """An ``(images, labels)`` pair of arrays or tensors, images brought to [N, C, H, W] or [N, F]."""
+    images, labels = (np.asarray(d.detach().cpu() if hasattr(d, "detach") else d) for d in data)
+    if images.ndim == 3:
+        images = images[:, None]  # N x H x W
+    elif images.ndim == 4 and images.shape[-1] in (1, 3, 4) and images.shape[1] not in (1, 3, 4):
+        images = images.transpose(0, 3, 1, 2)  # N x H x W x C
+    if images.ndim not in (2, 4) or labels.shape != (len(images),):
+        raise DataHookError(
+            f"{where}: samples {images.shape} and labels {labels.shape}; pass images [N, C, H, W] or "
+            "feature vectors [N, F], and labels [N]"
+        )
+    if images.dtype != np.uint8 or images.ndim == 2:  # vectors are features, never 0..255 pixels
+        images = images.astype(np.float32, copy=False)
+    return np.ascontiguousarray(images), labels.astype(np.int64)
+
+
+def _item(item: Any, where: str) -> tuple[np.ndarray, int]:
+    """One dataset item, ``(image, label)`` or a Hugging Face row, as (image array, label)."""
+    if isinstance(item, Mapping):  # Hugging Face rows
+        keys = [k for k in ("image", "img", "pixel_values") if k in item]
+        if not keys or "label" not in item:
+            raise DataHookError(f"{where} has keys {sorted(item)}; pflower reads 'image' and 'label'")
+        item = (item[keys[0]], item["label"])
+    if not isinstance(item, (tuple, list)) or len(item) < 2:
+        raise DataHookError(f"{where} is a {type(item).__name__}; items must be (image, label)")
+    return _image_array(item[0], where), int(item[1])
 
 
 def user_splits(result: Any, where: str) -> dict[str, Arrays]:

@@ -77,43 +77,46 @@ def load_plan(path: Path | None = None) -> dict[str, Any]:
     path = path or conf_dir() / PLAN_FILE
     plan = yaml.safe_load(path.read_text()) or {}
     for name, proto in (plan.get("protocols") or {}).items():
-        if proto.get("entries") not in (plan.get("entries") or {}):
-            raise ConfigError(
-                f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries"
-            )
-        if not (conf_dir() / "experiment" / f"{proto.get('experiment')}.yaml").exists():
-            raise ConfigError(
-                f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/"
-            )
-        second = proto.get("second_metric")
-        if second is not None and not (isinstance(second, dict) and second.get("key") and second.get("label")):
-            raise ConfigError(
-                f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, "
-                f"got {second!r}"
-            )
-        evaluated = proto.get("evaluated")
-        group = (plan.get("entries") or {}).get(proto.get("entries")) or {}
-        only = proto.get("only")
-        if only is not None and (not isinstance(only, list) or not only or set(only) - set(group)):
-            raise ConfigError(
-                f"{path}: protocol {name}'s only must list entries of its group {proto.get('entries')!r}; unknown: "
-                f"{sorted(set(only) - set(group)) if isinstance(only, list) and only else only!r}"
-            )
-        other = proto.get("compare_to")
-        if other is not None and (other == name or other not in (plan.get("protocols") or {})):
-            raise ConfigError(
-                f"{path}: protocol {name}'s compare_to must name another protocol of the plan, got {other!r}"
-            )
-        if evaluated is not None and (not isinstance(evaluated, dict) or set(evaluated) - set(group)):
-            raise ConfigError(
-                f"{path}: protocol {name}'s evaluated must map its entries to what they measure; unknown entries: "
-                f"{sorted(set(evaluated) - set(group)) if isinstance(evaluated, dict) else evaluated!r}"
-            )
+        _check_protocol(path, plan, name, proto)
     for group in (plan.get("entries") or {}).values():
         for entry, spec in group.items():
             if spec.get("seeds", "seeds") not in plan or not isinstance(plan[spec.get("seeds", "seeds")], list):
                 raise ConfigError(f"{path}: entry {entry} names seeds {spec.get('seeds')!r}, not a list of the plan")
     return plan
+
+
+def _check_protocol(path: Path, plan: dict[str, Any], name: str, proto: dict[str, Any]) -> None:
+    """One protocol of the plan: its entry group and experiment exist, its optional keys are well formed."""
+    if proto.get("entries") not in (plan.get("entries") or {}):
+        raise ConfigError(
+            f"{path}: protocol {name} names entry group {proto.get('entries')!r}, which is not under entries"
+        )
+    if not (conf_dir() / "experiment" / f"{proto.get('experiment')}.yaml").exists():
+        raise ConfigError(
+            f"{path}: protocol {name} names experiment {proto.get('experiment')!r}, not in conf/experiment/"
+        )
+    second = proto.get("second_metric")
+    if second is not None and not (isinstance(second, dict) and second.get("key") and second.get("label")):
+        raise ConfigError(
+            f"{path}: protocol {name}'s second_metric must be {{key: <summary.json key>, label: <column header>}}, "
+            f"got {second!r}"
+        )
+    evaluated = proto.get("evaluated")
+    group = (plan.get("entries") or {}).get(proto.get("entries")) or {}
+    only = proto.get("only")
+    if only is not None and (not isinstance(only, list) or not only or set(only) - set(group)):
+        raise ConfigError(
+            f"{path}: protocol {name}'s only must list entries of its group {proto.get('entries')!r}; unknown: "
+            f"{sorted(set(only) - set(group)) if isinstance(only, list) and only else only!r}"
+        )
+    other = proto.get("compare_to")
+    if other is not None and (other == name or other not in (plan.get("protocols") or {})):
+        raise ConfigError(f"{path}: protocol {name}'s compare_to must name another protocol of the plan, got {other!r}")
+    if evaluated is not None and (not isinstance(evaluated, dict) or set(evaluated) - set(group)):
+        raise ConfigError(
+            f"{path}: protocol {name}'s evaluated must map its entries to what they measure; unknown entries: "
+            f"{sorted(set(evaluated) - set(group)) if isinstance(evaluated, dict) else evaluated!r}"
+        )
 
 
 def plan_jobs(

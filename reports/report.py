@@ -829,46 +829,7 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
         colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
         for ax, panel in zip(axes, panels):
             for i, (label, run, c) in enumerate(runs):
-                color = colors[i % len(colors)]
-                pts = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.key, ())) if v is not None]
-                if not pts:
-                    continue
-                width = max(len(v) if isinstance(v, tuple) else 1 for _, v in pts)
-                for j in range(width):
-                    line = [
-                        (r, v[j] if isinstance(v, tuple) else v)
-                        for r, v in pts
-                        if not isinstance(v, tuple) or j < len(v)
-                    ]
-                    ax.plot(
-                        [r for r, _ in line],
-                        [y for _, y in line],
-                        color=color,
-                        linewidth=1.0,
-                        alpha=1.0 if width == 1 else 0.35 + 0.65 * (j + 1) / width,
-                        label=label if j == width - 1 else None,
-                    )
-                if panel.events and width == 1:
-                    fired = dict(pts)
-                    xs = [r for r, e in zip(c.rounds, c.diagnostics.get(panel.events, ())) if e and r in fired]
-                    ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4)
-                used = [
-                    (r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.threshold_key or "", ())) if v is not None
-                ]
-                if used:  # the threshold the run compared with, where it logged one
-                    ax.plot(
-                        [r for r, _ in used],
-                        [v for _, v in used],
-                        color=color,
-                        linestyle="--",
-                        linewidth=0.8,
-                        marker="_",
-                        markersize=6,
-                    )
-                    continue
-                limit = method_option(run, panel.threshold) if panel.threshold else None
-                if _is_type(limit, (int, float)) and math.isfinite(limit):
-                    ax.axhline(float(limit), color=color, linestyle="--", linewidth=0.8)
+                _draw_panel_run(ax, panel, label, run, c, colors[i % len(colors)])
             ax.set_ylabel(panel.label, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -884,6 +845,38 @@ def plot_mechanism(group: Group, curves: Sequence[Curve], method: str, path: Pat
         axes[-1].set_xlabel("round")
         fig.savefig(path, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
     return path
+
+
+def _draw_panel_run(ax: Any, panel: Any, label: str, run: Path, c: Curve, color: str) -> None:
+    """One run on one mechanism panel: a line per entry of its values (one per layer...), its
+    event rounds as dots, and the threshold it compared with (logged per round, else its option)
+    dashed."""
+    pts = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.key, ())) if v is not None]
+    if not pts:
+        return
+    width = max(len(v) if isinstance(v, tuple) else 1 for _, v in pts)
+    for j in range(width):
+        line = [(r, v[j] if isinstance(v, tuple) else v) for r, v in pts if not isinstance(v, tuple) or j < len(v)]
+        ax.plot(
+            [r for r, _ in line],
+            [y for _, y in line],
+            color=color,
+            linewidth=1.0,
+            alpha=1.0 if width == 1 else 0.35 + 0.65 * (j + 1) / width,
+            label=label if j == width - 1 else None,
+        )
+    if panel.events and width == 1:
+        fired = dict(pts)
+        xs = [r for r, e in zip(c.rounds, c.diagnostics.get(panel.events, ())) if e and r in fired]
+        ax.plot(xs, [fired[r] for r in xs], "o", color=color, markersize=4)
+    used = [(r, v) for r, v in zip(c.rounds, c.diagnostics.get(panel.threshold_key or "", ())) if v is not None]
+    if used:  # the threshold the run compared with, where it logged one
+        xs, ys = [r for r, _ in used], [v for _, v in used]
+        ax.plot(xs, ys, color=color, linestyle="--", linewidth=0.8, marker="_", markersize=6)
+        return
+    limit = method_option(run, panel.threshold) if panel.threshold else None
+    if _is_type(limit, (int, float)) and math.isfinite(limit):
+        ax.axhline(float(limit), color=color, linestyle="--", linewidth=0.8)
 
 
 # ---------------------------------------------------------------------------- report.md

@@ -583,24 +583,53 @@ def _workers_ok(value: Any) -> bool:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check names and ranges before any round starts; every message says how to fix it."""
-    from pflower.federated_data import DATASETS, dataset_info
-    from pflower.federated_data.partition import PARTITIONERS
-    from pflower.models import MODELS, model_options
+    """Check names and ranges before any round starts; every message says how to fix it (the
+    first failing check, in the order: numbers, model options, names and ranges, engine, the
+    federation's architectures, the method's options)."""
+    from pflower.federated_data import dataset_info
     from pflower.models.schema import assign_archs
-    from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
     from pflower.strategies import STRATEGIES, OptionError
     from pflower.strategies.base.schedule import LRSchedule
 
+    _check_numbers(cfg)
+    dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
+    archs, rule = model_archs(cfg)
+    _check_model_options(cfg, archs)
+    for ok, message in [*_name_and_range_checks(cfg, archs), *_engine_checks(cfg)]:
+        if not ok:
+            raise ConfigError(message)
+    try:
+        assign_archs(rule, list(archs), int(cfg.num_clients))
+        LRSchedule.from_config({**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(archs) > 1 and cfg.method.name in STRATEGIES and not STRATEGIES[cfg.method.name].traits.heterogeneous:
+        capable = sorted(n for n, c in STRATEGIES.items() if c.traits.heterogeneous)
+        raise ConfigError(
+            f"method {cfg.method.name!r} runs one architecture on every client, but model.archs names {sorted(archs)}: "
+            f"use one model, or a method for heterogeneous clients ({', '.join(capable)})"
+        )
+    if cfg.method.name in STRATEGIES:
+        try:  # the method's options dataclass: unknown keys, types and ranges, before any run starts
+            STRATEGIES[cfg.method.name].options_type.build(cfg.method.name, method_args(cfg))
+        except OptionError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+def _check_numbers(cfg: DictConfig) -> None:
+    """The run's numeric keys are numbers (whole where they must be), not strings."""
     for key, kind in NUMBERS.items():
         value = OmegaConf.select(cfg, key)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or (kind is int and not float(value).is_integer()):
             want = "a whole number" if kind is int else "a number"
             raise ConfigError(f"{key}={value!r} is not {want}: set it like {key}={NUMBER_EXAMPLES.get(key, 1)}")
-    dataset_info(cfg.dataset.name)  # registers the torchvision readers, raises on unknown names
-    archs, rule = model_archs(cfg)
-    unknown_models = sorted({spec["name"] for spec in archs.values()} - set(MODELS))
+
+
+def _check_model_options(cfg: DictConfig, archs: dict[str, dict[str, Any]]) -> None:
+    """No architecture carries an option its model lacks (an experiment's LeNet-5 option on a ResNet)."""
+    from pflower.models import MODELS, model_options
+
     for arch, spec in archs.items():
         if spec["name"] not in MODELS:
             continue
@@ -612,6 +641,16 @@ def validate(cfg: DictConfig) -> None:
                 f"{model_options(spec['name'])}); an experiment file may have set it for another model: "
                 f"drop it with {' '.join(f'~{where}.{k}' for k in stray)}"
             )
+
+
+def _name_and_range_checks(cfg: DictConfig, archs: dict[str, dict[str, Any]]) -> list[tuple[bool, str]]:
+    """(holds, the message when it does not) for the group choices and the run's ranges."""
+    from pflower.federated_data import DATASETS
+    from pflower.federated_data.partition import PARTITIONERS
+    from pflower.models import MODELS
+    from pflower.strategies import STRATEGIES
+
+    unknown_models = sorted({spec["name"] for spec in archs.values()} - set(MODELS))
     checks = [
         (cfg.method.name in STRATEGIES, f"unknown method {cfg.method.name!r}; valid methods: {sorted(STRATEGIES)}"),
         (cfg.dataset.name in DATASETS, f"unknown dataset {cfg.dataset.name!r}; valid datasets: {sorted(DATASETS)}"),
@@ -642,8 +681,15 @@ def validate(cfg: DictConfig) -> None:
     ]
     if cfg.partition.name == "dirichlet":
         checks.append((cfg.partition.alpha > 0, f"Dirichlet alpha must be > 0, got {cfg.partition.alpha}"))
+    return checks
+
+
+def _engine_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
+    """(holds, the message when it does not) for the switches, the engine's keys and the optimizer."""
+    from pflower.protocol.wire import OPTIMIZER_STATES, OPTIMIZERS
+
     ray_cfg = cfg.get("ray") or {}
-    checks += [
+    return [
         (
             isinstance(cfg.get("deterministic", False), bool),
             f"deterministic must be true or false, got {cfg.get('deterministic')!r}",
@@ -690,25 +736,6 @@ def validate(cfg: DictConfig) -> None:
             f"local_steps must be >= 1 (or null: local_epochs), got {cfg.get('local_steps')}",
         ),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    try:
-        assign_archs(rule, list(archs), int(cfg.num_clients))
-        LRSchedule.from_config({**(_plain(cfg.get("lr_schedule")) or {}), "rounds": int(cfg.rounds)})
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    if len(archs) > 1 and cfg.method.name in STRATEGIES and not STRATEGIES[cfg.method.name].traits.heterogeneous:
-        capable = sorted(n for n, c in STRATEGIES.items() if c.traits.heterogeneous)
-        raise ConfigError(
-            f"method {cfg.method.name!r} runs one architecture on every client, but model.archs names {sorted(archs)}: "
-            f"use one model, or a method for heterogeneous clients ({', '.join(capable)})"
-        )
-    if cfg.method.name in STRATEGIES:
-        try:  # the method's options dataclass: unknown keys, types and ranges, before any run starts
-            STRATEGIES[cfg.method.name].options_type.build(cfg.method.name, method_args(cfg))
-        except OptionError as exc:
-            raise ConfigError(str(exc)) from exc
 
 
 def _plain(value: Any) -> Any:

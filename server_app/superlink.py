@@ -143,6 +143,18 @@ def own(superlinks: list[LocalSuperLink], folder: Path | None = None) -> list[Lo
     return sorted(set(shells) | set(runs), key=lambda s: s.pid)
 
 
+def _print_status(folder: Path, ours: list[LocalSuperLink], others: list[LocalSuperLink]) -> None:
+    """``pflower superlink status``: this folder's local SuperLinks, then the user's others."""
+    if not ours:
+        print(f"no local SuperLink of {folder}: `flwr run .` or `pflower run` will start one")
+    for s in ours:
+        print(f"local SuperLink of {folder}:\n  {describe(s)}")
+    if others:
+        print("your other local SuperLinks (other checkouts or shells; `pflower superlink stop --pid N` stops one):")
+        for s in others:
+            print(f"  {describe(s)}")
+
+
 def main(argv: list[str]) -> int:
     pid = argv[2] if len(argv) == 3 and argv[:2] == ["stop", "--pid"] else None
     if argv not in (["status"], ["stop"], ["stop", "--all"]) and not (pid and pid.isdigit()):
@@ -160,17 +172,7 @@ def main(argv: list[str]) -> int:
     else:
         ours = own(every, folder)
     if argv[0] == "status":
-        if not ours:
-            print(f"no local SuperLink of {folder}: `flwr run .` or `pflower run` will start one")
-        for s in ours:
-            print(f"local SuperLink of {folder}:\n  {describe(s)}")
-        others = [s for s in every if s not in ours]
-        if others:
-            print(
-                "your other local SuperLinks (other checkouts or shells; `pflower superlink stop --pid N` stops one):"
-            )
-            for s in others:
-                print(f"  {describe(s)}")
+        _print_status(folder, ours, [s for s in every if s not in ours])
         return 0
     if not ours:
         print(f"no local SuperLink of {folder}: nothing to stop")

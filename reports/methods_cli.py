@@ -147,11 +147,18 @@ DOC_PAGES = {
     "heterofl": "heterofl",
     "fedgkt": "fedgkt",
     "fedmd": "fedmd",
-}  # the others: baselines
+}  # the others: docs/methods/<name>.md where it exists, else the baselines page
 
 
-def page_of(name: str) -> str:
-    return f"methods/{DOC_PAGES.get(name, 'baselines')}.md"
+def page_of(name: str, docs: Path | None = None) -> str:
+    """The docs page of method ``name``, under ``docs`` (default: the checkout's docs/): a shared
+    page of :data:`DOC_PAGES`, else ``methods/<name>.md`` where it exists, else the baselines page."""
+    import pflower
+
+    if name in DOC_PAGES:
+        return f"methods/{DOC_PAGES[name]}.md"
+    own = f"methods/{name}.md"
+    return own if ((docs or pflower.SOURCE_ROOT / "docs") / own).exists() else "methods/baselines.md"
 
 
 def options_markdown(name: str) -> str:
@@ -218,10 +225,10 @@ def write_docs(docs: Path) -> list[Path]:
         if new != text:
             listing.write_text(new)
             changed.append(listing)
-    for page in sorted({page_of(n) for n in STRATEGIES}):
+    for page in sorted({page_of(n, docs) for n in STRATEGIES}):
         path = docs / page
         text = before = path.read_text()
-        for name in (n for n in STRATEGIES if page_of(n) == page):
+        for name in (n for n in STRATEGIES if page_of(n, docs) == page):
             block = BLOCK.format(name=name, table=options_markdown(name))
             pattern = re.compile(
                 re.escape(f"<!-- options:{name} -->") + ".*?" + re.escape(f"<!-- /options:{name} -->"), re.S

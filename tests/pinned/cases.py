@@ -70,6 +70,7 @@ CASES: dict[str, list[str]] = {
     "fedbn": [],
     "lgfedavg": [],
     "ditto": [],
+    "fedrod": [],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

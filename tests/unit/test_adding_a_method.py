@@ -95,3 +95,56 @@ def test_a_method_added_as_the_page_says_passes_the_method_checks(tmp_path):
     assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
     assert " passed" in checks.stdout and "failed" not in checks.stdout.splitlines()[-1]
     assert "fedthrow" in run("-m", "pflower.cli", "methods").stdout
+
+
+# ----------------------------------------------------------------------------- the worked example
+WORKED = "fedrod"
+WORKED_FILES = ("strategies/fedrod.py", "client_app/roles/fedrod.py", "conf/method/fedrod.yaml")
+CODE = (
+    "server_app",
+    "simulation",
+    "strategies",
+    "client_app",
+    "models",
+    "protocol",
+    "federated_data",
+    "reports",
+    "conf",
+)
+
+
+def worked_section() -> str:
+    page = PAGE.read_text()
+    return page.split("## A worked example: FedRoD", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_block_of_the_worked_example_is_in_the_file_it_names():
+    """Each ``# <path>`` code block of the FedRoD walk-through holds lines of that file, in order."""
+    blocks = [b.split("```", 1)[0] for b in worked_section().split("```python\n")[1:]]
+    assert len(blocks) >= 4
+    for block in blocks:
+        header, *lines = block.rstrip("\n").splitlines()
+        path = ROOT / header.removeprefix("# ").strip()
+        assert header.startswith("# ") and path.is_file(), header
+        text = path.read_text()
+        assert "\n".join(lines) in text, f"docs/adding-a-method.md quotes {path.name} as it no longer is"
+
+
+def test_the_worked_example_counts_its_lines_and_no_other_code_names_it():
+    section = worked_section()
+    for rel in (*WORKED_FILES, "tests/unit/test_fedrod.py"):
+        lines = len((ROOT / rel).read_text().splitlines())
+        if not rel.startswith("tests/"):
+            assert f"`{rel}` ({lines} lines)" in section, (rel, lines)
+    naming = sorted(
+        path.relative_to(ROOT).as_posix()
+        for part in CODE
+        for path in (ROOT / part).rglob("*")
+        if path.is_file() and path.suffix == ".py" and WORKED in path.read_text().lower()
+    )
+    # no registry, list or table of the code to edit (an experiment or the leaderboard may name it later)
+    assert naming == sorted(f for f in WORKED_FILES if f.endswith(".py")), naming
+    from pflower.reports.methods_cli import page_of
+
+    assert page_of(WORKED) == "methods/fedrod.md"  # its page, found by name
+    assert f'"{WORKED}": [' in (ROOT / "tests" / "pinned" / "cases.py").read_text()

@@ -71,6 +71,7 @@ CASES: dict[str, list[str]] = {
     "lgfedavg": [],
     "ditto": [],
     "fedrod": [],
+    "apfl": [],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

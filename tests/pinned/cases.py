@@ -72,6 +72,8 @@ CASES: dict[str, list[str]] = {
     "ditto": [],
     "fedrod": [],
     "apfl": [],
+    "perfedavg": [],
+    "perfedavg_hf": ["method=perfedavg", "method.version=hf"],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

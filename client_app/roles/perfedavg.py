@@ -126,11 +126,12 @@ class PerFedAvgRole(Role):
         return getattr(self, "_trained", model)
 
 
-def check_plain_sgd(args: TrainArgs) -> None:
-    """Per-FedAvg's steps are the paper's plain gradient steps: another optimizer is refused."""
+def check_plain_sgd(args: TrainArgs, method: str = "perfedavg") -> None:
+    """A method whose steps are its paper's plain gradient steps (Per-FedAvg, pFedMe) refuses
+    another optimizer, with the fix."""
     if args.optimizer != "sgd" or args.momentum or args.weight_decay or args.optimizer_state != "fresh":
         raise ValueError(
-            "perfedavg's inner and meta steps are plain gradient steps (the paper's): run it with optimizer=sgd, "
+            f"{method}'s steps are plain gradient steps (the paper's): run it with optimizer=sgd, "
             f"momentum=0, weight_decay=0, optimizer_state=fresh (got {args.optimizer}, momentum {args.momentum}, "
             f"weight_decay {args.weight_decay}, {args.optimizer_state})"
         )

@@ -74,6 +74,7 @@ CASES: dict[str, list[str]] = {
     "apfl": [],
     "perfedavg": [],
     "perfedavg_hf": ["method=perfedavg", "method.version=hf"],
+    "pfedme": ["method.beta=2.0"],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

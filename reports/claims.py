@@ -458,6 +458,8 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
             verdict, reason = "untested", f"{reason}; rests on {got.n} seed(s), the rule needs {need}"
         elif verdict == "reproduced" and rule.get("setting"):
             verdict, reason = "partly", f"{reason}, but only in another setting: {rule['setting']}"
+        if rule.get("setting") and verdict != "partly":  # every verdict names the setting it was judged in
+            reason += f" (setting: {rule['setting']})"
         return verdict, _noted(reason, rule), [got, *numbers]
     if kind == "above":
         return _judge_above(rule, metric, root, numbers)
@@ -465,7 +467,7 @@ def judge(claim: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str, list[M
         return _judge_values(rule, metric, root, numbers)
     if kind in ("compare", "trend", "ratio", "count", "shape", "within"):
         verdict, reason, measured = _judge_paired(rule, metric, root)
-        if rule.get("setting") and verdict in ("reproduced", "partly"):
+        if rule.get("setting"):  # every verdict names the setting it was judged in
             reason += f" (setting: {rule['setting']})"
         return verdict, _noted(reason, rule), [*measured, *numbers]
     if kind == "best_per_client":

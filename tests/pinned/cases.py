@@ -75,6 +75,7 @@ CASES: dict[str, list[str]] = {
     "perfedavg": [],
     "perfedavg_hf": ["method=perfedavg", "method.version=hf"],
     "pfedme": ["method.beta=2.0"],
+    "fedala": [],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

@@ -85,7 +85,7 @@ class APFLRole(Role):
     def personal(self, model: nn.Module, ctx: RoleContext) -> tuple[nn.Module, torch.Tensor]:
         """(v, alpha): the kept ones, or on first contact a copy of the received model and ``alpha``."""
         v = copy.deepcopy(model)
-        saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+        saved = ctx.kept(PREFIX)
         if saved:
             v.load_state_dict(saved)
         alpha = ctx.extra_state.get(ALPHA, torch.tensor(float(self.args.alpha)))
@@ -114,7 +114,9 @@ class APFLRole(Role):
         x, y = data.x_train.to(ctx.device), data.y_train.to(ctx.device)
         buffers = dict(v.named_buffers())
         w.train(), v.train()
-        total_w = total_p = 0.0
+        # the losses summed on the device (float64, as training.train sums): no wait for it each batch
+        total_w = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        total_p = torch.zeros((), dtype=torch.float64, device=ctx.device)
         batches = 0
         for idx in batch_indices(len(y), args, ctx.generator):
             xb, yb = x[idx.to(ctx.device)], y[idx.to(ctx.device)]
@@ -135,18 +137,18 @@ class APFLRole(Role):
             if self.args.adaptive_alpha:
                 with torch.no_grad():
                     alpha = alpha_step(alpha.detach(), alpha.grad, args.lr, float(self.args.alpha_decay))
-            total_w += float(loss_w.detach())
-            total_p += float(loss_p.detach())
+            total_w += loss_w.detach().double()
+            total_p += loss_p.detach().double()
             batches += 1
         if kept:
             save_optimizer_state(opt_w, names_w, ctx.extra_state, "apfl_w")
             save_optimizer_state(opt_v, names_v, ctx.extra_state, "apfl_v")
         alpha = alpha.detach()
-        ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in v.state_dict().items()})
+        ctx.keep(PREFIX, v.state_dict())
         ctx.extra_state[ALPHA] = alpha.cpu().clone()
         self._trained = self.mixed(v, w, alpha)
         n = max(batches, 1)
-        return {"train_loss": total_w / n, "personal_loss": total_p / n, "alpha": float(alpha)}
+        return {"train_loss": float(total_w) / n, "personal_loss": float(total_p) / n, "alpha": float(alpha)}
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         v, alpha = self.personal(model, ctx)

@@ -45,6 +45,15 @@ class RoleContext:
     # set): normalized images and labels, None without one
     transfer: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def kept(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors a role kept under ``prefix`` in :attr:`extra_state`, the prefix removed
+        (empty on the client's first contact)."""
+        return {k[len(prefix) :]: t for k, t in self.extra_state.items() if k.startswith(prefix)}
+
+    def keep(self, prefix: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Keep ``tensors`` (a module's state dict) under ``prefix`` for the client's next round (CPU copies)."""
+        self.extra_state.update({prefix + k: t.detach().cpu().clone() for k, t in tensors.items()})
+
 
 @dataclass
 class FitPlan:
@@ -147,6 +156,17 @@ def train_own(
         device=ctx.device,
         kept=ctx.extra_state,
     )
+
+
+def check_plain_sgd(args: TrainArgs, method: str) -> None:
+    """A method whose steps are its paper's plain gradient steps (Per-FedAvg, pFedMe) refuses
+    another optimizer, with the fix."""
+    if args.optimizer != "sgd" or args.momentum or args.weight_decay or args.optimizer_state != "fresh":
+        raise ValueError(
+            f"{method}'s steps are plain gradient steps (the paper's): run it with optimizer=sgd, "
+            f"momentum=0, weight_decay=0, optimizer_state=fresh (got {args.optimizer}, momentum {args.momentum}, "
+            f"weight_decay {args.weight_decay}, {args.optimizer_state})"
+        )
 
 
 def finish_stages(plans: Sequence[FitPlan], losses: Sequence[float], model: nn.Module) -> dict[str, float]:

@@ -28,7 +28,7 @@ PREFIX = "ditto."
 def personal_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     """A copy of ``model`` holding the persisted personal model v (the copy itself on first contact)."""
     v = copy.deepcopy(model)
-    saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+    saved = ctx.kept(PREFIX)
     if saved:
         v.load_state_dict(saved)
     return v
@@ -57,7 +57,7 @@ class DittoRole(Role):
         self._trained = v
 
         def keep(trained: nn.Module) -> dict[str, float]:
-            ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in trained.state_dict().items()})
+            ctx.keep(PREFIX, trained.state_dict())
             return {}
 
         personal = FitPlan(

@@ -77,7 +77,7 @@ class FedALARole(Role):
 
     def adapt(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         """The received ``model`` turned into theta_hat in place (it stays the global one on first contact)."""
-        local = {k[len(LOCAL) :]: t for k, t in ctx.extra_state.items() if k.startswith(LOCAL)}
+        local = ctx.kept(LOCAL)
         if not local:
             return model
         top = set(model.group_names[-int(self.args.layers) :])
@@ -131,5 +131,5 @@ class FedALARole(Role):
     def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
         self.eval_model(model, data, train_args, ctx)  # theta_hat, if test_before did not make it
         loss = train_own(model, data, train_args, ctx)
-        ctx.extra_state.update({LOCAL + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})
+        ctx.keep(LOCAL, model.state_dict())
         return {"train_loss": loss}

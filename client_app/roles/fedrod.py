@@ -95,7 +95,7 @@ class FedRoDRole(Role):
         """The received model and this client's personal head (a copy of the received classifier
         on first contact)."""
         head = copy.deepcopy(model.groups[model.group_names[-1]])
-        saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+        saved = ctx.kept(PREFIX)
         if saved:
             head.load_state_dict(saved)
         return RoDNet(model, head, self.args.personal_head).to(ctx.device)
@@ -110,7 +110,7 @@ class FedRoDRole(Role):
             return balanced_softmax_loss(generic, y, counts, gamma) + nn.functional.cross_entropy(personal, y)
 
         loss = train_own(net, data, train_args, ctx, loss_fn=rod_loss)
-        ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in net.p_head.state_dict().items()})
+        ctx.keep(PREFIX, net.p_head.state_dict())
         self._trained = net
         return {"train_loss": loss}
 

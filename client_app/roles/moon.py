@@ -60,7 +60,7 @@ def moon_loss(global_model: nn.Module, prev_model: nn.Module, mu: float, tau: fl
 def previous_model(model: nn.Module, ctx: RoleContext) -> nn.Module:
     """A frozen copy holding this client's model after its last round (the received one at first)."""
     prev = copy.deepcopy(model)
-    saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+    saved = ctx.kept(PREFIX)
     if saved:
         prev.load_state_dict(saved)
     return frozen(prev)
@@ -84,5 +84,5 @@ class MOONRole(Role):
         mu, tau = self.args.mu, self.args.tau
         loss_fn = moon_loss(frozen(copy.deepcopy(model)), previous_model(model, ctx), mu, tau)
         loss = train_own(model, data, train_args, ctx, loss_fn)
-        ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in model.state_dict().items()})
+        ctx.keep(PREFIX, model.state_dict())
         return {"train_loss": loss}

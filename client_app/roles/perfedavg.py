@@ -30,7 +30,7 @@ from pflower.protocol.options import option
 from pflower.protocol.role_args import RoleArgs
 
 from ..training import TrainArgs, batch_indices
-from .base import Role, RoleContext
+from .base import Role, RoleContext, check_plain_sgd
 
 VERSIONS = ("fo", "hf")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -104,7 +104,7 @@ class PerFedAvgRole(Role):
         return [(x[i.to(ctx.device)], y[i.to(ctx.device)]) for i in batch_indices(len(y), args, ctx.generator)]
 
     def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
-        check_plain_sgd(train_args)
+        check_plain_sgd(train_args, "perfedavg")
         per_step = 2 if self.args.version == "fo" else 3
         batches = self._batches(data, train_args, ctx)
         model.train()
@@ -124,14 +124,3 @@ class PerFedAvgRole(Role):
 
     def trained_model(self, model: nn.Module, ctx: RoleContext) -> nn.Module:
         return getattr(self, "_trained", model)
-
-
-def check_plain_sgd(args: TrainArgs, method: str = "perfedavg") -> None:
-    """A method whose steps are its paper's plain gradient steps (Per-FedAvg, pFedMe) refuses
-    another optimizer, with the fix."""
-    if args.optimizer != "sgd" or args.momentum or args.weight_decay or args.optimizer_state != "fresh":
-        raise ValueError(
-            f"{method}'s steps are plain gradient steps (the paper's): run it with optimizer=sgd, "
-            f"momentum=0, weight_decay=0, optimizer_state=fresh (got {args.optimizer}, momentum {args.momentum}, "
-            f"weight_decay {args.weight_decay}, {args.optimizer_state})"
-        )

@@ -24,8 +24,7 @@ from pflower.protocol.options import option
 from pflower.protocol.role_args import RoleArgs
 
 from ..training import TrainArgs, batch_indices
-from .base import Role, RoleContext
-from .perfedavg import check_plain_sgd
+from .base import Role, RoleContext, check_plain_sgd
 
 PREFIX = "pfedme.theta."  # the last personalized model's tensors in ctx.extra_state
 
@@ -71,26 +70,28 @@ class PFedMeRole(Role):
         w = [p.detach().clone() for p in model.parameters() if p.requires_grad]
         x, y = data.x_train.to(ctx.device), data.y_train.to(ctx.device)
         theta_model.train()
-        losses = []
+        total, batches = torch.zeros((), dtype=torch.float64, device=ctx.device), 0  # summed on the device
         for idx in batch_indices(len(y), train_args, ctx.generator):
             xb, yb = x[idx.to(ctx.device)], y[idx.to(ctx.device)]
             for _ in range(int(self.args.k)):
                 loss = nn.functional.cross_entropy(theta_model(xb), yb)
                 grads = list(torch.autograd.grad(loss, theta))
                 personal_step(theta, grads, w, self.args.personal_lr, self.args.lam, self.args.mu)
-            losses.append(float(loss.detach()))
+            total += loss.detach().double()
+            batches += 1
             local_step(w, theta, train_args.lr, self.args.lam)
         with torch.no_grad():  # the reply carries w
             for p, wl in zip((p for p in model.parameters() if p.requires_grad), w):
                 p.copy_(wl)
+            personal_buffers = dict(theta_model.named_buffers())
             for name, buf in model.named_buffers():  # BN statistics: the personalized pass's
-                buf.copy_(dict(theta_model.named_buffers())[name])
-        ctx.extra_state.update({PREFIX + k: t.detach().cpu().clone() for k, t in theta_model.state_dict().items()})
+                buf.copy_(personal_buffers[name])
+        ctx.keep(PREFIX, theta_model.state_dict())
         self._trained = theta_model
-        return {"train_loss": sum(losses) / max(len(losses), 1)}
+        return {"train_loss": float(total) / max(batches, 1)}
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
-        saved = {k[len(PREFIX) :]: t for k, t in ctx.extra_state.items() if k.startswith(PREFIX)}
+        saved = ctx.kept(PREFIX)
         if not saved:
             return model
         theta = copy.deepcopy(model)

@@ -12,7 +12,8 @@ from method_helpers import replied_keys
 from test_strategy_base import make, run
 from torch import nn
 
-from pflower.client_app.roles.perfedavg import adapted, check_plain_sgd, meta_step
+from pflower.client_app.roles.base import check_plain_sgd
+from pflower.client_app.roles.perfedavg import adapted, meta_step
 from pflower.client_app.training import TrainArgs
 from pflower.simulation.inprocess import InProcessGrid
 from pflower.strategies.base.validation import ClientUpdate
@@ -63,10 +64,10 @@ def test_the_adaptation_is_one_gradient_step_on_a_copy():
 
 
 def test_anything_but_plain_sgd_is_refused_with_the_fix():
-    check_plain_sgd(TrainArgs())
+    check_plain_sgd(TrainArgs(), "perfedavg")
     for bad in (TrainArgs(optimizer="adam"), TrainArgs(momentum=0.9), TrainArgs(optimizer_state="kept")):
         with pytest.raises(ValueError, match="run it with optimizer=sgd, momentum=0"):
-            check_plain_sgd(bad)
+            check_plain_sgd(bad, "perfedavg")
 
 
 @pytest.mark.parametrize(("weights", "expected"), [("uniform", 2.0), ("examples", 1.0 + 2.0 * 3 / 4)])

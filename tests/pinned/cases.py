@@ -99,6 +99,7 @@ CASES: dict[str, list[str]] = {
         "method.cvae_epochs=2",
     ],
     "fedhe": [*HETERO, "method.warmup=0.34"],
+    "fedproto": [*HETERO],
     "heterofl": ["model=lenet5_widths", "fraction=1.0"],  # widths 1/4, 1/2, 1 on two clients each
     "fedgkt": [*HETERO, "method.hidden=[32]", "method.server_epochs=2"],
     "fedmd": [*HETERO, "dataset.transfer_fraction=0.2", "method.subset=50", "method.transfer_epochs=1"],

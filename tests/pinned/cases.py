@@ -76,6 +76,7 @@ CASES: dict[str, list[str]] = {
     "perfedavg_hf": ["method=perfedavg", "method.version=hf"],
     "pfedme": ["method.beta=2.0"],
     "fedala": [],
+    "fedpac": [],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

@@ -77,6 +77,7 @@ CASES: dict[str, list[str]] = {
     "pfedme": ["method.beta=2.0"],
     "fedala": [],
     "fedpac": [],
+    "fedas": [],
     "moon": [],
     "feddyn": [],
     "fedamp": [],

@@ -66,13 +66,21 @@ def decide(
     low, high = min(low, high), max(low, high)
     if mean <= 0:
         return "not_reproduced", "the effect goes against the paper's direction"
-    if margin is not None and high < abs(margin):
-        return "not_reproduced", f"the paper's {abs(margin):g} lies above the whole 95 % interval"
+    size = "" if margin is None else f" and the paper's {abs(margin):g} inside it"
+    if margin is not None:
+        if high < abs(margin):
+            return "not_reproduced", f"the paper's {abs(margin):g} lies above the whole 95 % interval"
+        if low > abs(margin):
+            return (
+                "partly",
+                f"the paper's direction, but the whole 95 % interval lies above the paper's {abs(margin):g}",
+            )
+    scope = "" if margin is not None else " (scored on its direction alone: the rule declares no size)"
     if low > 0:
         if other_setting:
-            return "partly", "holds, its 95 % interval excluding no effect, but only in another setting"
-        return "reproduced", "the paper's direction, its 95 % interval excluding no effect"
-    return "partly", "the paper's direction, but its 95 % interval includes no effect"
+            return "partly", f"holds, its 95 % interval excluding no effect{size}, but only in another setting{scope}"
+        return "reproduced", f"the paper's direction, its 95 % interval excluding no effect{size}{scope}"
+    return "partly", f"the paper's direction, but its 95 % interval includes no effect{scope}"
 
 
 def decide_within(effect: Effect | None, low: float, high: float, min_seeds: int = MIN_SEEDS) -> tuple[str, str]:
@@ -174,17 +182,30 @@ def shape(windows: Sequence[tuple[Mapping[int, float], Mapping[int, float]]]) ->
 
 
 def decide_shape(
-    effects: Sequence[Effect | None], directions: Sequence[int], min_seeds: int = MIN_SEEDS
+    effects: Sequence[Effect | None],
+    directions: Sequence[int],
+    min_seeds: int = MIN_SEEDS,
+    margins: Sequence[float | None] | None = None,
 ) -> tuple[str, str]:
     """Every window reproduced: reproduced; most windows against the paper (their mean going the
     other way, or the paper's margin above their interval): not reproduced; fewer seeds than
     needed in any window: untested; otherwise partly (naming the windows)."""
-    verdicts = [decide(e, d, min_seeds=min_seeds)[0] for e, d in zip(effects, directions)]
+    margins = list(margins) if margins is not None else [None] * len(effects)
+    verdicts = [decide(e, d, m, min_seeds=min_seeds)[0] for e, d, m in zip(effects, directions, margins)]
     if "untested" in verdicts:
         return "untested", decide(next(e for e, v in zip(effects, verdicts) if v == "untested"), 1, None, min_seeds)[1]
     held = [i + 1 for i, v in enumerate(verdicts) if v == "reproduced"]
     if len(held) == len(verdicts):
-        return "reproduced", "the ordering holds at every window, each 95 % interval excluding no effect"
+        if all(m is not None for m in margins):
+            return "reproduced", (
+                "the ordering holds at every window, each 95 % interval excluding no effect and holding the "
+                "paper's size"
+            )
+        return (
+            "reproduced",
+            "the ordering holds at every window, each 95 % interval excluding no effect (scored on direction alone "
+            "where a window declares no size)",
+        )
     against = sum(v == "not_reproduced" for v in verdicts)
     if against == len(verdicts):
         return "not_reproduced", "the ordering goes against the paper at every window"

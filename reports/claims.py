@@ -314,7 +314,8 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
             pairs.append(f"{ma.label} minus {mb.label}")
             directions.append(_direction(window))
             shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
-        verdict, why = rules.decide_shape(effects, directions, need)
+        margins = [float(w["margin"]) if w.get("margin") is not None else None for w in rule["windows"]]
+        verdict, why = rules.decide_shape(effects, directions, need, margins)
         parts = ", ".join(
             f"{w['label']} ({pair}) {e.text(' ' + str(w.get('unit', 'points'))) if e else 'no shared seed'}"
             for w, e, pair in zip(rule["windows"], effects, pairs)

@@ -22,6 +22,8 @@ def test_interval_by_hand():
         ({1: 91.0, 2: 90.0, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0}, 1, None, False, "partly"),  # +1, -1, +0.9
         ({1: 89.0, 2: 91.5, 3: 89.0}, {1: 90.0, 2: 91.0, 3: 90.0}, 1, None, False, "not_reproduced"),  # mean < 0
         ({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0}, 1, 2.0, False, "not_reproduced"),  # 2 > [0.75, 1.25]
+        ({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0}, 1, 1.1, False, "reproduced"),  # 1.1 inside it
+        ({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0}, 1, 0.5, False, "partly"),  # 0.5 below all of it
         ({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0}, -1, None, False, "not_reproduced"),  # paper: lower
         ({1: 91.0}, {1: 90.0}, 1, None, False, "untested"),  # one seed
         ({1: 91.0, 2: 92.0}, {3: 90.0}, 1, None, False, "untested"),  # no seed shared
@@ -55,7 +57,8 @@ def test_trend_is_each_seeds_slope_then_their_interval():
 def test_ratio_is_the_share_saved():
     effect = rules.ratio({1: 40.0, 2: 40.0, 3: 40.0}, {1: 100.0, 2: 100.0, 3: 100.0})  # 60 % saved on each seed
     assert effect.mean == pytest.approx(0.6) and effect.low == pytest.approx(0.6)
-    assert rules.decide(effect, 1, margin=0.5)[0] == "reproduced"  # at least half saved
+    assert rules.decide(effect, 1, margin=0.6)[0] == "reproduced"  # the paper's 60 % inside the interval
+    assert rules.decide(effect, 1, margin=0.5)[0] == "partly"  # 50 %: below the whole interval
     assert rules.decide(effect, 1, margin=0.7)[0] == "not_reproduced"  # the paper's 70 % above the interval
     assert rules.decide(rules.ratio({1: 120.0, 2: 110.0, 3: 130.0}, {1: 100.0, 2: 100.0, 3: 100.0}), 1)[0] == (
         "not_reproduced"
@@ -113,3 +116,16 @@ def test_within_returns_every_verdict(a, verdict):
 )
 def test_count_at_least_for_a_mechanism_the_paper_gives_no_count_for(fired, verdict):
     assert rules.decide_count(fired, at_least=1)[0] == verdict
+
+
+def test_a_rule_without_a_size_says_it_scored_the_direction_alone():
+    effect = rules.compare({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0})
+    assert "direction alone" in rules.decide(effect, 1)[1] and "direction alone" not in rules.decide(effect, 1, 1.1)[1]
+
+
+def test_a_window_s_size_above_its_interval_goes_against_the_shape():
+    held = rules.compare({1: 91.0, 2: 92.1, 3: 90.9}, {1: 90.0, 2: 91.0, 3: 90.0})  # [0.75, 1.25]
+    assert rules.decide_shape([held, held], [1, 1], margins=[1.0, 1.1])[0] == "reproduced"
+    # FedCMD-8's case: one window's paper size (5.2 there, 2.0 here) above its whole interval
+    assert rules.decide_shape([held, held, held], [1, 1, 1], margins=[1.0, 2.0, 1.1])[0] == "partly"
+    assert rules.decide_shape([held, held], [1, 1], margins=[2.0, 2.0])[0] == "not_reproduced"

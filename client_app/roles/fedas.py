@@ -16,9 +16,10 @@ A round, on the received model (the global feature extractor, with this client's
    peers' estimate), sent as the metric ``fim_trace``: the server's aggregation weight (*client
    synchronization*).
 
-The trained model is kept (``ctx.extra_state``): the next round's prototypes come from it, and it
-is what ``test_before`` scores (both peers evaluate a client's own last trained model; at first
-contact, the received one).
+The trained model is kept (``ctx.extra_state``): the next round's prototypes come from it, and
+under ``scored=previous`` it is what ``test_before`` scores (PFLlib's evaluation, and FL-bench's
+periodic test; at first contact, the received model); ``scored=aligned`` scores the received model
+after the alignment instead (FL-bench's per-round ``test_before``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .fedpac import class_features, class_means
 PREV = "fedas.prev."  # the client's last trained model in ctx.extra_state
 ALIGNMENTS = ("sample", "batch_mean")
 HEADS = ("personal", "shared")
+SCORED = ("previous", "aligned")
 
 
 def alignment_loss(
@@ -92,6 +94,12 @@ class FedASArgs(RoleArgs):
         "is averaged (FL-bench)",
         choices=HEADS,
     )
+    scored: str = option(
+        "previous",
+        "what test_before scores: previous: the client's last trained model (PFLlib) | aligned: the received "
+        "model after the alignment (FL-bench's per-round test_before)",
+        choices=SCORED,
+    )
 
 
 class FedASRole(Role):
@@ -107,50 +115,62 @@ class FedASRole(Role):
         prev.load_state_dict(kept)
         return prev
 
-    def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+    aligned_loss: float | None = None  # this round's alignment loss, once aligned
+
+    def align(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> None:
+        """Step 1 of the module docstring, once a round (before test_before under scored=aligned,
+        else before training); its mean loss in :attr:`aligned_loss` (None: nothing to align to)."""
+        if getattr(self, "_aligned", False):
+            return
+        self._aligned = True
         model.to(ctx.device)
         prev = self.previous(model, ctx)
-        out: dict[str, float] = {}
         epochs = int(self.args.alignment_epochs)
-        if prev is not None and epochs > 0:
-            y = data.y_train.to(ctx.device)
-            protos, counts = class_means(
-                class_features(prev.to(ctx.device), data.x_train, ctx.device), y, data.num_classes
-            )
-            known = counts > 0
-            head = f"groups.{model.group_names[-1]}."
-            body = [p for k, p in model.named_parameters() if not k.startswith(head)]
-            mode = self.args.alignment
+        if prev is None or epochs <= 0:
+            return
+        y = data.y_train.to(ctx.device)
+        protos, counts = class_means(class_features(prev.to(ctx.device), data.x_train, ctx.device), y, data.num_classes)
+        known = counts > 0
+        head = f"groups.{model.group_names[-1]}."
+        body = [p for k, p in model.named_parameters() if not k.startswith(head)]
+        mode = self.args.alignment
 
-            def align(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                return alignment_loss(module.features(x).flatten(1), y, protos, known, mode)
+        def align_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return alignment_loss(module.features(x).flatten(1), y, protos, known, mode)
 
-            plain = replace(
-                train_args,
-                epochs=epochs,
-                steps=None,
-                lr=float(self.args.alignment_lr),
-                optimizer="sgd",
-                momentum=0.0,
-                weight_decay=0.0,
-                optimizer_state="fresh",
-            )
-            out["alignment_loss"] = train(
-                model,
-                data.x_train,
-                data.y_train,
-                plain,
-                params=body,
-                loss_fn=align,
-                generator=ctx.generator,
-                device=ctx.device,
-            )
+        plain = replace(
+            train_args,
+            epochs=epochs,
+            steps=None,
+            lr=float(self.args.alignment_lr),
+            optimizer="sgd",
+            momentum=0.0,
+            weight_decay=0.0,
+            optimizer_state="fresh",
+        )
+        self.aligned_loss = train(
+            model,
+            data.x_train,
+            data.y_train,
+            plain,
+            params=body,
+            loss_fn=align_loss,
+            generator=ctx.generator,
+            device=ctx.device,
+        )
+
+    def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
+        self.align(model, data, train_args, ctx)
+        out = {} if self.aligned_loss is None else {"alignment_loss": self.aligned_loss}
         out["train_loss"] = train_own(model, data, train_args, ctx)
         out["fim_trace"] = fisher_trace(model, data.x_train, data.y_train, int(train_args.batch_size), ctx.device)
         ctx.keep(PREV, model.state_dict())
         return out
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
+        if self.args.scored == "aligned":
+            self.align(model, data, train_args, ctx)
+            return model
         prev = self.previous(model, ctx)
         return model if prev is None else prev
 

@@ -53,6 +53,22 @@ def test_the_client_aligns_to_its_previous_model_and_keeps_the_trained_one(clien
     assert scored is not model and all(torch.equal(scored.state_dict()[k], v) for k, v in role_ctx.kept(PREV).items())
 
 
+def test_scored_aligned_aligns_before_test_before_and_only_once(client):
+    model, data, args = client
+    role_ctx = ctx()
+    build_role("fedas", role_args_of("fedas")).fit(model, data, args, role_ctx)  # a first round: kept
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    role = build_role("fedas", role_args_of("fedas", scored="aligned"))
+    scored = role.eval_model(model, data, args, role_ctx)
+    assert scored is model and role.aligned_loss is not None  # the received model, aligned in place
+    assert not torch.equal(model.state_dict()["groups.conv1.0.weight"], received["groups.conv1.0.weight"])
+    assert torch.equal(model.state_dict()["groups.classifier.weight"], received["groups.classifier.weight"])
+    aligned = {k: v.clone() for k, v in model.state_dict().items()}
+    role.align(model, data, args, role_ctx)  # a second call does nothing
+    assert all(torch.equal(aligned[k], v) for k, v in model.state_dict().items())
+    assert role.fit(model, data, args, role_ctx)["alignment_loss"] == role.aligned_loss
+
+
 def test_a_round_averages_by_the_fisher_traces(compose, tiny_overrides):
     _, strategy = make(compose, tiny_overrides, "method=fedas", "fraction=1.0")
     grid = InProcessGrid(4)

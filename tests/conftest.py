@@ -48,6 +48,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_compose.py",
     "tests/e2e/test_deployment.py",
     "tests/e2e/test_deployment_netns.py",
+    "tests/e2e/test_deployment_peers.py",
 )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import numpy as np
 from e2e_cluster import Cluster, Proc, train_messages_received, wait_for
 
 ROUND_TIMEOUT = 45  # s; a SIGKILLed SuperNode is declared offline by the SuperLink after 2 heartbeat intervals (20 s)
@@ -77,3 +79,71 @@ def finish(cluster: Cluster, run, deadline: float) -> None:
 def write_timings(cluster: Cluster, timings: dict) -> None:
     print("\n[e2e timings]", json.dumps(timings, indent=1))
     (cluster.tmp / "timings.json").write_text(json.dumps(timings, indent=1))
+
+
+# ----------------------------------------------------------------------------- the methods clusters
+# test_deployment_methods.py and test_deployment_peers.py: one method after another on warm ClientApps
+
+METHOD_NODES = 2
+IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
+
+
+def as_image_folders(node_dir: Path) -> None:
+    """Rewrite a node's exported directory in torchvision's ImageFolder layout (meta.json kept,
+    naming the class order and the pooled normalization), as a device holding images would."""
+    from pflower.federated_data.datasets import write_image_folder
+
+    meta = json.loads((node_dir / "meta.json").read_text())
+    classes = [f"class{k}" for k in range(int(meta["num_classes"]))]
+    for split in ("train", "test"):
+        with np.load(node_dir / f"{split}.npz") as z:
+            write_image_folder(node_dir / split, z["images"], z["labels"], classes)
+        (node_dir / f"{split}.npz").unlink()
+    (node_dir / "meta.json").write_text(json.dumps({**meta, "classes": classes}))
+
+
+METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
+
+
+def method_cluster(tmp: Path, image_node: int | None = IMAGE_NODE) -> Cluster:
+    """2 SuperNodes over loopback, TLS and node auth, in ``--isolation process`` beside one
+    ``pflower-superexec`` serving both (``clientapp-0``, a task loop per node): every message's
+    ClientApp is forked from a process that imported torch once (the other deployments here use
+    Flower's default, a fresh process per message); ``image_node``'s data as image folders."""
+    cluster = Cluster(
+        tmp,
+        nodes=METHOD_NODES,
+        # num-partitions: what the example app's data function reads on a SuperNode
+        node_config={i: {"cache-dir": str(tmp / "cache"), "num-partitions": METHOD_NODES} for i in range(METHOD_NODES)},
+        isolation="process",
+        shared_superexec=True,
+    )
+    cluster.prepare(DATA)
+    if image_node is not None:
+        as_image_folders(Path(cluster.place.node_data(image_node)))
+    cluster.up()
+    return cluster
+
+
+def run_methods(cluster: Cluster, method_runs: dict) -> dict:
+    """Each method's ``flwr run`` one after the other: {method: (run, wall seconds)}."""
+    runs = {}
+    for method, (rounds, extra, overrides) in method_runs.items():
+        t0 = time.monotonic()
+        run = cluster.flwr_run(
+            run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}"
+        )
+        finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
+        runs[method] = (run, time.monotonic() - t0)
+    return runs
+
+
+def finished_summary(methods: dict, method: str) -> tuple[dict, list[dict]]:
+    """A method's run on a methods cluster (``methods``: the fixture's cluster, runs and planned
+    rounds) finished every planned round on every node, nothing dropped: (summary, rounds)."""
+    cluster, run = methods["cluster"], methods["runs"][method]
+    assert run.popen.returncode == 0 and "pflower summary" in run.text(), run.text()[-4000:]
+    rounds = cluster.rounds(method)
+    assert [r["round"] for r in rounds] == list(range(1, methods["planned"][method] + 1))
+    assert all(r["clients"] == list(range(METHOD_NODES)) and not r["dropped"] for r in rounds), rounds
+    return json.loads((cluster.run_dir(method) / "summary.json").read_text()), rounds

@@ -4,22 +4,24 @@ what the deployments share)."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 from deployment import (
-    DATA,
+    IMAGE_NODE,
+    METHOD_NODES,
+    METHOD_ROUND_TIMEOUT,
     RUN_DEADLINE,
     finish,
+    finished_summary,
+    method_cluster,
     restart_until_active,
     run_config,
+    run_methods,
     write_timings,
 )
-from e2e_cluster import ROOT, Cluster
+from e2e_cluster import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -77,71 +79,24 @@ METHOD_RUNS = {  # method -> (rounds, run-config extras, overrides)
         "dataset.transfer_fraction=0.2 method.subset=50 method.transfer_epochs=1",
     ),
 }
-METHOD_NODES = 2
-IMAGE_NODE = 1  # this node's data directory holds image folders (train/<class>/, test/<class>/), not npz
-
-
-def as_image_folders(node_dir: Path) -> None:
-    """Rewrite a node's exported directory in torchvision's ImageFolder layout (meta.json kept,
-    naming the class order and the pooled normalization), as a device holding images would."""
-    from pflower.federated_data.datasets import write_image_folder
-
-    meta = json.loads((node_dir / "meta.json").read_text())
-    classes = [f"class{k}" for k in range(int(meta["num_classes"]))]
-    for split in ("train", "test"):
-        with np.load(node_dir / f"{split}.npz") as z:
-            write_image_folder(node_dir / split, z["images"], z["labels"], classes)
-        (node_dir / f"{split}.npz").unlink()
-    (node_dir / "meta.json").write_text(json.dumps({**meta, "classes": classes}))
-
-
-METHOD_ROUND_TIMEOUT = 150  # s: no node is killed here, so no reason to cut a slow (shared-CPU) round short
 
 
 @pytest.fixture(scope="module")
 def methods(tmp_path_factory):
-    """2 SuperNodes over loopback, TLS and node auth; FedCPMD, KAPC+BLS, FedTSDP and Velo on the same deployment.
-    The nodes run in ``--isolation process`` beside one ``pflower-superexec`` serving both (``clientapp-0``,
-    a task loop per node): every message's ClientApp is forked from a process that imported torch once
-    (the other deployments here use Flower's default, a fresh process per message)."""
-    tmp = tmp_path_factory.mktemp("methods")
-    cluster = Cluster(
-        tmp,
-        nodes=METHOD_NODES,
-        # num-partitions: what the example app's data function reads on a SuperNode
-        node_config={i: {"cache-dir": str(tmp / "cache"), "num-partitions": METHOD_NODES} for i in range(METHOD_NODES)},
-        isolation="process",
-        shared_superexec=True,
-    )
+    """FedCPMD, FedCMD's relay, KAPC+BLS, FedTSDP, Velo, HeteroFL, FedGKT, FedMD and the example app
+    on one :func:`method_cluster`."""
+    cluster = method_cluster(tmp_path_factory.mktemp("methods"))
     try:
-        cluster.prepare(DATA)
-        as_image_folders(Path(cluster.place.node_data(IMAGE_NODE)))
-        cluster.up()
-        runs = {}
-        for method, (rounds, extra, overrides) in METHOD_RUNS.items():
-            t0 = time.monotonic()
-            run = cluster.flwr_run(
-                run_config(cluster, rounds, overrides, METHOD_ROUND_TIMEOUT, **extra), log_name=f"flwr-run-{method}"
-            )
-            finish(cluster, run, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
-            runs[method] = (run, time.monotonic() - t0)
+        runs = run_methods(cluster, METHOD_RUNS)
         t0 = time.monotonic()  # a Flower app of a user's own: quickstart-pytorch switched to FedCMD
         example = cluster.flwr_run(None, log_name="flwr-run-example", app=ROOT / "examples" / "quickstart-fedcmd")
         finish(cluster, example, t0 + RUN_DEADLINE + 2 * METHOD_ROUND_TIMEOUT)
         runs["example"] = (example, time.monotonic() - t0)
         write_timings(cluster, {f"{m}_wall_s": round(t, 1) for m, (_, t) in runs.items()})
-        yield {"cluster": cluster, "runs": {m: r for m, (r, _) in runs.items()}}
+        planned = {m: rounds for m, (rounds, _, _) in METHOD_RUNS.items()}
+        yield {"cluster": cluster, "runs": {m: r for m, (r, _) in runs.items()}, "planned": planned}
     finally:
         cluster.close()
-
-
-def finished_summary(methods: dict, method: str) -> tuple[dict, list[dict]]:
-    cluster, run = methods["cluster"], methods["runs"][method]
-    assert run.popen.returncode == 0 and "pflower summary" in run.text(), run.text()[-4000:]
-    rounds = cluster.rounds(method)
-    assert [r["round"] for r in rounds] == list(range(1, METHOD_RUNS[method][0] + 1))
-    assert all(r["clients"] == list(range(METHOD_NODES)) and not r["dropped"] for r in rounds), rounds
-    return json.loads((cluster.run_dir(method) / "summary.json").read_text()), rounds
 
 
 def test_fedcpmd_clusters_clients_over_a_real_deployment(methods):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .paired import mean_interval, paired_difference
+from .paired import mean_interval, paired_difference, welch_difference
 
 MIN_SEEDS = 3
 
@@ -110,6 +110,19 @@ def compare(a: Mapping[int, float], b: Mapping[int, float]) -> Effect | None:
     paired = paired_difference(a, b)
     assert paired is not None
     return Effect(paired.mean, paired.low, paired.high, paired.n)
+
+
+def compare_unpaired(a: Mapping[int, float], b: Mapping[int, float]) -> Effect | None:
+    """``mean(a) - mean(b)`` with Welch's interval, for runs whose seeds do not pair them (each seed
+    draws another partition on each side: FedCPMD-16's two alphas); ``n``: the smaller side."""
+    if not a or not b:
+        return None
+    xa, xb = [float(v) for v in a.values()], [float(v) for v in b.values()]
+    n = min(len(xa), len(xb))
+    if n < 2:
+        d = sum(xa) / len(xa) - sum(xb) / len(xb)
+        return Effect(d, d, d, n)
+    return Effect(*welch_difference(xa, xb), n)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -310,7 +310,7 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
             }
             a, ma = _side(a_side, metric, root)
             b, mb = _side(b_side, metric, root)
-            effects.append(rules.compare(a, b))
+            effects.append(rules.compare(a, b) if rule.get("paired", True) else rules.compare_unpaired(a, b))
             pairs.append(f"{ma.label} minus {mb.label}")
             directions.append(_direction(window))
             shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]

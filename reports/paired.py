@@ -54,3 +54,18 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: flo
         return None
     mean, low, high = mean_interval([float(a[s]) - float(b[s]) for s in seeds], level)
     return Paired(mean, low, high, len(seeds), level)
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """mean(a) - mean(b) with Welch's two-sided ``level`` interval: for two samples that share no
+    pairing (runs on different partitions), two values or more on each side."""
+    na, nb = len(a), len(b)
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((v - ma) ** 2 for v in a) / (na - 1) / na
+    vb = sum((v - mb) ** 2 for v in b) / (nb - 1) / nb
+    d, se = ma - mb, math.sqrt(va + vb)
+    if se == 0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return d, d - half, d + half

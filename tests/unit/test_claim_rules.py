@@ -129,3 +129,11 @@ def test_a_window_s_size_above_its_interval_goes_against_the_shape():
     # FedCMD-8's case: one window's paper size (5.2 there, 2.0 here) above its whole interval
     assert rules.decide_shape([held, held, held], [1, 1, 1], margins=[1.0, 2.0, 1.1])[0] == "partly"
     assert rules.decide_shape([held, held], [1, 1], margins=[2.0, 2.0])[0] == "not_reproduced"
+
+
+def test_runs_on_different_partitions_compare_unpaired_by_welch():
+    # a: mean 2, variance 1 over 3 seeds; b: constant 0. se = sqrt(1/3), df = 2: half-width 4.3027 * 0.5774
+    effect = rules.compare_unpaired({1: 1.0, 2: 2.0, 3: 3.0}, {7: 0.0, 8: 0.0, 9: 0.0})
+    assert (effect.mean, effect.n) == (2.0, 3) and effect.low == pytest.approx(2.0 - 2.4841, abs=1e-4)
+    assert rules.compare({1: 1.0, 2: 2.0, 3: 3.0}, {7: 0.0, 8: 0.0, 9: 0.0}) is None  # no seed pairs them
+    assert rules.compare_unpaired({1: 1.0}, {}) is None

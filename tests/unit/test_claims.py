@@ -61,6 +61,8 @@ def test_the_rules_give_their_verdicts_from_the_runs(tmp_path):
     verdict, reason, numbers = claims.judge(close, tmp_path)
     assert verdict == "reproduced" and reason.startswith("-1.40 points")  # mean 91.0 +- 1.0 over 3 runs
     assert (numbers[0].mean, round(numbers[0].sd, 2), numbers[0].n) == (91.0, 1.0, 3)
+    # issue 74 (5): a value within the tolerance, but in another setting than the paper's: partly
+    assert claims.judge({**close, "rule": {**close["rule"], "setting": "s"}}, tmp_path)[0] == "partly"
     far = {**close, "rule": {**close["rule"], "tolerance": 1.0}}
     assert claims.judge(far, tmp_path)[0] == "not_reproduced"
     noted = {**close, "rule": {**far["rule"], "note": "the gap: see there"}}
@@ -222,6 +224,8 @@ def test_the_paired_kinds_read_seeds_from_the_runs_and_decide_by_one_procedure(t
     assert claims.judge({"id": "R", "rule": {**saved, "margin": 0.5}}, tmp_path)[:2][0] == "partly"
     count = {"kind": "count", "label": "A", "runs": "runs/a-*", "metric": "splits", "expected": 2}
     assert claims.judge({"id": "N", "rule": count}, tmp_path)[0] == "reproduced"
+    # issue 74 (5): a count in another setting than the paper's is at most partly
+    assert claims.judge({"id": "N", "rule": {**count, "setting": "s"}}, tmp_path)[0] == "partly"
     trend = {
         "kind": "trend",
         "direction": "rises",

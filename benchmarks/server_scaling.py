@@ -332,7 +332,14 @@ def make_updates(strategy: Any, n: int, rnd: int) -> list[Any]:
             arrays[k] = flat[start : start + size].reshape(strategy.model.template[k][0])
             start += size
         extra = {k: np.ones(shape, dtype) for k, (shape, dtype) in extra_spec.items()}
-        metrics = {"num-examples": float(50 + i % 50), "client-id": float(i), "test_size": 20.0, "train_loss": 1.0}
+        # fim_trace: the metric FedAS weights its average by
+        metrics = {
+            "num-examples": float(50 + i % 50),
+            "client-id": float(i),
+            "test_size": 20.0,
+            "train_loss": 1.0,
+            "fim_trace": 1.0,
+        }
         extra_bytes = sum(v.nbytes for v in extra.values())
         updates.append(
             ClientUpdate(i, 1000 + i, arrays, 50 + i % 50, metrics, extra=extra, bytes_up=4 * total + extra_bytes)

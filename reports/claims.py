@@ -293,37 +293,45 @@ def _judge_paired(rule: Mapping[str, Any], metric: str, root: Path) -> tuple[str
             verdict, why = "partly", why + ", but only in another setting"
         return verdict, why, [measured]
     if kind == "shape":
-        effects, directions, shown, pairs = [], [], [], []
-        for window in rule["windows"]:
-            at = window.get("metric", metric)
-            a_side = {
-                **rule["a"],
-                "label": window.get("a_label", rule["a"]["label"]),
-                "runs": window.get("a_runs", rule["a"].get("runs")),
-                "metric": at,
-            }
-            b_side = {
-                **rule["b"],
-                "label": window.get("b_label", rule["b"]["label"]),
-                "runs": window.get("b_runs", rule["b"].get("runs")),
-                "metric": window.get("b_metric", at),  # where the two sides log the same thing apart
-            }
-            a, ma = _side(a_side, metric, root)
-            b, mb = _side(b_side, metric, root)
-            effects.append(rules.compare(a, b) if rule.get("paired", True) else rules.compare_unpaired(a, b))
-            pairs.append(f"{ma.label} minus {mb.label}")
-            directions.append(_direction(window))
-            shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
-        margins = [float(w["margin"]) if w.get("margin") is not None else None for w in rule["windows"]]
-        verdict, why = rules.decide_shape(effects, directions, need, margins)
-        parts = ", ".join(
-            f"{w['label']} ({pair}) {e.text(' ' + str(w.get('unit', 'points'))) if e else 'no shared seed'}"
-            for w, e, pair in zip(rule["windows"], effects, pairs)
-        )
-        if verdict == "reproduced" and other:
-            verdict, why = "partly", why + ", but only in another setting"
-        return verdict, f"{parts}; {why}", shown
+        return _judge_shape(rule, metric, root, need, other)
     raise ConfigError(f"conf/claims.yaml: rule kind {kind!r}")
+
+
+def _judge_shape(
+    rule: Mapping[str, Any], metric: str, root: Path, need: int, other: bool
+) -> tuple[str, str, list[Measured]]:
+    """``shape``: the ordering at named windows, each window's effect paired by seed (or, with
+    ``paired: false``, Welch's unpaired difference), decided by :func:`.claim_rules.decide_shape`."""
+    effects, directions, shown, pairs = [], [], [], []
+    for window in rule["windows"]:
+        at = window.get("metric", metric)
+        a_side = {
+            **rule["a"],
+            "label": window.get("a_label", rule["a"]["label"]),
+            "runs": window.get("a_runs", rule["a"].get("runs")),
+            "metric": at,
+        }
+        b_side = {
+            **rule["b"],
+            "label": window.get("b_label", rule["b"]["label"]),
+            "runs": window.get("b_runs", rule["b"].get("runs")),
+            "metric": window.get("b_metric", at),  # where the two sides log the same thing apart
+        }
+        a, ma = _side(a_side, metric, root)
+        b, mb = _side(b_side, metric, root)
+        effects.append(rules.compare(a, b) if rule.get("paired", True) else rules.compare_unpaired(a, b))
+        pairs.append(f"{ma.label} minus {mb.label}")
+        directions.append(_direction(window))
+        shown += [Measured(f"{window['label']} {ma.label}", ma.mean, ma.sd, ma.n), mb]
+    margins = [float(w["margin"]) if w.get("margin") is not None else None for w in rule["windows"]]
+    verdict, why = rules.decide_shape(effects, directions, need, margins)
+    parts = ", ".join(
+        f"{w['label']} ({pair}) {e.text(' ' + str(w.get('unit', 'points'))) if e else 'no shared seed'}"
+        for w, e, pair in zip(rule["windows"], effects, pairs)
+    )
+    if verdict == "reproduced" and other:
+        verdict, why = "partly", why + ", but only in another setting"
+    return verdict, f"{parts}; {why}", shown
 
 
 def _judge_values(

@@ -30,7 +30,7 @@ from pflower.protocol.role_args import RoleArgs
 
 from ..training import TrainArgs, train
 from .base import Role, RoleContext
-from .fedproto import PROTO, prototype_loss
+from .fedproto import PROTO, prototype_loss, received_prototypes
 
 HEAD = "fedpac.head/"  # the classifier's tensors: the trained one up, the combined one down
 STATS = "fedpac/"  # up: v [1] and h [C, D], the classifier combination's statistics
@@ -48,11 +48,9 @@ def class_features(model: nn.Module, x: torch.Tensor, device: torch.device, batc
 
 def feature_statistics(features: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[float, torch.Tensor]:
     """(v, h [C, D]) of the module docstring's step 1, from the features [N, D] and labels [N]."""
-    n = torch.bincount(y.long(), minlength=num_classes).to(features.dtype)
+    means, counts = class_means(features, y, num_classes)
+    n = counts.to(features.dtype)
     p = n / n.sum()
-    means = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
-    means.index_add_(0, y.long(), features)
-    means = means / n.clamp(min=1)[:, None]
     square = torch.zeros(num_classes, dtype=features.dtype, device=features.device)
     square.index_add_(0, y.long(), features.pow(2).sum(1))  # tr(F_c^T F_c)
     v = (p * square / n.clamp(min=1) - p.pow(2) * means.pow(2).sum(1)).sum() / len(y)
@@ -120,7 +118,7 @@ class FedPACRole(Role):
         if head_epochs > 0:
             head_args = replace(train_args, epochs=head_epochs, steps=None, lr=float(self.args.head_lr))
             head_loss = train(model, data.x_train, data.y_train, head_args, params=head_params, slot="head", **common)
-        protos = self.received_prototypes(ctx)
+        protos = received_prototypes(ctx)
         lamda = float(self.args.lamda)
         classifier = model.groups[model.group_names[-1]]
 
@@ -154,13 +152,6 @@ class FedPACRole(Role):
         if head_loss == head_loss:  # not NaN: the classifier trained
             out["head_loss"] = head_loss
         return out
-
-    @staticmethod
-    def received_prototypes(ctx: RoleContext) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if PROTO + "S" not in ctx.received_extra or PROTO + "M" not in ctx.received_extra:
-            return None
-        known = ctx.received_extra[PROTO + "M"].to(ctx.device)
-        return (ctx.received_extra[PROTO + "S"].to(ctx.device), known) if bool(known.any()) else None
 
     def eval_model(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> nn.Module:
         self.take_head(model, ctx)  # test_before scores the received body with the combined classifier

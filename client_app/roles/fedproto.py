@@ -58,6 +58,17 @@ def nearest_prototype_scores(features: torch.Tensor, protos: torch.Tensor, known
     return torch.where(unknown, floor, scores)
 
 
+def received_prototypes(ctx: RoleContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The global prototypes S [C, D] and their mask M [C] the server sent (FedProto, FedPAC); None
+    when it sent none or knows no class yet."""
+    if PROTO + "S" not in ctx.received_extra:
+        return None
+    if PROTO + "M" not in ctx.received_extra:
+        raise ValueError("the server's prototypes come without their mask: server and client pflower differ")
+    known = ctx.received_extra[PROTO + "M"].to(ctx.device)
+    return (ctx.received_extra[PROTO + "S"].to(ctx.device), known) if bool(known.any()) else None
+
+
 class PrototypeClassifier(nn.Module):
     """The client's model predicting by the nearest global prototype (``inference=prototype``)."""
 
@@ -88,15 +99,6 @@ class FedProtoRole(Role):
     name = "fedproto"
     args_type = FedProtoArgs
 
-    def received(self, ctx: RoleContext) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The global prototypes S [C, D] and their mask M [C], when the server sent any."""
-        if PROTO + "S" not in ctx.received_extra:
-            return None
-        if PROTO + "M" not in ctx.received_extra:
-            raise ValueError("the server's prototypes come without their mask: server and client pflower differ")
-        known = ctx.received_extra[PROTO + "M"].to(ctx.device)
-        return (ctx.received_extra[PROTO + "S"].to(ctx.device), known) if bool(known.any()) else None
-
     def fit_alone(self, model: nn.Module, data: ClientData, train_args: TrainArgs, ctx: RoleContext) -> dict:
         head = list(model.groups.values())[-1]
         num_classes, feature_dim = int(head.weight.shape[0]), int(head.weight.shape[1])
@@ -105,7 +107,7 @@ class FedProtoRole(Role):
                 f"this client's model ends in {feature_dim} features, the federation shares {self.args.feature_dim}: "
                 "give every architecture the same model.feature_dim"
             )
-        received = self.received(ctx)
+        received = received_prototypes(ctx)
         acc = ClassKnowledge(num_classes, feature_dim, ctx.device)
         lamda = float(self.args.lamda)
         pulls: list[torch.Tensor] = []
@@ -129,7 +131,7 @@ class FedProtoRole(Role):
     def predictor(self, model: nn.Module, ctx: RoleContext) -> nn.Module:
         """What ``test_before`` and ``test_after`` score: the model, or with ``inference=prototype``
         and prototypes received, the model's features against them."""
-        received = self.received(ctx)
+        received = received_prototypes(ctx)
         if self.args.inference == "classifier" or received is None:
             return model
         return PrototypeClassifier(model, *received)

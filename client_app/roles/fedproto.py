@@ -52,7 +52,10 @@ def nearest_prototype_scores(features: torch.Tensor, protos: torch.Tensor, known
     """[B, C] scores whose argmax is the nearest known prototype: minus the squared distance; a
     class without a prototype scores ``NEVER`` below the row's lowest known class (finite, so the
     evaluation's cross-entropy stays a number, and e^-100 of the probability: never predicted)."""
-    scores = -torch.cdist(features, protos.to(features)).pow(2)
+    # the differences squared and summed, not torch.cdist: cdist takes a matrix-product path for
+    # more than 25 rows, whose last bits depend on the CPU's BLAS kernels (the pinned numbers moved
+    # between two x86-64 machines), and x^2 + y^2 - 2xy loses digits where a feature is near its prototype
+    scores = -(features[:, None, :] - protos.to(features)[None, :, :]).pow(2).sum(-1)
     unknown = ~known.bool()[None, :].to(scores.device)
     floor = scores.masked_fill(unknown, float("inf")).amin(1, keepdim=True) - NEVER
     return torch.where(unknown, floor, scores)

@@ -15,7 +15,7 @@ USAGE = """usage: pflower sim [-m] [key=value ...]
        pflower leaderboard status|run|write [PROTOCOL ...]
                                   (every method on the shared protocols of conf/leaderboard.yaml,
                                    several seeds: run what is missing, write docs/leaderboard.md)
-       pflower claims write|check       (the papers' claims beside the committed runs: docs/claims.md)
+       pflower claims write|check|unread (the papers' claims beside the committed runs: docs/claims.md)
        pflower methods [NAME ...]       (the methods; a method's options: type, default, allowed, doc)
        pflower run [flwr run options]   (`flwr run . --stream` through this checkout's own local
                                    SuperLink; exits with the run's status)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,41 @@ def test_a_committed_run_without_provenance_is_found(tmp_path):
             (run_dir / "provenance.json").write_text('{"git_commit": null}')
     assert claims.runs_without_provenance(tmp_path) == [tmp_path.joinpath("docs/results/set/b").relative_to(tmp_path)]
     assert claims.runs_without_provenance(claims.ROOT) == []  # every committed run here has one
+
+
+def test_a_run_set_leaving_out_seeds_of_its_own_set_up_is_found(tmp_path):
+    """Issue 74 (6): a claim's glob that reads seed 42 while seeds 2 and 3 of the same set-up sit in
+    another directory is named with those runs; a rerun of seed 42, another set-up (mu), and a key
+    only the newer run's config has (added later, at its default) do not count."""
+    import yaml
+
+    def run(where: str, seed: int, mu: float = 0.01, **extra) -> None:
+        d = tmp_path / "docs" / "results" / where
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text("{}")
+        config = {"seed": seed, "rounds": 50, "output_dir": where, "method": {"name": "fedprox", "mu": mu}, **extra}
+        (d / "config.yaml").write_text(yaml.safe_dump(config))
+
+    run("base/d/1-fedprox", 42)
+    run("base/d/2-fedprox", 42, progress=True)  # a rerun of seed 42
+    run("seeds/d/3-fedprox", 2, optimizer_state="fresh")  # a key added since, at its default
+    run("seeds/d/4-fedprox", 3)
+    run("mu/d/5-fedprox", 2, mu=0.1)  # another set-up
+    data = {
+        "claims": [
+            {"id": "X-1", "rule": {"kind": "value", "runs": "docs/results/base/*/*-fedprox"}},
+            {"id": "X-2", "rule": {"windows": [{"a_runs": ["docs/results/base/*/*", "docs/results/seeds/*/*"]}]}},
+        ]
+    }
+    found = claims.unread_runs(data, tmp_path)
+    assert found == [
+        (
+            "X-1",
+            "docs/results/base/*/*-fedprox",
+            [Path("docs/results/seeds/d/3-fedprox"), Path("docs/results/seeds/d/4-fedprox")],
+        )
+    ]
+    assert claims.print_unread({"claims": data["claims"][1:]}, tmp_path) == 0
 
 
 def test_a_page_citing_a_commit_the_repository_lacks_is_found(tmp_path):

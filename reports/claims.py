@@ -697,13 +697,16 @@ def same_setup(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def run_sets(rule: Any) -> Iterator[str | list[str]]:
-    """Every run set a rule reads: each value that is a glob under docs/results/ or a list of them."""
+    """Every run set a rule's verdict reads: each value that is a glob under docs/results/ or a list
+    of them (not its ``numbers``, shown beside the verdict and not judged)."""
 
     def is_glob(v: Any) -> bool:
         return isinstance(v, str) and v.startswith("docs/results/")
 
     if isinstance(rule, dict):
-        for value in rule.values():
+        for key, value in rule.items():
+            if key == "numbers":
+                continue
             if is_glob(value) or (isinstance(value, list) and value and all(is_glob(v) for v in value)):
                 yield value
             else:

@@ -47,7 +47,14 @@ def test_a_run_set_leaving_out_seeds_of_its_own_set_up_is_found(tmp_path):
     run("mu/d/5-fedprox", 2, mu=0.1)  # another set-up
     data = {
         "claims": [
-            {"id": "X-1", "rule": {"kind": "value", "runs": "docs/results/base/*/*-fedprox"}},
+            {
+                "id": "X-1",
+                "rule": {
+                    "kind": "value",
+                    "runs": "docs/results/base/*/*-fedprox",
+                    "numbers": [{"label": "seed 2 alone", "runs": "docs/results/seeds/*/3-fedprox"}],  # not judged
+                },
+            },
             {"id": "X-2", "rule": {"windows": [{"a_runs": ["docs/results/base/*/*", "docs/results/seeds/*/*"]}]}},
         ]
     }

@@ -61,28 +61,30 @@ def timing(path: Path) -> tuple[float | None, str]:
 
 
 def collect(root: Path) -> list[Pair]:
-    """Every method directory of ``root`` holding both runs (the others are listed as missing)."""
+    """Every method directory of ``root`` holding both runs (the others are listed as missing): one
+    pair per pflower run, so that a method run at its default reading and at the peer's sits on
+    two rows (its options say which)."""
     pairs = []
     for method_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         peer = method_dir / "flbench" / "metrics.csv"
-        ours = sorted(method_dir.glob("pflower/**/metrics.jsonl"))
-        if not peer.exists() or not ours:
+        if not peer.exists():
             continue
-        summary = json.loads((ours[-1].parent / "summary.json").read_text())
-        config = yaml.safe_load((ours[-1].parent / "config.yaml").read_text())
-        options = ", ".join(f"{k}={v}" for k, v in (config.get("method") or {}).items() if k != "name")
         wall, args = timing(method_dir / "flbench" / "timing.txt")
-        pairs.append(
-            Pair(
-                method_dir.name,
-                peer_curve(peer),
-                pflower_curve(ours[-1]),
-                wall,
-                summary.get("wall_time_s"),
-                args,
-                options,
+        for ours in sorted(method_dir.glob("pflower/**/metrics.jsonl")):
+            summary = json.loads((ours.parent / "summary.json").read_text())
+            config = yaml.safe_load((ours.parent / "config.yaml").read_text())
+            options = ", ".join(f"{k}={v}" for k, v in (config.get("method") or {}).items() if k != "name")
+            pairs.append(
+                Pair(
+                    method_dir.name,
+                    peer_curve(peer),
+                    pflower_curve(ours),
+                    wall,
+                    summary.get("wall_time_s"),
+                    args,
+                    options,
+                )
             )
-        )
     return pairs
 
 

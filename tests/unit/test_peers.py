@@ -41,6 +41,21 @@ def test_the_last_rounds_means_and_the_tolerance(tmp_path):
     assert "Not run yet: `c`." in text and "pflower `lam=1.0`" in text and "FL-bench `method=a R=3`" in text
 
 
+def test_a_method_run_at_two_readings_has_a_row_for_each(tmp_path):
+    _pair(tmp_path, "a", [0.0, 50.0, 60.0], [0.0, 40.0, 64.0])
+    second = tmp_path / "a" / "pflower" / "2026-12-02" / "11-00-00-a-fmnist"  # the peer's reading
+    second.mkdir(parents=True)
+    (second / "metrics.jsonl").write_text(
+        '{"round": 1, "test_before_acc": 0.5}\n{"round": 2, "test_before_acc": 0.6}\n'
+    )
+    (second / "summary.json").write_text(json.dumps({"wall_time_s": 9.0}))
+    (second / "config.yaml").write_text(yaml.safe_dump({"method": {"name": "a", "mixing": "outputs"}}))
+    text, _ = peers.render([str(tmp_path), "--last", "2", "--tolerance", "3"])
+    assert "| `a` | 3 / 3 | 55.00 | 52.00 | -3.00 | yes | 12 | 7 |" in text
+    assert "| `a` | 3 / 2 | 55.00 | 55.00 | +0.00 | yes | 12 | 9 |" in text
+    assert "pflower `lam=1.0`" in text and "pflower `mixing=outputs`" in text
+
+
 def test_the_page_block_is_what_the_command_makes_of_the_committed_runs():
     page = (ROOT / "docs" / "peers.md").read_text()
     blocks = re.findall(r"<!-- peers:([\w.-]+) -->\n(.*?)<!-- /peers:\1 -->", page, re.S)

@@ -58,6 +58,7 @@ import yaml
 from pflower.server_app.config import ConfigError, conf_dir
 
 from . import claim_rules as rules
+from .report import NOT_A_SETTING, flatten_config, run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = Path("docs/claims.md")
@@ -669,30 +670,24 @@ def runs_without_provenance(root: Path) -> list[Path]:
     )
 
 
-# config keys that say how a run was executed or stored, not what it computed: two runs that
-# differ only in these (and the seed) are seeds of one set-up
-EXECUTION_KEYS = frozenset(
-    {
-        "seed", "output_dir", "resume", "resume_force", "progress", "device", "backend", "workers",
-        "batch_clients", "ray", "client_state_dir", "checkpoint_every", "round_timeout", "server_store",
-        "deterministic",
-    }
-)  # fmt: skip
+# what a run's config may hold besides its set-up: the report's keys for where and how a run was
+# written, the seed, and the keys of how it was executed (device, checkpoints, timeouts, the
+# server's store, deterministic kernels); two runs that differ only in these are seeds of one set-up
+EXECUTION_KEYS = frozenset(NOT_A_SETTING) | {
+    "seed", "device", "checkpoint_every", "round_timeout", "server_store", "deterministic",
+}  # fmt: skip
 
 
 def setup_of(run: Path) -> tuple[dict[str, Any], Any]:
     """(the run's set-up, its seed): its ``config.yaml`` as dotted keys without :data:`EXECUTION_KEYS`."""
-    from pflower.server_app.config import _flatten
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 600 configs in 1 s, not 10
-    config = _flatten(yaml.load((run / "config.yaml").read_text(), Loader=loader) or {})
+    config = flatten_config(run_config(run))
     return {k: v for k, v in config.items() if k.split(".")[0] not in EXECUTION_KEYS}, config.get("seed")
 
 
 def same_setup(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two set-ups agree on every key both have: a key only one has was added to the
     config after the other run (``optimizer_state``, ``dataset.transfer_fraction``) at a default
-    that keeps the older behaviour."""
+    that keeps the older behaviour (the report's :func:`told_apart` reads them the same way)."""
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
@@ -729,18 +724,18 @@ def unread_runs(data: Mapping[str, Any], root: Path = ROOT) -> list[tuple[str, s
     found = []
     for claim in data.get("claims", []):
         for pattern in run_sets(claim.get("rule") or {}):
-            read = [(r, *known[r]) for r in _runs(pattern, root) if r in known]
-            names = {(own.get("method.name"), own.get("dataset.name")) for _, own, _ in read}
-            left = sorted(
-                run
-                for run, setup, seed in committed
-                if (setup.get("method.name"), setup.get("dataset.name")) in names
-                and any(same_setup(setup, own) for _, own, _ in read)
-                and seed not in {s for _, own, s in read if same_setup(setup, own)}
-            )
+            read = [known[r] for r in _runs(pattern, root) if r in known]
+            names = {(own.get("method.name"), own.get("dataset.name")) for own, _ in read}
+            left = []
+            for run, setup, seed in committed:
+                if (setup.get("method.name"), setup.get("dataset.name")) not in names:
+                    continue
+                seeds_read = {s for own, s in read if same_setup(setup, own)}
+                if seeds_read and seed not in seeds_read:
+                    left.append(run)
             if left:
                 shown = pattern if isinstance(pattern, str) else " + ".join(pattern)
-                found.append((str(claim["id"]), shown, [r.relative_to(root) for r in left]))
+                found.append((str(claim["id"]), shown, [r.relative_to(root) for r in sorted(left)]))
     return found
 
 
